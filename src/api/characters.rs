@@ -1,0 +1,141 @@
+//! Character CRUD, scoped to the calling account.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::CurrentAccount;
+use super::envelope::{Data, List, ListParams};
+use super::error::{ApiError, ApiResult};
+use super::extract::{Json, Path, Query};
+use crate::domain::CharacterName;
+use crate::state::AppState;
+use crate::store::{Character, CharacterPatch};
+
+const MAX_TEXT_BYTES: usize = 64 * 1024;
+
+/// Body of `POST /characters`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCharacter {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub persona: String,
+}
+
+/// Body of `PATCH /characters/{name}`: at least one field.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateCharacter {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub persona: Option<String>,
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.len() > MAX_TEXT_BYTES {
+        return Err(ApiError::validation(format!(
+            "{field} must be at most {MAX_TEXT_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_character, list_characters))
+        .routes(routes!(get_character, update_character, delete_character))
+}
+
+/// Create a character; names are unique across the server.
+#[utoipa::path(post, path = "/characters", tag = "characters", request_body = CreateCharacter,
+    responses((status = 201, body = Data<Character>), (status = 409, description = "character_conflict")))]
+async fn create_character(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Json(body): Json<CreateCharacter>,
+) -> ApiResult<(StatusCode, axum::Json<Data<Character>>)> {
+    let name = CharacterName::parse(&body.name)?;
+    check_text("description", &body.description)?;
+    check_text("persona", &body.persona)?;
+    let character = state
+        .store
+        .create_character(&account.id, &name, &body.description, &body.persona)
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(Data { data: character })))
+}
+
+/// List the account's characters (sort_by `created_at` | `name`).
+#[utoipa::path(get, path = "/characters", tag = "characters", params(ListParams),
+    responses((status = 200, body = List<Character>)))]
+async fn list_characters(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Query(params): Query<ListParams>,
+) -> ApiResult<axum::Json<List<Character>>> {
+    let page = params.page_request(&["created_at", "name"])?;
+    let page = state.store.list_characters(&account.id, page).await?;
+    Ok(axum::Json(page.into()))
+}
+
+/// Get one of the account's characters by name.
+#[utoipa::path(get, path = "/characters/{name}", tag = "characters",
+    params(("name" = String, Path)), responses((status = 200, body = Data<Character>), (status = 404)))]
+async fn get_character(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<Data<Character>>> {
+    let character = state.store.character(&account.id, &name).await?;
+    Ok(axum::Json(Data { data: character }))
+}
+
+/// Change a character's name, description or persona.
+#[utoipa::path(patch, path = "/characters/{name}", tag = "characters", request_body = UpdateCharacter,
+    params(("name" = String, Path)), responses((status = 200, body = Data<Character>), (status = 404), (status = 409)))]
+async fn update_character(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(name): Path<String>,
+    Json(body): Json<UpdateCharacter>,
+) -> ApiResult<axum::Json<Data<Character>>> {
+    if body.name.is_none() && body.description.is_none() && body.persona.is_none() {
+        return Err(ApiError::validation(
+            "PATCH needs at least one of name, description, persona",
+        ));
+    }
+    let patch = CharacterPatch {
+        name: body.name.as_deref().map(CharacterName::parse).transpose()?,
+        description: body.description,
+        persona: body.persona,
+    };
+    if let Some(text) = &patch.description {
+        check_text("description", text)?;
+    }
+    if let Some(text) = &patch.persona {
+        check_text("persona", text)?;
+    }
+    let character = state
+        .store
+        .update_character(&account.id, &name, patch)
+        .await?;
+    Ok(axum::Json(Data { data: character }))
+}
+
+/// Delete a character together with its sessions.
+#[utoipa::path(delete, path = "/characters/{name}", tag = "characters",
+    params(("name" = String, Path)), responses((status = 200), (status = 404)))]
+async fn delete_character(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(name): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let character = state.store.delete_character(&account.id, &name).await?;
+    Ok(axum::Json(Data {
+        data: serde_json::json!({ "id": character.id, "name": character.name, "deleted": true }),
+    }))
+}

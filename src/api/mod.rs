@@ -1,0 +1,89 @@
+//! The HTTP layer: routes, extractors and the error envelope. Handlers translate
+//! between HTTP and the domain; no business rule lives here.
+
+mod accounts;
+mod auth;
+mod characters;
+pub mod envelope;
+pub mod error;
+pub mod extract;
+mod sessions;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use self::error::ApiError;
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "toolgate",
+        description = "Tool runtime for AI character chat servers"
+    ),
+    components(schemas(error::ErrorBody))
+)]
+struct ApiDoc;
+
+/// The API's routes and its generated OpenAPI document.
+pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(accounts::router())
+        .merge(characters::router())
+        .merge(sessions::router())
+        .split_for_parts()
+}
+
+/// The whole HTTP application for `state`.
+pub fn router(state: AppState) -> Router {
+    let (api, openapi) = routes();
+    let openapi = std::sync::Arc::new(openapi);
+    let request_id = HeaderName::from_static("x-request-id");
+    api.route(
+        "/healthz",
+        get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+    )
+    .route(
+        "/openapi.json",
+        get(move || {
+            let openapi = openapi.clone();
+            async move { axum::Json((*openapi).clone()) }
+        }),
+    )
+    .fallback(|| async { ApiError::not_found("no such route") })
+    .method_not_allowed_fallback(|| async {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not accept that method",
+        )
+    })
+    .layer(DefaultBodyLimit::max(state.settings.body_limit_bytes))
+    .layer(CatchPanicLayer::custom(|_panic| {
+        tracing::error!("a request handler panicked");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "the server failed to handle this request; the cause is in its log",
+        )
+        .into_response()
+    }))
+    .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+        StatusCode::REQUEST_TIMEOUT,
+        Duration::from_secs(600),
+    ))
+    .layer(TraceLayer::new_for_http())
+    .layer(PropagateRequestIdLayer::new(request_id.clone()))
+    .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+    .with_state(state)
+}

@@ -1,0 +1,149 @@
+//! Sessions and their floors, scoped to the calling account.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::CurrentAccount;
+use super::envelope::{Data, List};
+use super::error::{ApiError, ApiResult};
+use super::extract::{Json, Path, Query};
+use crate::state::AppState;
+use crate::store::{Floor, Session};
+
+/// Body of `POST /sessions`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// Name of one of the account's characters.
+    pub character: String,
+    #[serde(default)]
+    pub title: String,
+}
+
+/// Query of `GET /sessions`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListParams {
+    /// Only sessions with this character.
+    pub character: Option<String>,
+    pub limit: Option<i64>,
+    pub offset: Option<i64>,
+    /// `created_at` | `updated_at`
+    pub sort_by: Option<String>,
+    pub sort_order: Option<String>,
+}
+
+/// Body of `POST /sessions/{id}/floors`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendFloor {
+    /// The user's message.
+    pub content: String,
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, delete_session))
+        .routes(routes!(append_floor, list_floors))
+}
+
+/// Start a session with one of the account's characters.
+#[utoipa::path(post, path = "/sessions", tag = "sessions", request_body = CreateSession,
+    responses((status = 201, body = Data<Session>), (status = 404, description = "unknown character")))]
+async fn create_session(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Json(body): Json<CreateSession>,
+) -> ApiResult<(StatusCode, axum::Json<Data<Session>>)> {
+    if body.title.chars().count() > 256 {
+        return Err(ApiError::validation("title must be at most 256 characters"));
+    }
+    let session = state
+        .store
+        .create_session(&account.id, &body.character, &body.title)
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(Data { data: session })))
+}
+
+/// List the account's sessions.
+#[utoipa::path(get, path = "/sessions", tag = "sessions", params(SessionListParams),
+    responses((status = 200, body = List<Session>)))]
+async fn list_sessions(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Query(params): Query<SessionListParams>,
+) -> ApiResult<axum::Json<List<Session>>> {
+    let page = crate::domain::PageRequest::parse(
+        params.limit,
+        params.offset,
+        params.sort_by.as_deref(),
+        params.sort_order.as_deref(),
+        &["created_at", "updated_at"],
+    )?;
+    let page = state
+        .store
+        .list_sessions(&account.id, params.character.as_deref(), page)
+        .await?;
+    Ok(axum::Json(page.into()))
+}
+
+/// Get one session.
+#[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)), responses((status = 200, body = Data<Session>), (status = 404)))]
+async fn get_session(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Data<Session>>> {
+    Ok(axum::Json(Data {
+        data: state.store.session(&account.id, &id).await?,
+    }))
+}
+
+/// Delete a session with its floors.
+#[utoipa::path(delete, path = "/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)), responses((status = 200), (status = 404)))]
+async fn delete_session(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let session = state.store.delete_session(&account.id, &id).await?;
+    Ok(axum::Json(Data {
+        data: serde_json::json!({ "id": session.id, "deleted": true }),
+    }))
+}
+
+/// Append a user turn (a floor) to the session.
+#[utoipa::path(post, path = "/sessions/{id}/floors", tag = "sessions", request_body = AppendFloor,
+    params(("id" = String, Path)), responses((status = 201, body = Data<Floor>), (status = 404)))]
+async fn append_floor(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(id): Path<String>,
+    Json(body): Json<AppendFloor>,
+) -> ApiResult<(StatusCode, axum::Json<Data<Floor>>)> {
+    let floor = state
+        .store
+        .append_floor(&account.id, &id, &body.content)
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(Data { data: floor })))
+}
+
+/// List the session's floors, oldest first, with their pages and active page.
+#[utoipa::path(get, path = "/sessions/{id}/floors", tag = "sessions",
+    params(("id" = String, Path)), responses((status = 200, body = Data<Vec<Floor>>), (status = 404)))]
+async fn list_floors(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Data<Vec<Floor>>>> {
+    Ok(axum::Json(Data {
+        data: state.store.list_floors(&account.id, &id).await?,
+    }))
+}

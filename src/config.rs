@@ -1,0 +1,169 @@
+//! Settings: command-line flags, `TOOLGATE_*` environment variables and an optional
+//! TOML file, in that order of precedence, over embedded defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+/// The `toolgate` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "toolgate",
+    version,
+    about = "A tool runtime for AI character chat servers"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The closed set of things the binary can do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP server.
+    Serve(ServeArgs),
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Flags of `toolgate serve`; each may also come from the environment or the file.
+#[derive(Debug, Args, Default)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "TOOLGATE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Directory holding the embedded database and the generated admin token.
+    #[arg(long, env = "TOOLGATE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Database URL; overrides the SQLite file in the data directory.
+    #[arg(long, env = "TOOLGATE_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// API key of the default account, used at first start only.
+    #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Log format.
+    #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Optional TOML file with the same settings (snake_case keys).
+    #[arg(long, env = "TOOLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Name of the character created at first start.
+    #[arg(long, env = "TOOLGATE_DEFAULT_CHARACTER")]
+    pub default_character: Option<String>,
+    /// Largest accepted request body in bytes.
+    #[arg(long, env = "TOOLGATE_BODY_LIMIT_BYTES")]
+    pub body_limit_bytes: Option<usize>,
+    /// Largest accepted callback response body in bytes.
+    #[arg(long, env = "TOOLGATE_CALLBACK_RESPONSE_LIMIT_BYTES")]
+    pub callback_response_limit_bytes: Option<usize>,
+    /// Allow tool definitions with a `script` handler (off unless exactly `true`).
+    /// Any other value than exactly `true` leaves it off, as the contract says.
+    #[arg(long, env = "ENABLE_UNSAFE_SCRIPT_HANDLER")]
+    pub enable_unsafe_script_handler: Option<String>,
+}
+
+/// The optional TOML file. Unknown keys are refused so that typos are noticed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    database_url: Option<String>,
+    admin_token: Option<String>,
+    log_format: Option<LogFormat>,
+    default_character: Option<String>,
+    body_limit_bytes: Option<usize>,
+    callback_response_limit_bytes: Option<usize>,
+    enable_unsafe_script_handler: Option<bool>,
+}
+
+/// Fully resolved settings of a running server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub admin_token: Option<String>,
+    pub log_format: LogFormat,
+    pub default_character: String,
+    pub body_limit_bytes: usize,
+    pub callback_response_limit_bytes: usize,
+    pub enable_unsafe_script_handler: bool,
+}
+
+impl Settings {
+    pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:8700";
+    pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+
+    /// Settings for tests and embedding: port 0 and the given data directory.
+    pub fn for_data_dir(data_dir: &Path) -> Self {
+        Self {
+            listen: "127.0.0.1:0".parse().expect("static address"),
+            data_dir: data_dir.to_owned(),
+            ..Self::from_parts(ServeArgs::default(), FileSettings::default())
+        }
+    }
+
+    /// Resolves flags/env over the optional file over defaults.
+    pub fn resolve(args: ServeArgs) -> anyhow::Result<Self> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str(&text)
+                    .with_context(|| format!("parsing config file {}", path.display()))?
+            }
+            None => FileSettings::default(),
+        };
+        let settings = Self::from_parts(args, file);
+        if settings.body_limit_bytes == 0 || settings.callback_response_limit_bytes == 0 {
+            anyhow::bail!("body limits must be greater than zero");
+        }
+        Ok(settings)
+    }
+
+    fn from_parts(args: ServeArgs, file: FileSettings) -> Self {
+        Self {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| Self::DEFAULT_LISTEN.parse().expect("static address")),
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./data")),
+            database_url: args.database_url.or(file.database_url),
+            admin_token: args
+                .admin_token
+                .or(file.admin_token)
+                .filter(|t| !t.is_empty()),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            default_character: args
+                .default_character
+                .or(file.default_character)
+                .unwrap_or_else(|| "Lanlan".to_owned()),
+            body_limit_bytes: args
+                .body_limit_bytes
+                .or(file.body_limit_bytes)
+                .unwrap_or(Self::DEFAULT_BODY_LIMIT),
+            callback_response_limit_bytes: args
+                .callback_response_limit_bytes
+                .or(file.callback_response_limit_bytes)
+                .unwrap_or(Self::DEFAULT_BODY_LIMIT),
+            enable_unsafe_script_handler: match args.enable_unsafe_script_handler {
+                Some(raw) => raw == "true",
+                None => file.enable_unsafe_script_handler.unwrap_or(false),
+            },
+        }
+    }
+}

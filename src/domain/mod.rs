@@ -1,0 +1,7 @@
+//! Validated domain values. Nothing here knows about HTTP.
+
+pub mod names;
+pub mod paging;
+
+pub use names::CharacterName;
+pub use paging::{Page, PageRequest, SortOrder};

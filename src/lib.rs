@@ -1,0 +1,14 @@
+//! toolgate: a tool runtime for AI character and role-play chat servers.
+//!
+//! The crate is layered: `domain` and `store` know nothing of HTTP; `api` maps
+//! HTTP onto them; `app` wires a running server together.
+
+pub mod api;
+pub mod app;
+pub mod bootstrap;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod ids;
+pub mod state;
+pub mod store;

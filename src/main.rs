@@ -1,0 +1,39 @@
+//! The `toolgate` binary: parse settings, build the app, serve.
+
+use clap::Parser;
+use toolgate::app::{App, shutdown_signal};
+use toolgate::config::{Cli, Command, LogFormat, Settings};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let settings = Settings::resolve(args)?;
+            init_tracing(settings.log_format);
+            let app = App::build(settings).await?;
+            if let Some(key) = &app.bootstrap.generated_key {
+                println!(
+                    "toolgate: created the default account; its API key (shown once, also saved to the data directory as admin-token): {key}"
+                );
+            }
+            let addr = app.local_addr();
+            tracing::info!(%addr, "listening");
+            // Tests and scripts read this line to learn the bound port.
+            println!("toolgate listening on http://{addr}");
+            app.run(shutdown_signal()).await
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

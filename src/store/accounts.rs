@@ -1,0 +1,114 @@
+//! Accounts (tenants) and their API keys, stored as SHA-256 hashes.
+
+use rand::Rng;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// A tenant. Its API key is never stored, only its hash.
+#[derive(Debug, Clone, Serialize)]
+pub struct Account {
+    pub id: String,
+    pub name: String,
+    pub is_admin: bool,
+    pub created_at: i64,
+}
+
+/// A freshly created account with the one copy of its API key.
+#[derive(Debug, Clone)]
+pub struct NewAccount {
+    pub account: Account,
+    pub api_key: String,
+}
+
+/// A fresh high-entropy API key.
+pub fn generate_api_key() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    format!("tg_{}", hex::encode(bytes))
+}
+
+/// Keys are 256-bit random values, so a plain SHA-256 is enough: there is nothing
+/// for a slow password hash to protect against brute force.
+fn hash_key(api_key: &str) -> String {
+    hex::encode(Sha256::digest(api_key.as_bytes()))
+}
+
+fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Account {
+    Account {
+        id: row.get("id"),
+        name: row.get("name"),
+        is_admin: row.get::<i64, _>("is_admin") != 0,
+        created_at: row.get("created_at"),
+    }
+}
+
+impl Store {
+    /// Creates an account with the given key, or a generated one.
+    pub async fn create_account(
+        &self,
+        name: &str,
+        is_admin: bool,
+        api_key: Option<String>,
+    ) -> Result<NewAccount> {
+        let name = name.trim();
+        if name.is_empty() || name.chars().count() > 128 {
+            return Err(Error::validation("account name must be 1-128 characters"));
+        }
+        let api_key = api_key.unwrap_or_else(generate_api_key);
+        let account = Account {
+            id: new_id("acct"),
+            name: name.to_owned(),
+            is_admin,
+            created_at: now_ms(),
+        };
+        let result = sqlx::query(
+            "INSERT INTO accounts (id, name, api_key_hash, is_admin, created_at) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&account.id)
+        .bind(&account.name)
+        .bind(hash_key(&api_key))
+        .bind(is_admin as i64)
+        .bind(account.created_at)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(_) => Ok(NewAccount { account, api_key }),
+            Err(err) if super::is_unique_violation(&err) => Err(Error::Conflict {
+                code: "account_conflict",
+                message: "an account with this API key already exists".into(),
+            }),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The account owning `api_key`, if any.
+    pub async fn account_by_api_key(&self, api_key: &str) -> Result<Option<Account>> {
+        let row = sqlx::query(
+            "SELECT id, name, is_admin, created_at FROM accounts WHERE api_key_hash = ?",
+        )
+        .bind(hash_key(api_key))
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.as_ref().map(account_from_row))
+    }
+
+    pub async fn count_accounts(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM accounts")
+            .fetch_one(self.pool())
+            .await?)
+    }
+
+    /// The admin account created at first start.
+    pub async fn admin_account(&self) -> Result<Option<Account>> {
+        let row = sqlx::query(
+            "SELECT id, name, is_admin, created_at FROM accounts WHERE is_admin = 1 ORDER BY created_at LIMIT 1",
+        )
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.as_ref().map(account_from_row))
+    }
+}

@@ -1,0 +1,194 @@
+//! Characters: personas with server-wide unique names, owned by one account.
+
+use serde::Serialize;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::Store;
+use crate::domain::{CharacterName, Page, PageRequest};
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// A persona the user chats with (a "role" in `/api/tools`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Character {
+    pub id: String,
+    #[serde(skip)]
+    pub account_id: String,
+    pub name: String,
+    pub description: String,
+    pub persona: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// Fields a PATCH may change; `None` leaves a field as it is.
+#[derive(Debug, Default, Clone)]
+pub struct CharacterPatch {
+    pub name: Option<CharacterName>,
+    pub description: Option<String>,
+    pub persona: Option<String>,
+}
+
+const COLUMNS: &str = "id, account_id, name, description, persona, created_at, updated_at";
+
+fn from_row(row: &SqliteRow) -> Character {
+    Character {
+        id: row.get("id"),
+        account_id: row.get("account_id"),
+        name: row.get("name"),
+        description: row.get("description"),
+        persona: row.get("persona"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+fn name_conflict(name: &str) -> Error {
+    Error::Conflict {
+        code: "character_conflict",
+        message: format!("a character named {name:?} already exists"),
+    }
+}
+
+impl Store {
+    pub async fn create_character(
+        &self,
+        account_id: &str,
+        name: &CharacterName,
+        description: &str,
+        persona: &str,
+    ) -> Result<Character> {
+        let now = now_ms();
+        let character = Character {
+            id: new_id("char"),
+            account_id: account_id.to_owned(),
+            name: name.as_str().to_owned(),
+            description: description.to_owned(),
+            persona: persona.to_owned(),
+            created_at: now,
+            updated_at: now,
+        };
+        let result = sqlx::query(
+            "INSERT INTO characters (id, account_id, name, description, persona, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&character.id)
+        .bind(&character.account_id)
+        .bind(&character.name)
+        .bind(&character.description)
+        .bind(&character.persona)
+        .bind(now)
+        .bind(now)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(_) => Ok(character),
+            Err(err) if super::is_unique_violation(&err) => Err(name_conflict(name.as_str())),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The account's character of that name; another account's is "not found".
+    pub async fn character(&self, account_id: &str, name: &str) -> Result<Character> {
+        let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ? AND account_id = ?");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(name)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("character {name:?}")))
+    }
+
+    /// A character by name regardless of owner: for the loopback-only `/api/tools`.
+    pub async fn character_any_account(&self, name: &str) -> Result<Option<Character>> {
+        let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ?");
+        Ok(sqlx::query(AssertSqlSafe(sql))
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row)))
+    }
+
+    /// Every character of every account, by name: the roles of `/api/tools`.
+    pub async fn all_characters(&self) -> Result<Vec<Character>> {
+        let sql = format!("SELECT {COLUMNS} FROM characters ORDER BY name");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(self.pool())
+            .await?;
+        Ok(rows.iter().map(from_row).collect())
+    }
+
+    pub async fn list_characters(
+        &self,
+        account_id: &str,
+        page: PageRequest,
+    ) -> Result<Page<Character>> {
+        let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM characters WHERE account_id = ?")
+            .bind(account_id)
+            .fetch_one(self.pool())
+            .await?;
+        // sort_by comes from a closed list validated by PageRequest, never from input.
+        let sql = format!(
+            "SELECT {COLUMNS} FROM characters WHERE account_id = ? ORDER BY {} {}, id {} LIMIT ? OFFSET ?",
+            page.sort_by,
+            page.sort_order.sql(),
+            page.sort_order.sql()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(Page {
+            items: rows.iter().map(from_row).collect(),
+            total,
+            request: page,
+        })
+    }
+
+    pub async fn update_character(
+        &self,
+        account_id: &str,
+        name: &str,
+        patch: CharacterPatch,
+    ) -> Result<Character> {
+        let mut character = self.character(account_id, name).await?;
+        if let Some(new_name) = patch.name {
+            character.name = new_name.as_str().to_owned();
+        }
+        if let Some(description) = patch.description {
+            character.description = description;
+        }
+        if let Some(persona) = patch.persona {
+            character.persona = persona;
+        }
+        character.updated_at = now_ms();
+        let result = sqlx::query(
+            "UPDATE characters SET name = ?, description = ?, persona = ?, updated_at = ? WHERE id = ?",
+        )
+        .bind(&character.name)
+        .bind(&character.description)
+        .bind(&character.persona)
+        .bind(character.updated_at)
+        .bind(&character.id)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(_) => Ok(character),
+            Err(err) if super::is_unique_violation(&err) => Err(name_conflict(&character.name)),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Deletes the character with its sessions (and everything under them).
+    pub async fn delete_character(&self, account_id: &str, name: &str) -> Result<Character> {
+        let character = self.character(account_id, name).await?;
+        sqlx::query("DELETE FROM characters WHERE id = ?")
+            .bind(&character.id)
+            .execute(self.pool())
+            .await?;
+        Ok(character)
+    }
+}

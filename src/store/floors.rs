@@ -1,0 +1,126 @@
+//! Floors (turns) and their pages (versions of the reply).
+
+use serde::Serialize;
+use sqlx::Row;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// One version of a floor's reply.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct FloorPage {
+    pub id: String,
+    pub page_no: i64,
+    pub content: String,
+    pub created_at: i64,
+}
+
+/// One turn of a session: the user's message and the reply's pages.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Floor {
+    pub id: String,
+    pub session_id: String,
+    pub seq: i64,
+    pub content: String,
+    pub active_page_id: Option<String>,
+    pub pages: Vec<FloorPage>,
+    pub created_at: i64,
+}
+
+/// Largest user message a floor accepts, in bytes.
+pub const MAX_FLOOR_CONTENT_BYTES: usize = 256 * 1024;
+
+impl Store {
+    /// Appends a user turn to the account's session.
+    pub async fn append_floor(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        content: &str,
+    ) -> Result<Floor> {
+        if content.len() > MAX_FLOOR_CONTENT_BYTES {
+            return Err(Error::validation(format!(
+                "content must be at most {MAX_FLOOR_CONTENT_BYTES} bytes"
+            )));
+        }
+        let session = self.session(account_id, session_id).await?;
+        let id = new_id("floor");
+        let now = now_ms();
+        // The sequence number is computed inside the INSERT so two concurrent appends
+        // cannot take the same one (the UNIQUE constraint backs this up).
+        sqlx::query(
+            "INSERT INTO floors (id, session_id, seq, user_content, active_page_id, created_at) \
+             VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM floors WHERE session_id = ?), ?, NULL, ?)",
+        )
+        .bind(&id)
+        .bind(&session.id)
+        .bind(&session.id)
+        .bind(content)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        self.floor(account_id, &id).await
+    }
+
+    /// The account's floor with its pages.
+    pub async fn floor(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
+        let row = sqlx::query(
+            "SELECT f.id, f.session_id, f.seq, f.user_content, f.active_page_id, f.created_at \
+             FROM floors f JOIN sessions s ON s.id = f.session_id WHERE f.id = ? AND s.account_id = ?",
+        )
+        .bind(floor_id)
+        .bind(account_id)
+        .fetch_optional(self.pool())
+        .await?
+        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
+        let mut floors = self.attach_pages(vec![floor_from_row(&row)]).await?;
+        Ok(floors.remove(0))
+    }
+
+    /// Every floor of the account's session, oldest first, with pages.
+    pub async fn list_floors(&self, account_id: &str, session_id: &str) -> Result<Vec<Floor>> {
+        let session = self.session(account_id, session_id).await?;
+        let rows = sqlx::query(
+            "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors WHERE session_id = ? ORDER BY seq",
+        )
+        .bind(&session.id)
+        .fetch_all(self.pool())
+        .await?;
+        self.attach_pages(rows.iter().map(floor_from_row).collect())
+            .await
+    }
+
+    async fn attach_pages(&self, mut floors: Vec<Floor>) -> Result<Vec<Floor>> {
+        for floor in &mut floors {
+            let rows = sqlx::query(
+                "SELECT id, page_no, content, created_at FROM pages WHERE floor_id = ? ORDER BY page_no",
+            )
+            .bind(&floor.id)
+            .fetch_all(self.pool())
+            .await?;
+            floor.pages = rows
+                .iter()
+                .map(|row| FloorPage {
+                    id: row.get("id"),
+                    page_no: row.get("page_no"),
+                    content: row.get("content"),
+                    created_at: row.get("created_at"),
+                })
+                .collect();
+        }
+        Ok(floors)
+    }
+}
+
+fn floor_from_row(row: &sqlx::sqlite::SqliteRow) -> Floor {
+    Floor {
+        id: row.get("id"),
+        session_id: row.get("session_id"),
+        seq: row.get("seq"),
+        content: row.get("user_content"),
+        active_page_id: row.get("active_page_id"),
+        pages: Vec::new(),
+        created_at: row.get("created_at"),
+    }
+}

@@ -1,0 +1,79 @@
+//! Persistent storage. Every SQL statement of the server lives under this module so
+//! that a second backend (PostgreSQL) only has to reimplement what is here.
+
+mod accounts;
+mod characters;
+mod floors;
+mod sessions;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+pub use accounts::{Account, NewAccount};
+pub use characters::{Character, CharacterPatch};
+pub use floors::{Floor, FloorPage};
+pub use sessions::Session;
+
+/// Handle to the database; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database and brings its schema up to date.
+    pub async fn open(database_url: Option<&str>, data_dir: &Path) -> anyhow::Result<Self> {
+        let options = match database_url {
+            Some(url) if url.starts_with("postgres") => {
+                anyhow::bail!(
+                    "PostgreSQL storage is not available in this build yet; unset TOOLGATE_DATABASE_URL to use the embedded SQLite database"
+                )
+            }
+            Some(url) => SqliteConnectOptions::from_str(url)
+                .with_context(|| format!("invalid database URL {url:?}"))?,
+            None => {
+                std::fs::create_dir_all(data_dir)
+                    .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+                SqliteConnectOptions::new().filename(data_dir.join("toolgate.db"))
+            }
+        };
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // NORMAL in WAL mode is durable against process crashes; only an OS crash
+            // can lose the last transactions.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .context("opening the database")?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .context("applying database migrations")?;
+        Ok(Self { pool })
+    }
+
+    /// Closes every connection, checkpointing the write-ahead log.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+/// True when `err` is a UNIQUE constraint violation.
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}

@@ -1,0 +1,153 @@
+//! Sessions: one chat between a user and a character.
+
+use serde::Serialize;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::Store;
+use crate::domain::{Page, PageRequest};
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// One chat with a character. `metadata` is the session's `metadata_json`.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Session {
+    pub id: String,
+    #[serde(skip)]
+    pub account_id: String,
+    #[serde(skip)]
+    pub character_id: String,
+    /// Name of the session's character.
+    pub character: String,
+    pub title: String,
+    #[schema(value_type = Object)]
+    pub metadata: serde_json::Value,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const SELECT: &str = "SELECT s.id, s.account_id, s.character_id, c.name AS character_name, s.title, \
+    s.metadata_json, s.created_at, s.updated_at FROM sessions s JOIN characters c ON c.id = s.character_id";
+
+fn from_row(row: &SqliteRow) -> Session {
+    let metadata: String = row.get("metadata_json");
+    Session {
+        id: row.get("id"),
+        account_id: row.get("account_id"),
+        character_id: row.get("character_id"),
+        character: row.get("character_name"),
+        title: row.get("title"),
+        metadata: serde_json::from_str(&metadata).unwrap_or_else(|_| serde_json::json!({})),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+impl Store {
+    pub async fn create_session(
+        &self,
+        account_id: &str,
+        character_name: &str,
+        title: &str,
+    ) -> Result<Session> {
+        let character = self.character(account_id, character_name).await?;
+        let now = now_ms();
+        let id = new_id("sess");
+        sqlx::query(
+            "INSERT INTO sessions (id, account_id, character_id, title, metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, '{}', ?, ?)",
+        )
+        .bind(&id)
+        .bind(account_id)
+        .bind(&character.id)
+        .bind(title)
+        .bind(now)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        self.session(account_id, &id).await
+    }
+
+    /// The account's session; another account's is "not found".
+    pub async fn session(&self, account_id: &str, id: &str) -> Result<Session> {
+        let sql = format!("{SELECT} WHERE s.id = ? AND s.account_id = ?");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("session {id:?}")))
+    }
+
+    pub async fn list_sessions(
+        &self,
+        account_id: &str,
+        character: Option<&str>,
+        page: PageRequest,
+    ) -> Result<Page<Session>> {
+        let filter = "s.account_id = ? AND (? IS NULL OR c.name = ?)";
+        let total: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM sessions s JOIN characters c ON c.id = s.character_id WHERE {filter}"
+        )))
+        .bind(account_id)
+        .bind(character)
+        .bind(character)
+        .fetch_one(self.pool())
+        .await?;
+        // sort_by comes from a closed list validated by PageRequest, never from input.
+        let sql = format!(
+            "{SELECT} WHERE {filter} ORDER BY s.{} {}, s.id {} LIMIT ? OFFSET ?",
+            page.sort_by,
+            page.sort_order.sql(),
+            page.sort_order.sql()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(character)
+            .bind(character)
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(Page {
+            items: rows.iter().map(from_row).collect(),
+            total,
+            request: page,
+        })
+    }
+
+    pub async fn delete_session(&self, account_id: &str, id: &str) -> Result<Session> {
+        let session = self.session(account_id, id).await?;
+        sqlx::query("DELETE FROM sessions WHERE id = ?")
+            .bind(&session.id)
+            .execute(self.pool())
+            .await?;
+        Ok(session)
+    }
+
+    /// Replaces one top-level key of the session's `metadata_json`.
+    pub async fn set_session_metadata_key(
+        &self,
+        account_id: &str,
+        id: &str,
+        key: &str,
+        value: &serde_json::Value,
+    ) -> Result<Session> {
+        let path = format!("$.{key}");
+        let changed = sqlx::query(
+            "UPDATE sessions SET metadata_json = json_set(metadata_json, ?, json(?)), updated_at = ? WHERE id = ? AND account_id = ?",
+        )
+        .bind(path)
+        .bind(value.to_string())
+        .bind(now_ms())
+        .bind(id)
+        .bind(account_id)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Err(Error::not_found(format!("session {id:?}")));
+        }
+        self.session(account_id, id).await
+    }
+}
