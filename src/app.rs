@@ -9,8 +9,10 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
+use crate::runtime::ToolRuntime;
 use crate::state::AppState;
 use crate::store::Store;
+use crate::tools::remote::RemoteRegistry;
 
 /// A server that is bound to its address and ready to serve.
 pub struct App {
@@ -27,9 +29,16 @@ impl App {
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
+        let settings = Arc::new(settings);
+        let runtime = ToolRuntime {
+            store: store.clone(),
+            settings: settings.clone(),
+            remote: Arc::new(RemoteRegistry::default()),
+        };
         let state = AppState {
             store,
-            settings: Arc::new(settings),
+            settings,
+            runtime,
         };
         Ok(Self {
             listener,

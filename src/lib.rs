@@ -6,9 +6,14 @@
 pub mod api;
 pub mod app;
 pub mod bootstrap;
+pub mod catalog;
 pub mod config;
+pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod runtime;
+pub mod schema;
 pub mod state;
 pub mod store;
+pub mod tools;

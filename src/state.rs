@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
+use crate::runtime::ToolRuntime;
 use crate::store::Store;
 
 /// Everything a request handler may reach; cheap to clone.
@@ -10,4 +11,5 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Store,
     pub settings: Arc<Settings>,
+    pub runtime: ToolRuntime,
 }

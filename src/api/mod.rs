@@ -8,6 +8,7 @@ pub mod envelope;
 pub mod error;
 pub mod extract;
 mod sessions;
+mod tool_calls;
 
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(accounts::router())
         .merge(characters::router())
         .merge(sessions::router())
+        .merge(tool_calls::router())
         .split_for_parts()
 }
 

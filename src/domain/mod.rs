@@ -5,3 +5,4 @@ pub mod paging;
 
 pub use names::CharacterName;
 pub use paging::{Page, PageRequest, SortOrder};
+pub mod tool;

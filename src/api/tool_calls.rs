@@ -1,0 +1,72 @@
+//! `POST /sessions/{id}/tool-calls`: run a tool call exactly as the session's model
+//! would, and answer what the model would see.
+
+use axum::extract::State;
+use serde::Deserialize;
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::CurrentAccount;
+use super::envelope::Data;
+use super::error::{ApiError, ApiResult};
+use super::extract::{Json, Path};
+use crate::dispatch::{CallArguments, ToolCall};
+use crate::domain::tool::Slot;
+use crate::state::AppState;
+
+/// Body of `POST /sessions/{id}/tool-calls`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallBody {
+    /// Tool name as the model called it.
+    pub name: String,
+    /// A JSON object, or the model's raw argument string.
+    #[schema(value_type = Object)]
+    pub arguments: Option<Value>,
+    /// The model's call id; generated when absent.
+    pub call_id: Option<String>,
+    /// `director` | `memory` | `narrator` | `verifier` (default `narrator`).
+    pub caller_slot: Option<String>,
+    /// The floor (turn) this call belongs to.
+    pub floor_id: Option<String>,
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_tool_call))
+}
+
+/// Execute a tool call as the session's model would.
+#[utoipa::path(post, path = "/sessions/{id}/tool-calls", tag = "tools", request_body = ToolCallBody,
+    params(("id" = String, Path)),
+    responses((status = 200, description = "what the model sees: call_id, name, output, is_error, status"), (status = 404)))]
+async fn create_tool_call(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(session_id): Path<String>,
+    Json(body): Json<ToolCallBody>,
+) -> ApiResult<axum::Json<Data<crate::dispatch::ToolCallResult>>> {
+    if body.name.is_empty() || body.name.len() > 256 {
+        return Err(ApiError::validation("name must be 1-256 bytes"));
+    }
+    let caller_slot = match body.caller_slot.as_deref() {
+        None => Slot::Narrator,
+        Some(raw) => Slot::parse(raw)?,
+    };
+    let call_id = match body.call_id {
+        Some(id) if id.is_empty() || id.len() > 256 => {
+            return Err(ApiError::validation("call_id must be 1-256 bytes"));
+        }
+        Some(id) => id,
+        None => crate::ids::new_id("call"),
+    };
+    let call = ToolCall {
+        name: body.name,
+        arguments: CallArguments::from_json(body.arguments),
+        call_id,
+        caller_slot,
+        floor_id: body.floor_id,
+    };
+    let result = state.runtime.call(&account.id, &session_id, call).await?;
+    Ok(axum::Json(Data { data: result }))
+}

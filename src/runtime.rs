@@ -1,0 +1,16 @@
+//! The tool runtime service: everything a tool call needs, shared by the HTTP
+//! handlers and (later) the generation loop and job workers.
+
+use std::sync::Arc;
+
+use crate::config::Settings;
+use crate::store::Store;
+use crate::tools::remote::RemoteRegistry;
+
+/// Shared tool-runtime state; cheap to clone.
+#[derive(Clone)]
+pub struct ToolRuntime {
+    pub store: Store,
+    pub settings: Arc<Settings>,
+    pub remote: Arc<RemoteRegistry>,
+}

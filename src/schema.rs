@@ -1,0 +1,79 @@
+//! JSON Schema checks: that a declared parameter schema is a valid schema, and
+//! that call arguments satisfy it (draft 2020-12 unless the schema says otherwise).
+
+use serde_json::Value;
+
+/// Largest accepted parameter schema, serialized, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Checks that `schema` is an object and a valid JSON Schema.
+pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
+    if !schema.is_object() {
+        return Err("parameters must be a JSON Schema object".into());
+    }
+    if schema.to_string().len() > MAX_SCHEMA_BYTES {
+        return Err(format!(
+            "parameters must be at most {MAX_SCHEMA_BYTES} bytes"
+        ));
+    }
+    jsonschema::meta::validate(schema).map_err(|err| {
+        let path = err.instance_path().to_string();
+        if path.is_empty() {
+            format!("parameters is not a valid JSON Schema: {err}")
+        } else {
+            format!("parameters is not a valid JSON Schema at {path}: {err}")
+        }
+    })?;
+    jsonschema::validator_for(schema)
+        .map(|_| ())
+        .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))
+}
+
+/// Validates call arguments against a tool's parameter schema.
+pub fn validate_arguments(schema: &Value, args: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))?;
+    let problems: Vec<String> = validator
+        .iter_errors(args)
+        .take(5)
+        .map(|err| {
+            let path = err.instance_path().to_string();
+            if path.is_empty() {
+                err.to_string()
+            } else {
+                format!("{path}: {err}")
+            }
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rejects_non_schemas() {
+        assert!(check_parameter_schema(&json!("x")).is_err());
+        assert!(check_parameter_schema(&json!({"type": "nonsense"})).is_err());
+        assert!(
+            check_parameter_schema(&json!({"type": "object", "required": "location"})).is_err()
+        );
+        assert!(check_parameter_schema(&json!({"type": "object", "properties": {}})).is_ok());
+    }
+
+    #[test]
+    fn validates_arguments() {
+        let schema =
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+        assert!(validate_arguments(&schema, &json!({"n": 1})).is_ok());
+        let err = validate_arguments(&schema, &json!({"n": "x"})).unwrap_err();
+        assert!(err.contains("/n"), "{err}");
+        assert!(validate_arguments(&schema, &json!({})).is_err());
+    }
+}

@@ -1,0 +1,4 @@
+//! Tool providers: one module per kind of provider.
+
+pub mod builtin;
+pub mod remote;

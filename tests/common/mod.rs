@@ -1,0 +1,247 @@
+//! Black-box test helpers: spawn the real `toolgate` binary on port 0 with its own
+//! temporary data directory and talk to it over real HTTP.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const ADMIN_TOKEN: &str = "tg_test_admin_token_0123456789abcdef";
+
+/// A running server process and a client for it.
+pub struct TestServer {
+    pub base_url: String,
+    pub addr: std::net::SocketAddr,
+    pub token: String,
+    pub client: reqwest::Client,
+    pub data_dir: PathBuf,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// Options for spawning a server.
+#[derive(Default, Clone)]
+pub struct SpawnOptions {
+    pub env: Vec<(String, String)>,
+    pub args: Vec<String>,
+    /// Leave TOOLGATE_ADMIN_TOKEN unset so a key is generated.
+    pub no_admin_token: bool,
+    pub listen: Option<String>,
+}
+
+pub async fn spawn_app() -> TestServer {
+    spawn_with(SpawnOptions::default()).await
+}
+
+pub async fn spawn_with(options: SpawnOptions) -> TestServer {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let data_dir = temp.path().join("data");
+    let mut server = start(&data_dir, &options).await;
+    server._temp = Some(temp);
+    server
+}
+
+async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
+    std::fs::create_dir_all(data_dir).expect("data dir");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("..").join("server.log"))
+        .expect("log file");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    command
+        .arg("serve")
+        .arg("--listen")
+        .arg(options.listen.as_deref().unwrap_or("127.0.0.1:0"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(&options.args)
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_LISTEN")
+        .env_remove("TOOLGATE_DATA_DIR")
+        .env_remove("ENABLE_UNSAFE_SCRIPT_HANDLER")
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    if options.no_admin_token {
+        command.env_remove("TOOLGATE_ADMIN_TOKEN");
+    } else {
+        command.env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN);
+    }
+    for (key, value) in &options.env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("spawn toolgate");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(url) = line.strip_prefix("toolgate listening on http://") {
+                return url.trim().parse::<std::net::SocketAddr>().expect("address");
+            }
+        }
+        panic!("toolgate exited before listening; see server.log beside the data dir");
+    })
+    .await
+    .expect("toolgate did not start listening within 60s");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let token = if options.no_admin_token {
+        std::fs::read_to_string(data_dir.join("admin-token"))
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default()
+    } else {
+        ADMIN_TOKEN.to_owned()
+    };
+    let connect_host = if addr.ip().is_unspecified() {
+        format!("127.0.0.1:{}", addr.port())
+    } else {
+        addr.to_string()
+    };
+    TestServer {
+        base_url: format!("http://{connect_host}"),
+        addr,
+        token,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+        data_dir: data_dir.to_owned(),
+        env: options.env.clone(),
+        child: Some(child),
+        _temp: None,
+    }
+}
+
+/// A response read whole: status and JSON body (Null when the body is not JSON).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: Value,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base_url, path)
+    }
+
+    /// Sends a request with the admin key.
+    pub async fn send(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        self.send_as(&self.token.clone(), method, path, body).await
+    }
+
+    pub async fn send_as(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut request = self.client.request(method, self.url(path)).bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        read_reply(request.send().await.expect("request")).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        self.send(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn patch(&self, path: &str, body: Value) -> Reply {
+        self.send(Method::PATCH, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> Reply {
+        self.send(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.send(Method::DELETE, path, None).await
+    }
+
+    /// Creates an account and returns its API key.
+    pub async fn create_account(&self, name: &str) -> String {
+        let reply = self.post("/accounts", serde_json::json!({"name": name})).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.body["data"]["api_key"].as_str().unwrap().to_owned()
+    }
+
+    /// Creates a session with the default character and returns its id.
+    pub async fn create_session(&self) -> String {
+        let reply = self.post("/sessions", serde_json::json!({"character": "Lanlan"})).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.body["data"]["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub async fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        if let Some(pid) = child.id() {
+            // SAFETY-free: plain kill(1) keeps the tests free of libc bindings.
+            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        }
+        tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("server did not exit within 30s of SIGTERM")
+            .expect("wait")
+    }
+
+    /// Kills the server with SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().await.expect("kill");
+    }
+
+    /// Starts the server again on the same data directory (a new port).
+    pub async fn restart(&mut self) {
+        if self.child.is_some() {
+            self.stop().await;
+        }
+        let options = SpawnOptions {
+            env: self.env.clone(),
+            ..Default::default()
+        };
+        let fresh = start(&self.data_dir, &options).await;
+        self.base_url = fresh.base_url.clone();
+        self.addr = fresh.addr;
+        let mut fresh = fresh;
+        self.child = fresh.child.take();
+    }
+}
+
+pub async fn read_reply(response: reqwest::Response) -> Reply {
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Reply { status, body, text }
+}
+
+/// Polls `check` until it returns true, failing after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
