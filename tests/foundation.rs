@@ -1,0 +1,591 @@
+//! Issue 2: the server, storage, accounts, characters, sessions, floors, errors,
+//! paging and the OpenAPI document, all through the real binary over HTTP.
+
+mod common;
+
+use common::{SpawnOptions, spawn_app, spawn_with};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+#[tokio::test]
+async fn first_start_generates_a_private_admin_key_and_restart_keeps_everything() {
+    let mut server = spawn_with(SpawnOptions {
+        no_admin_token: true,
+        ..Default::default()
+    })
+    .await;
+    let token_path = server.data_dir.join("admin-token");
+    let key = std::fs::read_to_string(&token_path)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(key.starts_with("tg_") && key.len() > 40, "{key}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // The key is stored hashed, never in plain text.
+    let db = std::fs::read(server.data_dir.join("toolgate.db")).unwrap();
+    let wal = std::fs::read(server.data_dir.join("toolgate.db-wal")).unwrap_or_default();
+    let needle = key.as_bytes();
+    assert!(!db.windows(needle.len()).any(|w| w == needle));
+    assert!(!wal.windows(needle.len()).any(|w| w == needle));
+
+    let lanlan = server.get("/characters/Lanlan").await;
+    assert_eq!(lanlan.status, StatusCode::OK, "{lanlan:?}");
+    let created = server
+        .post("/characters", json!({"name": "Mio", "persona": "cheerful"}))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let session = server.create_session().await;
+    let floor = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "hello"}),
+        )
+        .await;
+    assert_eq!(floor.status, StatusCode::CREATED);
+
+    server.restart().await;
+    assert_eq!(std::fs::read_to_string(&token_path).unwrap().trim(), key);
+    assert_eq!(
+        server.get("/characters/Mio").await.body["data"]["persona"],
+        "cheerful"
+    );
+    let floors = server.get(&format!("/sessions/{session}/floors")).await;
+    assert_eq!(floors.body["data"][0]["content"], "hello");
+    let list = server.get("/characters").await;
+    assert_eq!(
+        list.body["meta"]["total"], 2,
+        "bootstrap must not run twice: {list:?}"
+    );
+}
+
+#[tokio::test]
+async fn configured_admin_token_and_config_file_are_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("toolgate.toml");
+    std::fs::write(&config, "default_character = \"Aoi\"\n").unwrap();
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--config".into(), config.display().to_string()],
+        ..Default::default()
+    })
+    .await;
+    assert!(!server.data_dir.join("admin-token").exists());
+    assert_eq!(server.get("/characters/Aoi").await.status, StatusCode::OK);
+    assert_eq!(
+        server.get("/characters/Lanlan").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn health_needs_no_key_but_everything_else_does() {
+    let server = spawn_app().await;
+    let health = server
+        .client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+
+    for (method, path) in [
+        (Method::GET, "/characters"),
+        (Method::POST, "/characters"),
+        (Method::GET, "/sessions"),
+        (Method::POST, "/accounts"),
+        (Method::GET, "/characters/Lanlan"),
+    ] {
+        let bare = common::read_reply(
+            server
+                .client
+                .request(method.clone(), server.url(path))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(bare.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+        assert_eq!(bare.code(), "unauthorized");
+        assert!(bare.body["error"]["message"].is_string());
+        let wrong = server.send_as("tg_wrong", method.clone(), path, None).await;
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+        let basic = common::read_reply(
+            server
+                .client
+                .request(method.clone(), server.url(path))
+                .header("Authorization", format!("Basic {}", common::ADMIN_TOKEN))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(basic.status, StatusCode::UNAUTHORIZED);
+    }
+}
+
+#[tokio::test]
+async fn accounts_never_see_each_others_data() {
+    let server = spawn_app().await;
+    let other = server.create_account("tenant-b").await;
+    let session = server.create_session().await;
+    let floor = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "secret"}),
+        )
+        .await;
+    assert_eq!(floor.status, StatusCode::CREATED);
+
+    // Only the admin account may create accounts.
+    let denied = server
+        .send_as(
+            &other,
+            Method::POST,
+            "/accounts",
+            Some(json!({"name": "x"})),
+        )
+        .await;
+    assert_eq!(denied.status, StatusCode::FORBIDDEN);
+
+    let foreign = [
+        (Method::GET, "/characters/Lanlan".to_owned(), None),
+        (
+            Method::PATCH,
+            "/characters/Lanlan".to_owned(),
+            Some(json!({"persona": "x"})),
+        ),
+        (Method::DELETE, "/characters/Lanlan".to_owned(), None),
+        (Method::GET, format!("/sessions/{session}"), None),
+        (Method::DELETE, format!("/sessions/{session}"), None),
+        (Method::GET, format!("/sessions/{session}/floors"), None),
+        (
+            Method::POST,
+            format!("/sessions/{session}/floors"),
+            Some(json!({"content": "x"})),
+        ),
+        (
+            Method::POST,
+            format!("/sessions/{session}/tool-calls"),
+            Some(json!({"name": "roll_dice", "arguments": {}})),
+        ),
+        (
+            Method::POST,
+            "/sessions".to_owned(),
+            Some(json!({"character": "Lanlan"})),
+        ),
+    ];
+    for (method, path, body) in foreign {
+        let reply = server
+            .send_as(&other, method.clone(), &path, body.clone())
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: {reply:?}"
+        );
+        assert_eq!(reply.code(), "not_found");
+        // A foreign id answers exactly like a missing one.
+        let missing_path = path
+            .replace(&session, "sess_missing")
+            .replace("Lanlan", "Nobody");
+        let missing = server
+            .send_as(&other, method.clone(), &missing_path, body)
+            .await;
+        assert_eq!(
+            missing.status,
+            StatusCode::NOT_FOUND,
+            "{method} {missing_path}"
+        );
+    }
+    assert_eq!(
+        server
+            .send_as(&other, Method::GET, "/characters", None)
+            .await
+            .body["meta"]["total"],
+        0
+    );
+    assert_eq!(
+        server
+            .send_as(&other, Method::GET, "/sessions", None)
+            .await
+            .body["meta"]["total"],
+        0
+    );
+    // Nothing of the admin's changed.
+    assert_eq!(
+        server
+            .get(&format!("/sessions/{session}/floors"))
+            .await
+            .body["data"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        server.get("/characters/Lanlan").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn character_crud_and_server_wide_unique_names() {
+    let server = spawn_app().await;
+    let created = server
+        .post(
+            "/characters",
+            json!({"name": "Mio", "description": "a cat", "persona": "purrs"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["data"]["name"], "Mio");
+    assert_eq!(created.body["data"]["description"], "a cat");
+    assert!(
+        created.body["data"]["account_id"].is_null(),
+        "no internal fields"
+    );
+
+    let dup = server.post("/characters", json!({"name": "Mio"})).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT);
+    assert_eq!(dup.code(), "character_conflict");
+    // Names are unique across accounts too.
+    let other = server.create_account("b").await;
+    let dup_other = server
+        .send_as(
+            &other,
+            Method::POST,
+            "/characters",
+            Some(json!({"name": "Mio"})),
+        )
+        .await;
+    assert_eq!(dup_other.code(), "character_conflict");
+
+    for bad in [
+        json!({"name": ""}),
+        json!({"name": "x".repeat(65)}),
+        json!({"name": 5}),
+        json!({}),
+    ] {
+        let reply = server.post("/characters", bad.clone()).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(reply.code(), "validation_error");
+    }
+
+    let renamed = server
+        .patch(
+            "/characters/Mio",
+            json!({"name": "Mio2", "persona": "naps"}),
+        )
+        .await;
+    assert_eq!(renamed.status, StatusCode::OK, "{renamed:?}");
+    assert_eq!(renamed.body["data"]["persona"], "naps");
+    assert_eq!(renamed.body["data"]["description"], "a cat");
+    assert_eq!(
+        server.get("/characters/Mio").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let empty = server.patch("/characters/Mio2", json!({})).await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    let clash = server
+        .patch("/characters/Mio2", json!({"name": "Lanlan"}))
+        .await;
+    assert_eq!(clash.code(), "character_conflict");
+
+    let deleted = server.delete("/characters/Mio2").await;
+    assert_eq!(deleted.status, StatusCode::OK);
+    assert_eq!(deleted.body["data"]["deleted"], true);
+    assert_eq!(
+        server.get("/characters/Mio2").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        server.delete("/characters/Mio2").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn session_crud_and_floors() {
+    let server = spawn_app().await;
+    let created = server
+        .post(
+            "/sessions",
+            json!({"character": "Lanlan", "title": "first"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let data = &created.body["data"];
+    let id = data["id"].as_str().unwrap().to_owned();
+    assert_eq!(data["character"], "Lanlan");
+    assert_eq!(data["title"], "first");
+    assert!(data["created_at"].as_i64().unwrap() > 1_600_000_000_000);
+
+    let unknown = server
+        .post("/sessions", json!({"character": "Nobody"}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.body["data"]["title"],
+        "first"
+    );
+    let list = server.get("/sessions").await;
+    assert_eq!(list.body["meta"]["total"], 1);
+
+    let first = server
+        .post(&format!("/sessions/{id}/floors"), json!({"content": "hi"}))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body["data"]["seq"], 1);
+    assert_eq!(first.body["data"]["pages"], json!([]));
+    assert!(first.body["data"]["active_page_id"].is_null());
+    let second = server
+        .post(
+            &format!("/sessions/{id}/floors"),
+            json!({"content": "again"}),
+        )
+        .await;
+    assert_eq!(second.body["data"]["seq"], 2);
+    let floors = server.get(&format!("/sessions/{id}/floors")).await;
+    let contents: Vec<_> = floors.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["content"].clone())
+        .collect();
+    assert_eq!(contents, vec![json!("hi"), json!("again")]);
+    let missing_content = server
+        .post(&format!("/sessions/{id}/floors"), json!({}))
+        .await;
+    assert_eq!(missing_content.status, StatusCode::BAD_REQUEST);
+
+    assert_eq!(
+        server.delete(&format!("/sessions/{id}")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        server.get(&format!("/sessions/{id}/floors")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_envelope_and_change_nothing() {
+    let server = spawn_app().await;
+    let raw = |body: Vec<u8>| {
+        server
+            .client
+            .post(server.url("/characters"))
+            .bearer_auth(&server.token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("wrong type", br#"{"name": ["a"]}"#.to_vec()),
+        ("missing field", br#"{"persona": "x"}"#.to_vec()),
+        (
+            "unknown field",
+            br#"{"name": "Q", "colour": "red"}"#.to_vec(),
+        ),
+        ("not json", b"name=Q".to_vec()),
+        ("empty", Vec::new()),
+        ("array", b"[1,2]".to_vec()),
+        ("invalid utf-8", b"{\"name\": \"\xff\xfe\"}".to_vec()),
+    ];
+    for (what, body) in cases {
+        let reply = common::read_reply(raw(body).await.unwrap()).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{what}: {reply:?}");
+        assert_eq!(reply.code(), "validation_error", "{what}");
+        assert!(!reply.body["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let named = server.post("/characters", json!({"name": 7})).await;
+    assert!(
+        named.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("name"),
+        "{named:?}"
+    );
+
+    // Above the 1 MiB default body limit.
+    let huge = json!({"name": "Huge", "persona": "x".repeat(2 * 1024 * 1024)});
+    // A fresh client: the server may close the connection without reading the rest
+    // of an oversized body, so that connection must not be reused.
+    let too_large = common::read_reply(
+        reqwest::Client::new()
+            .post(server.url("/characters"))
+            .bearer_auth(&server.token)
+            .json(&huge)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(too_large.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(too_large.code(), "payload_too_large");
+
+    let bad_query = server.get("/characters?limit=abc").await;
+    assert_eq!(bad_query.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad_query.code(), "validation_error");
+
+    let no_route = server.get("/nope").await;
+    assert_eq!(no_route.status, StatusCode::NOT_FOUND);
+    assert_eq!(no_route.code(), "not_found");
+    let wrong_method = server
+        .send(Method::PUT, "/characters", Some(json!({})))
+        .await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(wrong_method.code(), "method_not_allowed");
+
+    let list = server.get("/characters").await;
+    assert_eq!(
+        list.body["meta"]["total"], 1,
+        "nothing was stored: {list:?}"
+    );
+}
+
+#[tokio::test]
+async fn body_limit_is_configurable() {
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--body-limit-bytes".into(), "200".into()],
+        ..Default::default()
+    })
+    .await;
+    let big = server
+        .post(
+            "/characters",
+            json!({"name": "Big", "persona": "y".repeat(300)}),
+        )
+        .await;
+    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let small = server.post("/characters", json!({"name": "Small"})).await;
+    assert_eq!(small.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn lists_share_one_paging_shape() {
+    let server = spawn_app().await;
+    for name in ["A1", "A2", "A3", "A4"] {
+        assert_eq!(
+            server
+                .post("/characters", json!({"name": name}))
+                .await
+                .status,
+            StatusCode::CREATED
+        );
+    }
+    let page = server
+        .get("/characters?limit=2&offset=1&sort_by=name&sort_order=asc")
+        .await;
+    assert_eq!(page.status, StatusCode::OK, "{page:?}");
+    assert_eq!(
+        page.body["meta"],
+        json!({"total": 5, "limit": 2, "offset": 1, "has_more": true, "sort_by": "name", "sort_order": "asc"})
+    );
+    let names: Vec<_> = page.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("A2"), json!("A3")]);
+    let last = server
+        .get("/characters?limit=2&offset=4&sort_by=name&sort_order=asc")
+        .await;
+    assert_eq!(last.body["meta"]["has_more"], false);
+    assert_eq!(last.body["data"][0]["name"], "Lanlan");
+    let defaults = server.get("/sessions").await;
+    assert_eq!(
+        defaults.body["meta"],
+        json!({"total": 0, "limit": 50, "offset": 0, "has_more": false, "sort_by": "created_at", "sort_order": "desc"})
+    );
+    for bad in [
+        "limit=0",
+        "limit=201",
+        "offset=-1",
+        "sort_by=password",
+        "sort_order=up",
+    ] {
+        let reply = server.get(&format!("/characters?{bad}")).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(reply.code(), "validation_error");
+    }
+}
+
+/// Every route the server answers, as (method, OpenAPI path).
+const ROUTES: &[(&str, &str)] = &[
+    ("post", "/accounts"),
+    ("get", "/characters"),
+    ("post", "/characters"),
+    ("get", "/characters/{name}"),
+    ("patch", "/characters/{name}"),
+    ("delete", "/characters/{name}"),
+    ("get", "/sessions"),
+    ("post", "/sessions"),
+    ("get", "/sessions/{id}"),
+    ("delete", "/sessions/{id}"),
+    ("get", "/sessions/{id}/floors"),
+    ("post", "/sessions/{id}/floors"),
+    ("post", "/sessions/{id}/tool-calls"),
+];
+
+#[tokio::test]
+async fn openapi_document_lists_every_route() {
+    let server = spawn_app().await;
+    let doc = server
+        .client
+        .get(server.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(doc.status(), StatusCode::OK);
+    let doc: serde_json::Value = doc.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths = doc["paths"].as_object().unwrap();
+    for (method, path) in ROUTES {
+        assert!(
+            paths.get(*path).and_then(|p| p.get(*method)).is_some(),
+            "{method} {path} missing from /openapi.json"
+        );
+        // And the route really exists on the server (not a 404 fallback).
+        let concrete = path.replace("{name}", "Lanlan").replace("{id}", "x");
+        let reply = server
+            .send(
+                method.to_uppercase().parse().unwrap(),
+                &concrete,
+                Some(json!({})),
+            )
+            .await;
+        assert!(
+            !(reply.status == StatusCode::NOT_FOUND
+                && reply.body["error"]["message"] == "no such route")
+                && reply.status != StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path} is documented but not routed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigterm_shuts_down_cleanly() {
+    let mut server = spawn_app().await;
+    assert_eq!(
+        server
+            .post("/characters", json!({"name": "Keep"}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let status = server.stop().await;
+    assert!(status.success(), "exit status {status:?}");
+    server.restart().await;
+    assert_eq!(server.get("/characters/Keep").await.status, StatusCode::OK);
+}
