@@ -26,6 +26,16 @@ impl App {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let store = Store::open(settings.database_url.as_deref(), &settings.data_dir).await?;
         let bootstrap = bootstrap::ensure_defaults(&store, &settings).await?;
+        let recovered = store
+            .recover_interrupted_executions()
+            .await
+            .context("recovering interrupted tool executions")?;
+        if recovered > 0 {
+            tracing::warn!(
+                recovered,
+                "tool executions interrupted by a previous stop are now uncertain"
+            );
+        }
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("binding {}", settings.listen))?;

@@ -19,6 +19,10 @@ pub enum Error {
     /// The caller is authenticated but not allowed to do this; `code` names the rule.
     #[error("{message}")]
     Forbidden { code: &'static str, message: String },
+    /// Opening a run would repeat executions that are not replay-safe; the client
+    /// must confirm them (`confirmed_execution_ids`).
+    #[error("regenerating this floor would repeat {} tool execution(s) that are not replay-safe; resend with confirmed_execution_ids listing them", .0.len())]
+    ReplayConfirmationRequired(Vec<crate::store::BlockingExecution>),
     /// Something the caller cannot fix went wrong; the cause is logged, never shown.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -39,6 +43,7 @@ impl Error {
             Error::Validation(_) => "validation_error",
             Error::NotFound(_) => "not_found",
             Error::Conflict { code, .. } | Error::Forbidden { code, .. } => code,
+            Error::ReplayConfirmationRequired(_) => "tool_replay_confirmation_required",
             Error::Internal(_) => "internal_error",
         }
     }

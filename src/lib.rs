@@ -12,6 +12,8 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod journal;
+pub mod runs;
 pub mod runtime;
 pub mod schema;
 pub mod state;

@@ -536,6 +536,14 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/sessions/{id}/floors"),
     ("post", "/sessions/{id}/floors"),
     ("post", "/sessions/{id}/tool-calls"),
+    ("get", "/tool-executions"),
+    ("get", "/tool-executions/{id}"),
+    ("get", "/floors/{id}/tool-executions"),
+    ("get", "/tools/call-records"),
+    ("post", "/floors/{id}/runs"),
+    ("get", "/runs/{id}"),
+    ("post", "/runs/{id}/commit"),
+    ("post", "/runs/{id}/discard"),
 ];
 
 #[tokio::test]

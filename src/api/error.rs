@@ -60,6 +60,11 @@ impl From<Error> for ApiError {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Conflict { .. } => StatusCode::CONFLICT,
             Error::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Error::ReplayConfirmationRequired(blocking) => {
+                let blocking = serde_json::to_value(blocking).unwrap_or_default();
+                return Self::new(StatusCode::CONFLICT, err.code(), err.to_string())
+                    .with_extra("blocking_executions", blocking);
+            }
             Error::Internal(cause) => {
                 tracing::error!(error = format!("{cause:#}"), "internal error");
                 return Self::new(

@@ -85,3 +85,21 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
             .map_err(|rejection| ApiError::validation(format!("invalid path: {rejection}")))
     }
 }
+
+/// A JSON body that may be absent: an empty body or `null` means `T::default()`.
+pub struct OptionalJson<T>(pub T);
+
+impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(req, state).await?;
+        let trimmed = bytes.trim_ascii();
+        if trimmed.is_empty() || trimmed == b"null" {
+            return Ok(OptionalJson(T::default()));
+        }
+        parse_json(&bytes)
+            .map(OptionalJson)
+            .map_err(ApiError::validation)
+    }
+}

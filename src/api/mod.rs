@@ -6,7 +6,9 @@ mod auth;
 mod characters;
 pub mod envelope;
 pub mod error;
+mod executions;
 pub mod extract;
+mod runs;
 mod sessions;
 mod tool_calls;
 
@@ -43,6 +45,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(characters::router())
         .merge(sessions::router())
         .merge(tool_calls::router())
+        .merge(executions::router())
+        .merge(runs::router())
         .split_for_parts()
 }
 

@@ -30,6 +30,8 @@ pub struct ToolCallBody {
     pub caller_slot: Option<String>,
     /// The floor (turn) this call belongs to.
     pub floor_id: Option<String>,
+    /// The run (generation attempt) this call belongs to; implies its floor.
+    pub run_id: Option<String>,
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -66,6 +68,7 @@ async fn create_tool_call(
         call_id,
         caller_slot,
         floor_id: body.floor_id,
+        run_id: body.run_id,
     };
     let result = state.runtime.call(&account.id, &session_id, call).await?;
     Ok(axum::Json(Data { data: result }))

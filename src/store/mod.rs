@@ -4,6 +4,8 @@
 mod accounts;
 mod characters;
 mod floors;
+mod journal;
+mod runs;
 mod sessions;
 
 use std::path::Path;
@@ -17,7 +19,9 @@ use sqlx::sqlite::{
 
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
-pub use floors::{Floor, FloorPage};
+pub use floors::{Floor, FloorPage, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
+pub use journal::{ExecutionFinish, NewExecution};
+pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;
 
 /// Handle to the database; cheap to clone.

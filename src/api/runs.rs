@@ -1,0 +1,116 @@
+//! Runs: open a generation attempt on a floor, then commit or discard it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::CurrentAccount;
+use super::envelope::Data;
+use super::error::ApiResult;
+use super::extract::{OptionalJson, Path};
+use crate::state::AppState;
+use crate::store::Run;
+
+/// Body of `POST /floors/{id}/runs` (may be empty).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRun {
+    /// Earlier executions the client confirms may be repeated.
+    #[serde(default)]
+    pub confirmed_execution_ids: Vec<String>,
+}
+
+/// Body of `POST /runs/{id}/commit` (may be empty).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitRun {
+    /// The reply text of the committed page.
+    pub content: Option<String>,
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(open_run))
+        .routes(routes!(get_run))
+        .routes(routes!(commit_run))
+        .routes(routes!(discard_run))
+}
+
+/// Open a run (a new page) on a floor. Refused with 409
+/// `tool_replay_confirmation_required` while earlier attempts hold executions that
+/// are not replay-safe and are not confirmed.
+#[utoipa::path(post, path = "/floors/{id}/runs", tag = "runs", request_body = OpenRun,
+    params(("id" = String, Path)),
+    responses((status = 201, body = Data<Run>), (status = 404), (status = 409, description = "tool_replay_confirmation_required")))]
+async fn open_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(floor_id): Path<String>,
+    OptionalJson(body): OptionalJson<OpenRun>,
+) -> ApiResult<(StatusCode, axum::Json<Data<serde_json::Value>>)> {
+    let run = state
+        .runtime
+        .open_run(&account.id, &floor_id, body.confirmed_execution_ids)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(Data {
+            data: run_json(&run),
+        }),
+    ))
+}
+
+fn run_json(run: &Run) -> serde_json::Value {
+    let mut value = serde_json::to_value(run).unwrap_or_default();
+    value["run_id"] = serde_json::Value::String(run.id.clone());
+    value
+}
+
+/// Get a run.
+#[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path)),
+    responses((status = 200, body = Data<Run>), (status = 404)))]
+async fn get_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(run_id): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let run = state.store.run(&account.id, &run_id).await?;
+    Ok(axum::Json(Data {
+        data: run_json(&run),
+    }))
+}
+
+/// Commit a run: its page becomes active, its executions `committed`, its buffered
+/// effects are applied and its deferred jobs are queued.
+#[utoipa::path(post, path = "/runs/{id}/commit", tag = "runs", request_body = CommitRun,
+    params(("id" = String, Path)), responses((status = 200, body = Data<Run>), (status = 404), (status = 409)))]
+async fn commit_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(run_id): Path<String>,
+    OptionalJson(body): OptionalJson<CommitRun>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let run = state
+        .runtime
+        .commit_run(&account.id, &run_id, body.content.as_deref())
+        .await?;
+    Ok(axum::Json(Data {
+        data: run_json(&run),
+    }))
+}
+
+/// Discard a run: its executions become `discarded`, its effects are dropped.
+#[utoipa::path(post, path = "/runs/{id}/discard", tag = "runs",
+    params(("id" = String, Path)), responses((status = 200, body = Data<Run>), (status = 404), (status = 409)))]
+async fn discard_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(run_id): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let run = state.runtime.discard_run(&account.id, &run_id).await?;
+    Ok(axum::Json(Data {
+        data: run_json(&run),
+    }))
+}

@@ -1,0 +1,227 @@
+//! The execution journal: one row per decided tool call, written before the
+//! provider runs and finished after. Call-records are a read-time projection of it.
+
+pub mod query;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Outcome status of an execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionStatus {
+    Running,
+    Queued,
+    Success,
+    Error,
+    Denied,
+    Timeout,
+    Uncertain,
+    Blocked,
+}
+
+/// Whether the row is still waiting for its outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LifecycleState {
+    Opened,
+    Finished,
+}
+
+/// What became of the execution's attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitOutcome {
+    Pending,
+    Committed,
+    Discarded,
+    ReplayBlocked,
+    Uncertain,
+}
+
+/// The five statuses the legacy call-record projection keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LegacyStatus {
+    Success,
+    Error,
+    Denied,
+    Queued,
+    Running,
+}
+
+macro_rules! string_enum {
+    ($ty:ty { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $ty {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+
+            pub fn parse(field: &str, raw: &str) -> Result<Self> {
+                match raw {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(Error::validation(format!(
+                        "{field} must be one of {}, got {other:?}",
+                        [$($text),+].join(", ")
+                    ))),
+                }
+            }
+        }
+    };
+}
+
+string_enum!(ExecutionStatus {
+    Running => "running", Queued => "queued", Success => "success", Error => "error",
+    Denied => "denied", Timeout => "timeout", Uncertain => "uncertain", Blocked => "blocked",
+});
+string_enum!(LifecycleState { Opened => "opened", Finished => "finished" });
+string_enum!(CommitOutcome {
+    Pending => "pending", Committed => "committed", Discarded => "discarded",
+    ReplayBlocked => "replay_blocked", Uncertain => "uncertain",
+});
+string_enum!(LegacyStatus {
+    Success => "success", Error => "error", Denied => "denied", Queued => "queued", Running => "running",
+});
+
+impl ExecutionStatus {
+    /// The seed's folding: timeout/uncertain become error, blocked merges into denied.
+    pub fn legacy(self) -> LegacyStatus {
+        match self {
+            ExecutionStatus::Success => LegacyStatus::Success,
+            ExecutionStatus::Error | ExecutionStatus::Timeout | ExecutionStatus::Uncertain => {
+                LegacyStatus::Error
+            }
+            ExecutionStatus::Denied | ExecutionStatus::Blocked => LegacyStatus::Denied,
+            ExecutionStatus::Queued => LegacyStatus::Queued,
+            ExecutionStatus::Running => LegacyStatus::Running,
+        }
+    }
+}
+
+/// Arguments in a canonical form (object keys sorted, no whitespace) so that two
+/// calls with the same arguments compare equal whatever the model's formatting.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    fn write(value: &serde_json::Value, out: &mut String) {
+        match value {
+            serde_json::Value::Object(map) => {
+                // Sorted explicitly: the map's own order depends on serde_json features.
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, key) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                    out.push(':');
+                    write(&map[key], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            scalar => out.push_str(&scalar.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
+
+/// One journal row as the API shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ExecutionRecord {
+    pub id: String,
+    pub session_id: String,
+    pub run_id: Option<String>,
+    pub floor_id: Option<String>,
+    pub page_id: Option<String>,
+    pub call_id: String,
+    pub caller_slot: String,
+    pub provider_id: String,
+    pub provider_type: String,
+    pub tool_name: String,
+    #[schema(value_type = Object)]
+    pub args: serde_json::Value,
+    #[schema(value_type = Object)]
+    pub result: serde_json::Value,
+    pub status: ExecutionStatus,
+    pub lifecycle_state: LifecycleState,
+    pub commit_outcome: CommitOutcome,
+    pub side_effect_level: String,
+    pub replay_safety: String,
+    pub error_message: Option<String>,
+    pub duration_ms: i64,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub delivery_mode: String,
+    pub attempt_no: i64,
+    pub runtime_job_id: Option<String>,
+    pub replay_parent_execution_id: Option<String>,
+    pub created_at: i64,
+}
+
+/// One legacy call-record (the projection; none of the journal-only fields).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct CallRecord {
+    pub id: String,
+    pub page_id: Option<String>,
+    pub seq: i64,
+    pub caller_slot: String,
+    pub tool_name: String,
+    #[schema(value_type = Object)]
+    pub args: serde_json::Value,
+    #[schema(value_type = Object)]
+    pub result: serde_json::Value,
+    pub status: LegacyStatus,
+    pub duration_ms: i64,
+    pub created_at: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_folding_matches_the_seed() {
+        use ExecutionStatus::*;
+        let folded: Vec<_> = [
+            Running, Queued, Success, Error, Denied, Timeout, Uncertain, Blocked,
+        ]
+        .into_iter()
+        .map(|s| s.legacy().as_str())
+        .collect();
+        assert_eq!(
+            folded,
+            [
+                "running", "queued", "success", "error", "denied", "error", "error", "denied"
+            ]
+        );
+    }
+
+    #[test]
+    fn canonical_json_ignores_key_order_and_spacing() {
+        let a: serde_json::Value =
+            serde_json::from_str(r#"{"b": 1, "a": {"d": 2, "c": 3}}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":{"c":3,"d":2},"b":1}"#).unwrap();
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+    }
+
+    #[test]
+    fn parse_rejects_unknown_values() {
+        assert!(ExecutionStatus::parse("status", "exploded").is_err());
+        assert_eq!(
+            CommitOutcome::parse("c", "replay_blocked").unwrap(),
+            CommitOutcome::ReplayBlocked
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! The run lifecycle: open (with the replay guard), commit, discard.
+
+use crate::error::{Error, Result};
+use crate::runtime::ToolRuntime;
+use crate::store::Run;
+
+impl ToolRuntime {
+    /// Opens a run on the floor unless earlier attempts hold executions that are
+    /// not replay-safe and that `confirmed` does not cover.
+    pub async fn open_run(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+        confirmed: Vec<String>,
+    ) -> Result<Run> {
+        if confirmed.len() > 1000 {
+            return Err(Error::validation(
+                "confirmed_execution_ids may list at most 1000 ids",
+            ));
+        }
+        let floor = self.store.floor(account_id, floor_id).await?;
+        let blocking = self
+            .store
+            .blocking_executions(account_id, &floor.id)
+            .await?;
+        let unconfirmed: Vec<_> = blocking
+            .into_iter()
+            .filter(|execution| !confirmed.contains(&execution.id))
+            .collect();
+        if !unconfirmed.is_empty() {
+            tracing::info!(
+                floor_id,
+                count = unconfirmed.len(),
+                "run refused: replay confirmation required"
+            );
+            return Err(Error::ReplayConfirmationRequired(unconfirmed));
+        }
+        let run = self
+            .store
+            .open_run(account_id, &floor.id, &confirmed)
+            .await?;
+        tracing::info!(run_id = %run.id, floor_id, "run opened");
+        Ok(run)
+    }
+
+    /// Commits the run: page active, executions committed, effects applied.
+    pub async fn commit_run(
+        &self,
+        account_id: &str,
+        run_id: &str,
+        content: Option<&str>,
+    ) -> Result<Run> {
+        if content.is_some_and(|c| c.len() > crate::store::MAX_PAGE_CONTENT_BYTES) {
+            return Err(Error::validation(format!(
+                "content must be at most {} bytes",
+                crate::store::MAX_PAGE_CONTENT_BYTES
+            )));
+        }
+        let run = self.store.commit_run(account_id, run_id, content).await?;
+        tracing::info!(run_id, "run committed");
+        Ok(run)
+    }
+
+    /// Discards the run: executions discarded, effects dropped.
+    pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
+        let run = self.store.discard_run(account_id, run_id).await?;
+        tracing::info!(run_id, "run discarded");
+        Ok(run)
+    }
+}

@@ -1,0 +1,353 @@
+//! Storage of the execution journal.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::Store;
+use crate::domain::Page;
+use crate::error::Result;
+use crate::ids::now_ms;
+use crate::journal::query::{CallRecordQuery, ExecutionQuery};
+use crate::journal::{
+    CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
+};
+
+/// A journal row as it is first written, before (or instead of) running the tool.
+#[derive(Debug, Clone)]
+pub struct NewExecution {
+    pub id: String,
+    pub account_id: String,
+    pub session_id: String,
+    pub run_id: Option<String>,
+    pub floor_id: Option<String>,
+    pub page_id: Option<String>,
+    pub call_id: String,
+    pub caller_slot: String,
+    pub provider_id: String,
+    pub provider_type: String,
+    pub tool_name: String,
+    pub args: serde_json::Value,
+    pub args_canonical: String,
+    pub status: ExecutionStatus,
+    pub lifecycle_state: LifecycleState,
+    pub commit_outcome: CommitOutcome,
+    pub side_effect_level: String,
+    pub replay_safety: String,
+    pub delivery_mode: String,
+    pub attempt_no: i64,
+    pub runtime_job_id: Option<String>,
+    pub replay_parent_execution_id: Option<String>,
+    /// Set when the row is written already finished (refusals).
+    pub result: Option<serde_json::Value>,
+    pub error_message: Option<String>,
+    pub started_at: i64,
+}
+
+/// The end of an execution.
+#[derive(Debug, Clone)]
+pub struct ExecutionFinish {
+    pub status: ExecutionStatus,
+    pub result: serde_json::Value,
+    pub error_message: Option<String>,
+    pub commit_outcome: Option<CommitOutcome>,
+}
+
+const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, caller_slot, provider_id, \
+    provider_type, tool_name, args_json, result_json, status, lifecycle_state, commit_outcome, \
+    side_effect_level, replay_safety, error_message, duration_ms, started_at, finished_at, \
+    delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at";
+
+fn json_column(row: &SqliteRow, column: &str) -> serde_json::Value {
+    row.get::<Option<String>, _>(column)
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
+    let parse = |column: &str| row.get::<String, _>(column);
+    ExecutionRecord {
+        id: row.get("id"),
+        session_id: row.get("session_id"),
+        run_id: row.get("run_id"),
+        floor_id: row.get("floor_id"),
+        page_id: row.get("page_id"),
+        call_id: row.get("call_id"),
+        caller_slot: row.get("caller_slot"),
+        provider_id: row.get("provider_id"),
+        provider_type: row.get("provider_type"),
+        tool_name: row.get("tool_name"),
+        args: json_column(row, "args_json"),
+        result: json_column(row, "result_json"),
+        status: ExecutionStatus::parse("status", &parse("status"))
+            .unwrap_or(ExecutionStatus::Uncertain),
+        lifecycle_state: LifecycleState::parse("lifecycle_state", &parse("lifecycle_state"))
+            .unwrap_or(LifecycleState::Finished),
+        commit_outcome: CommitOutcome::parse("commit_outcome", &parse("commit_outcome"))
+            .unwrap_or(CommitOutcome::Uncertain),
+        side_effect_level: row.get("side_effect_level"),
+        replay_safety: row.get("replay_safety"),
+        error_message: row.get("error_message"),
+        duration_ms: row.get("duration_ms"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        delivery_mode: row.get("delivery_mode"),
+        attempt_no: row.get("attempt_no"),
+        runtime_job_id: row.get("runtime_job_id"),
+        replay_parent_execution_id: row.get("replay_parent_execution_id"),
+        created_at: row.get("created_at"),
+    }
+}
+
+/// SQL for the legacy status of a row (the seed's folding, in SQL so it can filter).
+const LEGACY_STATUS_SQL: &str = "CASE status \
+    WHEN 'success' THEN 'success' WHEN 'queued' THEN 'queued' WHEN 'running' THEN 'running' \
+    WHEN 'denied' THEN 'denied' WHEN 'blocked' THEN 'denied' ELSE 'error' END";
+
+impl Store {
+    /// Writes a journal row. Rows for refused calls are written already finished.
+    pub async fn insert_execution(&self, row: &NewExecution) -> Result<()> {
+        let finished = row.lifecycle_state == LifecycleState::Finished;
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
+             caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
+             lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
+             started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&row.id)
+        .bind(&row.account_id)
+        .bind(&row.session_id)
+        .bind(&row.run_id)
+        .bind(&row.floor_id)
+        .bind(&row.page_id)
+        .bind(&row.call_id)
+        .bind(&row.caller_slot)
+        .bind(&row.provider_id)
+        .bind(&row.provider_type)
+        .bind(&row.tool_name)
+        .bind(row.args.to_string())
+        .bind(&row.args_canonical)
+        .bind(row.result.as_ref().map(|r| r.to_string()))
+        .bind(row.status.as_str())
+        .bind(row.lifecycle_state.as_str())
+        .bind(row.commit_outcome.as_str())
+        .bind(&row.side_effect_level)
+        .bind(&row.replay_safety)
+        .bind(&row.error_message)
+        .bind(row.started_at)
+        .bind(finished.then_some(now))
+        .bind(&row.delivery_mode)
+        .bind(row.attempt_no)
+        .bind(&row.runtime_job_id)
+        .bind(&row.replay_parent_execution_id)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Finishes an opened row with its outcome.
+    pub async fn finish_execution(&self, id: &str, finish: &ExecutionFinish) -> Result<()> {
+        let now = now_ms();
+        sqlx::query(
+            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
+             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
+             commit_outcome = COALESCE(?, commit_outcome) WHERE id = ?",
+        )
+        .bind(finish.status.as_str())
+        .bind(finish.result.to_string())
+        .bind(&finish.error_message)
+        .bind(now)
+        .bind(now)
+        .bind(finish.commit_outcome.map(CommitOutcome::as_str))
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// At start-up: rows a crash left running cannot be known; they become
+    /// `uncertain` and finished. Queued async jobs are left for their worker.
+    pub async fn recover_interrupted_executions(&self) -> Result<u64> {
+        let now = now_ms();
+        let changed = sqlx::query(
+            "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
+             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
+             error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown') \
+             WHERE lifecycle_state = 'opened' AND status <> 'queued'",
+        )
+        .bind(now)
+        .bind(now)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(changed)
+    }
+
+    /// One journal row of the account.
+    pub async fn execution(&self, account_id: &str, id: &str) -> Result<Option<ExecutionRecord>> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM tool_execution_record WHERE id = ? AND account_id = ?");
+        Ok(sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| record_from_row(&row)))
+    }
+
+    /// The journal query of `GET /tool-executions`.
+    pub async fn query_executions(
+        &self,
+        account_id: &str,
+        query: ExecutionQuery,
+    ) -> Result<Page<ExecutionRecord>> {
+        let mut conditions = vec!["account_id = ?".to_owned()];
+        let mut binds = vec![account_id.to_owned()];
+        let mut filter = |column: &str, value: Option<String>| {
+            if let Some(value) = value {
+                conditions.push(format!("{column} = ?"));
+                binds.push(value);
+            }
+        };
+        filter("session_id", query.session_id.clone());
+        filter("floor_id", query.floor_id.clone());
+        filter("run_id", query.run_id.clone());
+        filter(
+            "caller_slot",
+            query.caller_slot.map(|s| s.as_str().to_owned()),
+        );
+        filter("tool_name", query.tool_name.clone());
+        filter("status", query.status.map(|s| s.as_str().to_owned()));
+        filter(
+            "lifecycle_state",
+            query.lifecycle_state.map(|s| s.as_str().to_owned()),
+        );
+        filter(
+            "commit_outcome",
+            query.commit_outcome.map(|s| s.as_str().to_owned()),
+        );
+        filter("provider_type", query.provider_type.clone());
+        let where_sql = conditions.join(" AND ");
+        let total_sql = format!("SELECT COUNT(*) FROM tool_execution_record WHERE {where_sql}");
+        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(total_sql));
+        for bind in &binds {
+            total = total.bind(bind);
+        }
+        let total = total.fetch_one(self.pool()).await?;
+        // Column names below come from closed lists, never from input.
+        let page = &query.page;
+        let order = page.sort_order.sql();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql} \
+             ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
+            page.sort_by
+        );
+        let mut rows = sqlx::query(AssertSqlSafe(sql));
+        for bind in &binds {
+            rows = rows.bind(bind);
+        }
+        let rows = rows
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(Page {
+            items: rows.iter().map(record_from_row).collect(),
+            total,
+            request: query.page,
+        })
+    }
+
+    /// The legacy call-record projection of `GET /tools/call-records`.
+    pub async fn query_call_records(
+        &self,
+        account_id: &str,
+        query: CallRecordQuery,
+    ) -> Result<Page<CallRecord>> {
+        let mut conditions = vec!["account_id = ?".to_owned()];
+        let mut binds = vec![account_id.to_owned()];
+        if let Some(page_id) = &query.page_id {
+            conditions.push("page_id = ?".into());
+            binds.push(page_id.clone());
+        }
+        if let Some(floor_id) = &query.floor_id {
+            conditions.push("floor_id = ?".into());
+            binds.push(floor_id.clone());
+        }
+        let mut outer = Vec::new();
+        let mut outer_binds = Vec::new();
+        if let Some(slot) = query.caller_slot {
+            outer.push("caller_slot = ?");
+            outer_binds.push(slot.as_str().to_owned());
+        }
+        if let Some(status) = query.status {
+            outer.push("legacy_status = ?");
+            outer_binds.push(status.as_str().to_owned());
+        }
+        let outer_sql = if outer.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", outer.join(" AND "))
+        };
+        // seq numbers the calls of each page in the order they were made, before
+        // any filter, so a record keeps its seq whatever the query.
+        let base = format!(
+            "SELECT id, page_id, caller_slot, tool_name, args_json, result_json, duration_ms, created_at, \
+             {LEGACY_STATUS_SQL} AS legacy_status, \
+             ROW_NUMBER() OVER (PARTITION BY page_id ORDER BY created_at, id) - 1 AS seq \
+             FROM tool_execution_record WHERE {}",
+            conditions.join(" AND ")
+        );
+        let total_sql = format!("SELECT COUNT(*) FROM ({base}) {outer_sql}");
+        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(total_sql));
+        for bind in binds.iter().chain(&outer_binds) {
+            total = total.bind(bind);
+        }
+        let total = total.fetch_one(self.pool()).await?;
+        let page = &query.page;
+        let order = page.sort_order.sql();
+        let sort = if page.sort_by == "seq" {
+            "page_id, seq"
+        } else {
+            "created_at"
+        };
+        let sort = if page.sort_by == "seq" {
+            format!("{sort} {order}")
+        } else {
+            format!("{sort} {order}, id {order}")
+        };
+        let sql = format!("SELECT * FROM ({base}) {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?");
+        let mut rows = sqlx::query(AssertSqlSafe(sql));
+        for bind in binds.iter().chain(&outer_binds) {
+            rows = rows.bind(bind);
+        }
+        let rows = rows
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        let items = rows
+            .iter()
+            .map(|row| CallRecord {
+                id: row.get("id"),
+                page_id: row.get("page_id"),
+                seq: row.get("seq"),
+                caller_slot: row.get("caller_slot"),
+                tool_name: row.get("tool_name"),
+                args: json_column(row, "args_json"),
+                result: json_column(row, "result_json"),
+                status: LegacyStatus::parse("status", &row.get::<String, _>("legacy_status"))
+                    .unwrap_or(LegacyStatus::Error),
+                duration_ms: row.get("duration_ms"),
+                created_at: row.get("created_at"),
+            })
+            .collect();
+        Ok(Page {
+            items,
+            total,
+            request: query.page,
+        })
+    }
+}

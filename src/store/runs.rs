@@ -1,0 +1,270 @@
+//! Runs: one generation attempt on a floor, producing one page.
+
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// A generation attempt and the page it produces.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Run {
+    pub id: String,
+    pub session_id: String,
+    pub floor_id: String,
+    pub page_id: String,
+    /// `open` | `committed` | `discarded`
+    pub state: String,
+    pub confirmed_execution_ids: Vec<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// An earlier execution on a floor that may not be repeated silently.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct BlockingExecution {
+    pub id: String,
+    pub tool_name: String,
+    pub replay_safety: String,
+    pub run_id: Option<String>,
+    pub status: String,
+}
+
+/// An earlier execution of the same call, found when a call repeats it.
+#[derive(Debug, Clone)]
+pub struct ReplayParent {
+    pub id: String,
+    pub attempt_no: i64,
+    pub replay_safety: String,
+}
+
+const COLUMNS: &str =
+    "id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at, finished_at";
+
+fn from_row(row: &SqliteRow) -> Run {
+    let confirmed: String = row.get("confirmed_execution_ids");
+    Run {
+        id: row.get("id"),
+        session_id: row.get("session_id"),
+        floor_id: row.get("floor_id"),
+        page_id: row.get("page_id"),
+        state: row.get("state"),
+        confirmed_execution_ids: serde_json::from_str(&confirmed).unwrap_or_default(),
+        created_at: row.get("created_at"),
+        finished_at: row.get("finished_at"),
+    }
+}
+
+/// Statuses of executions whose provider was (or may have been) started.
+const RAN_STATUSES: &str = "('success', 'error', 'timeout', 'uncertain', 'queued', 'running')";
+
+impl Store {
+    /// Executions of earlier attempts on the floor that are not replay-safe.
+    pub async fn blocking_executions(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+    ) -> Result<Vec<BlockingExecution>> {
+        let sql = format!(
+            "SELECT id, tool_name, replay_safety, run_id, status FROM tool_execution_record \
+             WHERE account_id = ? AND floor_id = ? AND run_id IS NOT NULL AND replay_safety <> 'safe' \
+             AND status IN {RAN_STATUSES} ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(floor_id)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| BlockingExecution {
+                id: row.get("id"),
+                tool_name: row.get("tool_name"),
+                replay_safety: row.get("replay_safety"),
+                run_id: row.get("run_id"),
+                status: row.get("status"),
+            })
+            .collect())
+    }
+
+    /// Opens a run and its (empty) page on the account's floor.
+    pub async fn open_run(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+        confirmed: &[String],
+    ) -> Result<Run> {
+        let floor = self.floor(account_id, floor_id).await?;
+        let now = now_ms();
+        let run_id = new_id("floorrun");
+        let page_id = new_id("page");
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
+             VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
+        )
+        .bind(&page_id)
+        .bind(&floor.id)
+        .bind(&floor.id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO floor_runs (id, account_id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at) \
+             VALUES (?, ?, ?, ?, ?, 'open', ?, ?)",
+        )
+        .bind(&run_id)
+        .bind(account_id)
+        .bind(&floor.session_id)
+        .bind(&floor.id)
+        .bind(&page_id)
+        .bind(serde_json::to_string(confirmed).unwrap_or_else(|_| "[]".into()))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.run(account_id, &run_id).await
+    }
+
+    /// The account's run.
+    pub async fn run(&self, account_id: &str, run_id: &str) -> Result<Run> {
+        let sql = format!("SELECT {COLUMNS} FROM floor_runs WHERE id = ? AND account_id = ?");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("run {run_id:?}")))
+    }
+
+    /// Commits an open run: its page becomes the floor's active page and its pending
+    /// executions `committed`. `apply` runs inside the same transaction so buffered
+    /// effects land atomically with the commit.
+    pub async fn commit_run(
+        &self,
+        account_id: &str,
+        run_id: &str,
+        content: Option<&str>,
+    ) -> Result<Run> {
+        let run = self.run(account_id, run_id).await?;
+        let now = now_ms();
+        let mut tx = self.pool().begin().await?;
+        let changed = sqlx::query(
+            "UPDATE floor_runs SET state = 'committed', finished_at = ? WHERE id = ? AND state = 'open'",
+        )
+        .bind(now)
+        .bind(&run.id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Err(run_not_open(&run));
+        }
+        if let Some(content) = content {
+            sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
+                .bind(content)
+                .bind(&run.page_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("UPDATE floors SET active_page_id = ? WHERE id = ?")
+            .bind(&run.page_id)
+            .bind(&run.floor_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE tool_execution_record SET commit_outcome = 'committed' WHERE run_id = ? AND commit_outcome = 'pending'",
+        )
+        .bind(&run.id)
+        .execute(&mut *tx)
+        .await?;
+        self.apply_run_effects(&mut tx, &run).await?;
+        tx.commit().await?;
+        self.run(account_id, run_id).await
+    }
+
+    /// Discards an open run: its pending executions become `discarded`, its page and
+    /// its buffered effects are dropped.
+    pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
+        let run = self.run(account_id, run_id).await?;
+        let now = now_ms();
+        let mut tx = self.pool().begin().await?;
+        let changed = sqlx::query(
+            "UPDATE floor_runs SET state = 'discarded', finished_at = ? WHERE id = ? AND state = 'open'",
+        )
+        .bind(now)
+        .bind(&run.id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Err(run_not_open(&run));
+        }
+        sqlx::query(
+            "UPDATE tool_execution_record SET commit_outcome = 'discarded' WHERE run_id = ? AND commit_outcome = 'pending'",
+        )
+        .bind(&run.id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM pages WHERE id = ?")
+            .bind(&run.page_id)
+            .execute(&mut *tx)
+            .await?;
+        self.drop_run_effects(&mut tx, &run).await?;
+        tx.commit().await?;
+        self.run(account_id, run_id).await
+    }
+
+    /// The latest earlier execution on the floor (outside `run_id`) with the same
+    /// tool and canonical arguments: the call being made now repeats it.
+    pub async fn replay_parent(
+        &self,
+        floor_id: &str,
+        run_id: &str,
+        tool_name: &str,
+        args_canonical: &str,
+    ) -> Result<Option<ReplayParent>> {
+        let row = sqlx::query(
+            "SELECT id, attempt_no, replay_safety FROM tool_execution_record \
+             WHERE floor_id = ? AND run_id IS NOT NULL AND run_id <> ? AND tool_name = ? AND args_canonical = ? \
+             AND status NOT IN ('denied', 'blocked') ORDER BY created_at DESC, id DESC LIMIT 1",
+        )
+        .bind(floor_id)
+        .bind(run_id)
+        .bind(tool_name)
+        .bind(args_canonical)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|row| ReplayParent {
+            id: row.get("id"),
+            attempt_no: row.get("attempt_no"),
+            replay_safety: row.get("replay_safety"),
+        }))
+    }
+
+    async fn apply_run_effects(
+        &self,
+        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        _run: &Run,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    async fn drop_run_effects(
+        &self,
+        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        _run: &Run,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn run_not_open(run: &Run) -> Error {
+    Error::Conflict {
+        code: "run_not_open",
+        message: format!("run {} is already {}", run.id, run.state),
+    }
+}
