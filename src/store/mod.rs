@@ -4,6 +4,7 @@
 mod accounts;
 mod characters;
 mod floors;
+mod jobs;
 mod journal;
 mod runs;
 mod sessions;
@@ -20,6 +21,7 @@ use sqlx::sqlite::{
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
 pub use floors::{Floor, FloorPage, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
+pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{ExecutionFinish, NewExecution};
 pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;

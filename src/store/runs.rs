@@ -245,19 +245,48 @@ impl Store {
         }))
     }
 
+    /// At commit: the run's staged jobs become claimable (the outbox is released
+    /// in the same transaction as the commit, so a failed turn never starts one).
     async fn apply_run_effects(
         &self,
-        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        _run: &Run,
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        run: &Run,
     ) -> Result<()> {
+        sqlx::query(
+            "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
+        )
+        .bind(now_ms())
+        .bind(&run.id)
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 
+    /// At discard: the run's staged jobs are cancelled before they ever start,
+    /// and their journal rows finish as blocked.
     async fn drop_run_effects(
         &self,
-        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        _run: &Run,
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        run: &Run,
     ) -> Result<()> {
+        let now = now_ms();
+        sqlx::query(
+            "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, \
+             error_message = 'the run was discarded before this deferred call started; it never ran' \
+             WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = 'staged')",
+        )
+        .bind(now)
+        .bind(&run.id)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ? WHERE run_id = ? AND state = 'staged'",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(&run.id)
+        .execute(&mut **tx)
+        .await?;
         Ok(())
     }
 }

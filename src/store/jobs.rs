@@ -1,0 +1,304 @@
+//! Durable runtime jobs with leases, and the results they deliver to sessions.
+
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// A deferred tool call waiting for, or run by, a worker.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RuntimeJob {
+    pub id: String,
+    pub session_id: String,
+    pub execution_id: String,
+    pub run_id: Option<String>,
+    pub tool_name: String,
+    /// `staged` | `queued` | `running` | `succeeded` | `failed` | `uncertain` | `cancelled`
+    pub state: String,
+    pub attempts: i64,
+    #[schema(value_type = Object)]
+    pub result: serde_json::Value,
+    pub error_message: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    #[serde(skip)]
+    pub account_id: String,
+    #[serde(skip)]
+    pub invocation: serde_json::Value,
+}
+
+/// A tool result delivered to a session after its turn, for the model's next one.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Delivery {
+    pub id: String,
+    pub session_id: String,
+    pub execution_id: String,
+    pub runtime_job_id: Option<String>,
+    pub call_id: String,
+    pub tool_name: String,
+    #[schema(value_type = Object)]
+    pub output: serde_json::Value,
+    pub is_error: bool,
+    pub created_at: i64,
+}
+
+const COLUMNS: &str = "id, account_id, session_id, execution_id, run_id, tool_name, state, invocation_json, \
+    attempts, result_json, error_message, lease_expires_at, created_at, updated_at, started_at, finished_at";
+
+fn from_row(row: &SqliteRow) -> RuntimeJob {
+    let json = |column: &str| {
+        row.get::<Option<String>, _>(column)
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    RuntimeJob {
+        id: row.get("id"),
+        account_id: row.get("account_id"),
+        session_id: row.get("session_id"),
+        execution_id: row.get("execution_id"),
+        run_id: row.get("run_id"),
+        tool_name: row.get("tool_name"),
+        state: row.get("state"),
+        invocation: json("invocation_json"),
+        attempts: row.get("attempts"),
+        result: json("result_json"),
+        error_message: row.get("error_message"),
+        lease_expires_at: row.get("lease_expires_at"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+    }
+}
+
+/// A new job as the call path writes it.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: String,
+    pub account_id: String,
+    pub session_id: String,
+    pub execution_id: String,
+    pub run_id: Option<String>,
+    pub tool_name: String,
+    /// `staged` inside an open run (claimable only after commit), else `queued`.
+    pub state: &'static str,
+    pub invocation: serde_json::Value,
+}
+
+impl Store {
+    pub async fn insert_job(&self, job: &NewJob) -> Result<()> {
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
+             invocation_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&job.id)
+        .bind(&job.account_id)
+        .bind(&job.session_id)
+        .bind(&job.execution_id)
+        .bind(&job.run_id)
+        .bind(&job.tool_name)
+        .bind(job.state)
+        .bind(job.invocation.to_string())
+        .bind(now)
+        .bind(now)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// The account's job.
+    pub async fn job(&self, account_id: &str, id: &str) -> Result<RuntimeJob> {
+        let sql = format!("SELECT {COLUMNS} FROM runtime_jobs WHERE id = ? AND account_id = ?");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("runtime job {id:?}")))
+    }
+
+    /// Claims the oldest queued job for `owner` with a lease until `lease_until`.
+    pub async fn claim_job(&self, owner: &str, lease_until: i64) -> Result<Option<RuntimeJob>> {
+        let now = now_ms();
+        let sql = format!(
+            "UPDATE runtime_jobs SET state = 'running', lease_owner = ?, lease_expires_at = ?, \
+             attempts = attempts + 1, started_at = ?, updated_at = ? \
+             WHERE id = (SELECT id FROM runtime_jobs WHERE state = 'queued' ORDER BY created_at, id LIMIT 1) \
+             AND state = 'queued' RETURNING {COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(lease_until)
+            .bind(now)
+            .bind(now)
+            .fetch_optional(self.pool())
+            .await?;
+        let Some(job) = row.map(|row| from_row(&row)) else {
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE tool_execution_record SET status = 'running' WHERE id = ? AND lifecycle_state = 'opened'",
+        )
+        .bind(&job.execution_id)
+        .execute(self.pool())
+        .await?;
+        Ok(Some(job))
+    }
+
+    /// Extends the lease; false when the lease is no longer ours.
+    pub async fn heartbeat_job(&self, id: &str, owner: &str, lease_until: i64) -> Result<bool> {
+        let changed = sqlx::query(
+            "UPDATE runtime_jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND lease_owner = ? AND state = 'running'",
+        )
+        .bind(lease_until)
+        .bind(now_ms())
+        .bind(id)
+        .bind(owner)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(changed == 1)
+    }
+
+    /// Finishes a job we still hold, its journal row and its delivery, atomically.
+    /// Returns the delivery, or None when the lease had been lost.
+    pub async fn complete_job(
+        &self,
+        job: &RuntimeJob,
+        owner: &str,
+        execution_status: &str,
+        output: &serde_json::Value,
+        is_error: bool,
+        call_id: &str,
+    ) -> Result<Option<Delivery>> {
+        let now = now_ms();
+        let mut tx = self.pool().begin().await?;
+        let job_state = if is_error { "failed" } else { "succeeded" };
+        let error_message = is_error.then(|| output.as_str().unwrap_or_default().to_owned());
+        let changed = sqlx::query(
+            "UPDATE runtime_jobs SET state = ?, result_json = ?, error_message = ?, finished_at = ?, updated_at = ?, \
+             lease_expires_at = NULL WHERE id = ? AND lease_owner = ? AND state = 'running'",
+        )
+        .bind(job_state)
+        .bind(output.to_string())
+        .bind(&error_message)
+        .bind(now)
+        .bind(now)
+        .bind(&job.id)
+        .bind(owner)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Ok(None);
+        }
+        sqlx::query(
+            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, lifecycle_state = 'finished', \
+             finished_at = ?, duration_ms = MAX(0, ? - started_at) WHERE id = ?",
+        )
+        .bind(execution_status)
+        .bind((!is_error).then(|| output.to_string()))
+        .bind(&error_message)
+        .bind(now)
+        .bind(now)
+        .bind(&job.execution_id)
+        .execute(&mut *tx)
+        .await?;
+        let delivery = Delivery {
+            id: new_id("delivery"),
+            session_id: job.session_id.clone(),
+            execution_id: job.execution_id.clone(),
+            runtime_job_id: Some(job.id.clone()),
+            call_id: call_id.to_owned(),
+            tool_name: job.tool_name.clone(),
+            output: output.clone(),
+            is_error,
+            created_at: now,
+        };
+        sqlx::query(
+            "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&delivery.id)
+        .bind(&delivery.session_id)
+        .bind(&delivery.execution_id)
+        .bind(&delivery.runtime_job_id)
+        .bind(&delivery.call_id)
+        .bind(&delivery.tool_name)
+        .bind(delivery.output.to_string())
+        .bind(is_error as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(delivery))
+    }
+
+    /// Jobs whose lease ran out (or, with `all_running`, every running job: the
+    /// embedded database has one instance, so at start-up every running job was
+    /// lost) become `uncertain` and are never re-run. Returns their ids.
+    pub async fn expire_lost_jobs(&self, all_running: bool) -> Result<Vec<String>> {
+        let now = now_ms();
+        let mut tx = self.pool().begin().await?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?, finished_at = ?, \
+             error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
+             WHERE state = 'running' AND (? OR lease_expires_at < ?) RETURNING execution_id",
+        )
+        .bind(now)
+        .bind(now)
+        .bind(all_running)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        for execution_id in &ids {
+            sqlx::query(
+                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?, \
+                 duration_ms = MAX(0, ? - started_at), error_message = 'the job running this call lost its lease; its outcome is unknown' \
+                 WHERE id = ?",
+            )
+            .bind(now)
+            .bind(now)
+            .bind(execution_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    /// Results delivered to the account's session, oldest first.
+    pub async fn deliveries(&self, account_id: &str, session_id: &str) -> Result<Vec<Delivery>> {
+        let session = self.session(account_id, session_id).await?;
+        let rows = sqlx::query(
+            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, created_at \
+             FROM session_deliveries WHERE session_id = ? ORDER BY created_at, id",
+        )
+        .bind(&session.id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| Delivery {
+                id: row.get("id"),
+                session_id: row.get("session_id"),
+                execution_id: row.get("execution_id"),
+                runtime_job_id: row.get("runtime_job_id"),
+                call_id: row.get("call_id"),
+                tool_name: row.get("tool_name"),
+                output: serde_json::from_str(&row.get::<String, _>("output_json"))
+                    .unwrap_or(serde_json::Value::Null),
+                is_error: row.get::<i64, _>("is_error") != 0,
+                created_at: row.get("created_at"),
+            })
+            .collect())
+    }
+}
