@@ -2,9 +2,14 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
+mod call_budget;
 mod characters;
 mod floors;
+pub mod memory;
+pub mod resources;
 mod sessions;
+mod state_names;
+pub mod variables;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -18,6 +23,8 @@ use sqlx::sqlite::{
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
 pub use floors::{Floor, FloorPage};
+pub use memory::{Memory, MemoryHit};
+pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use sessions::Session;
 
 /// Handle to the database; cheap to clone.
