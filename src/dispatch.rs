@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::catalog::{Catalog, Invoker, Lookup};
 use crate::domain::tool::Slot;
 use crate::error::{Error, Result};
+use crate::permissions::{Refusal, ToolPermissions};
 use crate::runtime::ToolRuntime;
 use crate::store::Session;
 
@@ -91,6 +92,30 @@ pub enum ToolOutcome {
 }
 
 impl ToolRuntime {
+    /// The session's permission rules in their fixed order, then the reservation
+    /// of one call from the floor's `max_calls_per_turn` budget. The reservation
+    /// is taken before the tool runs, so calls in flight count against it.
+    async fn authorize(
+        &self,
+        session: &Session,
+        entry: &crate::catalog::CatalogEntry,
+        call: &ToolCall,
+    ) -> Result<std::result::Result<(), Refusal>> {
+        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+        if let Err(refusal) =
+            permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
+        {
+            return Ok(Err(refusal));
+        }
+        if let Some(floor_id) = &call.floor_id {
+            let limit = permissions.max_calls_per_turn;
+            if !self.store.reserve_floor_call(floor_id, limit).await? {
+                return Ok(Err(Refusal::CallLimitReached { limit }));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// The catalog of `session` right now.
     pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
         let mut entries = crate::tools::builtin::catalog_entries(self, session).await?;
@@ -156,6 +181,16 @@ impl ToolRuntime {
                 ));
             }
         };
+        if let Err(refusal) = self.authorize(&session, entry, &call).await? {
+            tracing::info!(
+                session = %session.id,
+                tool = %call.name,
+                slot = %call.caller_slot,
+                rule = refusal.rule(),
+                "tool call refused by permissions"
+            );
+            return Ok(refuse(CallStatus::Denied, refusal.message(&call.name)));
+        }
         let args = match &call.arguments.parsed {
             Ok(args) => args.clone(),
             Err(problem) => return Ok(refuse(CallStatus::Error, problem.clone())),

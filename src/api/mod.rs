@@ -3,10 +3,13 @@
 
 mod accounts;
 mod auth;
+mod catalog;
 mod characters;
 pub mod envelope;
 pub mod error;
 pub mod extract;
+mod memories;
+mod permissions;
 mod sessions;
 mod tool_calls;
 
@@ -43,6 +46,9 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(characters::router())
         .merge(sessions::router())
         .merge(tool_calls::router())
+        .merge(catalog::router())
+        .merge(permissions::router())
+        .merge(memories::router())
         .split_for_parts()
 }
 

@@ -161,7 +161,8 @@ fn register<T: Builtin>(tool: T) -> Registered {
 }
 
 /// The JSON Schema of `P` as a tool's `parameters`: draft 2020-12, subschemas
-/// inlined (model APIs handle `$ref` poorly), without `$schema` and `title`, and
+/// inlined (model APIs handle `$ref` poorly), without `$schema`, `title` and the
+/// root `description` (the tool has its own), and
 /// without Rust-only `format`s such as `uint32` that mean nothing to a model.
 pub fn parameter_schema<P: JsonSchema>() -> Value {
     let generator = SchemaSettings::draft2020_12()
@@ -172,7 +173,9 @@ pub fn parameter_schema<P: JsonSchema>() -> Value {
         .into_generator();
     let mut schema = generator.into_root_schema_for::<P>().to_value();
     if let Value::Object(root) = &mut schema {
+        // The struct's doc comment describes Rust code, not the tool.
         root.remove("title");
+        root.remove("description");
         root.entry("properties").or_insert_with(|| json!({}));
     }
     strip_numeric_formats(&mut schema);

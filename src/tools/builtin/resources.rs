@@ -44,7 +44,6 @@ pub struct WriteParams {
     /// The content: a string for a text resource, any JSON value for a json resource
     pub content: Value,
     /// "text" or "json" (default: "text" when content is a string, otherwise "json")
-    #[serde(default)]
     pub kind: Option<Kind>,
 }
 

@@ -14,7 +14,6 @@ const OFFSET_PATTERN: &str = r"^[+-](0[0-9]|1[0-4]):[0-5][0-9]$";
 #[serde(deny_unknown_fields)]
 pub struct GetTimeParams {
     /// UTC offset to express the time in, such as "+08:00" or "-05:30" (default: "+00:00")
-    #[serde(default)]
     #[schemars(regex(pattern = OFFSET_PATTERN))]
     pub utc_offset: Option<String>,
 }
