@@ -102,8 +102,7 @@ impl ToolRuntime {
         call: &ToolCall,
     ) -> Result<std::result::Result<(), Refusal>> {
         let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-        if let Err(refusal) =
-            permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
+        if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
         {
             return Ok(Err(refusal));
         }

@@ -234,8 +234,7 @@ impl ToolPermissions {
         {
             return Err(Refusal::OnSlotDenyList { slot });
         }
-        if metadata.side_effect_level == SideEffectLevel::Irreversible && !self.allow_irreversible
-        {
+        if metadata.side_effect_level == SideEffectLevel::Irreversible && !self.allow_irreversible {
             return Err(Refusal::IrreversibleNotAllowed);
         }
         Ok(())
@@ -306,9 +305,7 @@ impl Update {
     /// and what it must be.
     fn parse(body: &Value, allow_null_lists: bool) -> Result<Self> {
         let Value::Object(fields) = body else {
-            return Err(Error::validation(
-                "tool permissions must be a JSON object",
-            ));
+            return Err(Error::validation("tool permissions must be a JSON object"));
         };
         let mut update = Update::default();
         for (key, value) in fields {
@@ -366,8 +363,8 @@ fn slot_lists(
     };
     let mut lists = BTreeMap::new();
     for (raw_slot, names) in map {
-        let slot = Slot::parse(raw_slot)
-            .map_err(|err| Error::validation(format!("`{key}`: {err}")))?;
+        let slot =
+            Slot::parse(raw_slot).map_err(|err| Error::validation(format!("`{key}`: {err}")))?;
         let names = match names {
             Value::Null if allow_null_lists => None,
             Value::Array(items) => Some(tool_names(key, raw_slot, items)?),
@@ -414,7 +411,8 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::tool::{Basis, SideEffectLevel};
+    use crate::catalog::{CatalogEntry, Invoker, Lookup};
+    use crate::domain::tool::{Basis, ProviderType, SideEffectLevel, ToolSpec};
 
     fn meta(level: SideEffectLevel, slots: Vec<Slot>) -> ToolMetadata {
         ToolMetadata::declared(level, slots, None)
@@ -475,9 +473,21 @@ mod tests {
             ..Default::default()
         };
         let metadata = meta(SideEffectLevel::None, vec![]);
-        assert!(permissions.check("roll_dice", &metadata, Slot::Narrator).is_ok());
-        assert!(permissions.check("get_time", &metadata, Slot::Narrator).is_err());
-        assert!(permissions.check("get_time", &metadata, Slot::Director).is_ok());
+        assert!(
+            permissions
+                .check("roll_dice", &metadata, Slot::Narrator)
+                .is_ok()
+        );
+        assert!(
+            permissions
+                .check("get_time", &metadata, Slot::Narrator)
+                .is_err()
+        );
+        assert!(
+            permissions
+                .check("get_time", &metadata, Slot::Director)
+                .is_ok()
+        );
         assert_eq!(
             permissions
                 .check("get_time", &metadata, Slot::Verifier)
@@ -498,6 +508,91 @@ mod tests {
             ToolPermissions::default()
                 .check("set_variable", &sandbox, Slot::Narrator)
                 .is_ok()
+        );
+    }
+
+    fn entry(name: &str, provider_id: &str, level: SideEffectLevel) -> CatalogEntry {
+        CatalogEntry::available(
+            ToolSpec {
+                name: name.into(),
+                description: String::new(),
+                parameters: json!({"type": "object", "properties": {}}),
+                provider_id: provider_id.into(),
+                provider_type: ProviderType::Remote,
+                source: "plugin:test".into(),
+                metadata: meta(level, vec![]),
+            },
+            Invoker::Builtin("roll_dice"),
+        )
+    }
+
+    #[test]
+    fn conflicts_stay_visible_but_are_never_callable() {
+        let mut catalog = Catalog::assemble(
+            "sess_1",
+            vec![
+                entry("roll_dice", "builtin", SideEffectLevel::None),
+                entry("roll_dice", "remote:Lanlan", SideEffectLevel::None),
+                entry("get_time", "builtin", SideEffectLevel::None),
+                entry("launch", "remote:Lanlan", SideEffectLevel::Irreversible),
+            ],
+        );
+        assert_eq!(catalog.conflicts.len(), 1);
+        assert_eq!(
+            catalog.conflicts[0].provider_ids,
+            ["builtin", "remote:Lanlan"]
+        );
+        assert!(matches!(catalog.lookup("roll_dice"), Lookup::Conflict(_)));
+        let dice: Vec<Value> = catalog
+            .entries
+            .iter()
+            .filter(|e| e.spec.name == "roll_dice")
+            .map(CatalogEntry::to_json)
+            .collect();
+        assert_eq!(dice.len(), 2);
+        for json in &dice {
+            assert_eq!(json["availability"], "conflict");
+            assert!(
+                json["availability_reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("remote:Lanlan")
+            );
+        }
+        let mut narrowed = catalog.clone();
+        ToolPermissions::default().apply_to_catalog(&mut narrowed, Some(Slot::Narrator));
+        let names: Vec<&str> = narrowed
+            .entries
+            .iter()
+            .map(|e| e.spec.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["get_time"],
+            "conflicts and irreversible tools are not callable"
+        );
+        ToolPermissions::default().apply_to_catalog(&mut catalog, None);
+        let launch = catalog
+            .entries
+            .iter()
+            .find(|e| e.spec.name == "launch")
+            .unwrap();
+        assert_eq!(launch.availability, Availability::Unavailable);
+        assert!(
+            launch
+                .availability_reason
+                .as_deref()
+                .unwrap()
+                .contains("`allow_irreversible`")
+        );
+        let conflicted = catalog
+            .entries
+            .iter()
+            .filter(|e| e.availability == Availability::Conflict);
+        assert_eq!(
+            conflicted.count(),
+            2,
+            "session-wide rules leave conflicts as they are"
         );
     }
 

@@ -75,7 +75,11 @@ async fn runtime_catalog(
             .map(|entry| entry.to_openai_tool())
             .collect()
     } else {
-        catalog.entries.iter().map(|entry| entry.to_json()).collect()
+        catalog
+            .entries
+            .iter()
+            .map(|entry| entry.to_json())
+            .collect()
     };
     Ok(axum::Json(json!({
         "data": {

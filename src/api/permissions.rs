@@ -41,7 +41,9 @@ async fn get_permissions(
     Path(session_id): Path<String>,
 ) -> ApiResult<axum::Json<Value>> {
     let session = state.store.session(&account.id, &session_id).await?;
-    Ok(envelope(&ToolPermissions::from_metadata(&session.metadata)?))
+    Ok(envelope(&ToolPermissions::from_metadata(
+        &session.metadata,
+    )?))
 }
 
 /// Replace the session's tool permissions; missing fields take their defaults.

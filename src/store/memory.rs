@@ -199,6 +199,94 @@ mod tests {
         assert_eq!(fts_query("Dragon dragon").as_deref(), Some("\"dragon\""));
     }
 
+    async fn store_with_session() -> (tempfile::TempDir, Store, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        let account = store.create_account("a", true, None).await.unwrap().account;
+        let name = crate::domain::CharacterName::parse("Mira").unwrap();
+        store
+            .create_character(&account.id, &name, "", "")
+            .await
+            .unwrap();
+        let session = store.create_session(&account.id, "Mira", "").await.unwrap();
+        (dir, store, account.id, session.id)
+    }
+
+    /// Rows of the index's content table, after FTS5 has checked that its index
+    /// matches them exactly (a stale index entry fails the integrity check).
+    async fn indexed_rows(store: &Store) -> i64 {
+        sqlx::query(
+            "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
+        )
+        .execute(store.pool())
+        .await
+        .expect("the full-text index matches its content");
+        sqlx::query_scalar("SELECT COUNT(*) FROM session_texts")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_active_pages_are_found_and_deletes_leave_the_index() {
+        let (_dir, store, account, session) = store_with_session().await;
+        let floor = store
+            .append_floor(&account, &session, "Tell me a story")
+            .await
+            .unwrap();
+        for (id, no, text) in [
+            ("page_a", 1, "a story about a griffin"),
+            ("page_b", 2, "a story about a kraken"),
+        ] {
+            sqlx::query("INSERT INTO pages (id, floor_id, page_no, content, created_at) VALUES (?, ?, ?, ?, 0)")
+                .bind(id)
+                .bind(&floor.id)
+                .bind(no)
+                .bind(text)
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        let search = |word: &'static str| {
+            let store = store.clone();
+            let session = session.clone();
+            async move {
+                store
+                    .search_session_text(&session, word, 10)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|hit| hit.id)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert!(search("griffin").await.is_empty(), "no page is active yet");
+        sqlx::query("UPDATE floors SET active_page_id = 'page_b' WHERE id = ?")
+            .bind(&floor.id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(search("kraken").await, ["page_b"]);
+        assert!(search("griffin").await.is_empty());
+        // Edits are re-indexed.
+        sqlx::query("UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert!(search("kraken").await.is_empty());
+        assert_eq!(search("phoenix").await, ["page_b"]);
+        store
+            .add_memory(&account, &session, "The user loves phoenixes")
+            .await
+            .unwrap();
+        assert_eq!(search("phoenix").await.len(), 2);
+        assert_eq!(indexed_rows(&store).await, 4);
+        // Deleting the session cascades through floors, pages and memories, and
+        // the triggers take every text out of the index.
+        store.delete_session(&account, &session).await.unwrap();
+        assert_eq!(indexed_rows(&store).await, 0);
+    }
+
     #[test]
     fn hits_are_cut_on_char_boundaries() {
         assert_eq!(truncate_chars("蓝蓝蓝", 2), "蓝蓝…");

@@ -103,7 +103,9 @@ impl Store {
         let raw: String = row.get("content");
         let content = if kind == "json" {
             ResourceContent::Json(serde_json::from_str(&raw).map_err(|err| {
-                Error::Internal(anyhow::anyhow!("stored resource {name:?} is not JSON: {err}"))
+                Error::Internal(anyhow::anyhow!(
+                    "stored resource {name:?} is not JSON: {err}"
+                ))
             })?)
         } else {
             ResourceContent::Text(raw.clone())
@@ -178,12 +180,13 @@ impl Store {
     /// Deletes a resource; returns whether it existed.
     pub async fn delete_resource(&self, session_id: &str, name: &str) -> Result<bool> {
         check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
-        let deleted = sqlx::query("DELETE FROM session_resources WHERE session_id = ? AND name = ?")
-            .bind(session_id)
-            .bind(name)
-            .execute(self.pool())
-            .await?
-            .rows_affected();
+        let deleted =
+            sqlx::query("DELETE FROM session_resources WHERE session_id = ? AND name = ?")
+                .bind(session_id)
+                .bind(name)
+                .execute(self.pool())
+                .await?
+                .rows_affected();
         Ok(deleted > 0)
     }
 }

@@ -27,7 +27,9 @@ impl Store {
         .await?;
         raw.map(|raw| {
             serde_json::from_str(&raw).map_err(|err| {
-                Error::Internal(anyhow::anyhow!("stored variable {name:?} is not JSON: {err}"))
+                Error::Internal(anyhow::anyhow!(
+                    "stored variable {name:?} is not JSON: {err}"
+                ))
             })
         })
         .transpose()

@@ -324,7 +324,12 @@ mod tests {
             .collect();
         assert_eq!(
             listed,
-            ["roll_dice", "random_choice", "get_time", "get_character_info"]
+            [
+                "roll_dice",
+                "random_choice",
+                "get_time",
+                "get_character_info"
+            ]
         );
     }
 

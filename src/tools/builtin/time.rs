@@ -134,6 +134,10 @@ mod tests {
         for bad in ["08:00", "+8:00", "+15:00", "+08:60", "", "+", "+08:0a"] {
             assert_eq!(parse_offset(bad), None, "{bad}");
         }
-        assert!(regex::Regex::new(OFFSET_PATTERN).unwrap().is_match("+14:00"));
+        assert!(
+            regex::Regex::new(OFFSET_PATTERN)
+                .unwrap()
+                .is_match("+14:00")
+        );
     }
 }
