@@ -408,6 +408,36 @@ async fn permissions_reject_bad_bodies_and_unknown_sessions() {
 }
 
 #[tokio::test]
+async fn concurrent_patches_do_not_lose_each_others_lists() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let path = format!("/sessions/{session}/tool-permissions");
+    let mut patches = Vec::new();
+    for list in ["slot_allow_list", "slot_deny_list"] {
+        for slot in ["director", "memory", "narrator", "verifier"] {
+            patches.push(json!({ list: { slot: [format!("{list}_{slot}")] } }));
+        }
+    }
+    let replies =
+        futures::future::join_all(patches.iter().map(|body| server.patch(&path, body.clone())))
+            .await;
+    assert!(
+        replies.iter().all(|r| r.status == StatusCode::OK),
+        "{replies:?}"
+    );
+    let stored = server.get(&path).await.body["data"].clone();
+    for list in ["slot_allow_list", "slot_deny_list"] {
+        for slot in ["director", "memory", "narrator", "verifier"] {
+            assert_eq!(
+                stored[list][slot],
+                json!([format!("{list}_{slot}")]),
+                "{stored}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn each_permission_rule_refuses_without_running_the_tool() {
     let server = spawn_app().await;
     let session = server.create_session().await;

@@ -58,10 +58,8 @@ async fn replace_permissions(
     req: Request,
 ) -> ApiResult<axum::Json<Value>> {
     let body = read_body(req, &state).await?;
-    let session = state.store.session(&account.id, &session_id).await?;
     let permissions = ToolPermissions::replaced(&body)?;
-    save(&state, &account.id, &session.id, &permissions).await?;
-    Ok(envelope(&permissions))
+    save(&state, &account.id, &session_id, |_| Ok(permissions)).await
 }
 
 /// Merge into the session's tool permissions: slot lists per slot key (`null`
@@ -77,22 +75,25 @@ async fn patch_permissions(
     req: Request,
 ) -> ApiResult<axum::Json<Value>> {
     let body = read_body(req, &state).await?;
-    let session = state.store.session(&account.id, &session_id).await?;
-    let permissions = ToolPermissions::from_metadata(&session.metadata)?.patched(&body)?;
-    save(&state, &account.id, &session.id, &permissions).await?;
-    Ok(envelope(&permissions))
+    save(&state, &account.id, &session_id, |metadata| {
+        ToolPermissions::from_metadata(metadata)?.patched(&body)
+    })
+    .await
 }
 
+/// Stores what `compute` makes of the current metadata, atomically.
 async fn save(
     state: &AppState,
     account_id: &str,
     session_id: &str,
-    permissions: &ToolPermissions,
-) -> ApiResult<()> {
-    state
+    compute: impl FnOnce(&Value) -> crate::error::Result<ToolPermissions>,
+) -> ApiResult<axum::Json<Value>> {
+    let stored = state
         .store
-        .set_session_metadata_key(account_id, session_id, METADATA_KEY, &permissions.to_json())
+        .update_session_metadata_key(account_id, session_id, METADATA_KEY, |metadata| {
+            compute(metadata).map(|permissions| permissions.to_json())
+        })
         .await?;
-    tracing::info!(session = session_id, permissions = %permissions.to_json(), "tool permissions changed");
-    Ok(())
+    tracing::info!(session = session_id, permissions = %stored, "tool permissions changed");
+    Ok(axum::Json(json!({ "data": stored })))
 }

@@ -7,6 +7,7 @@ mod characters;
 mod floors;
 pub mod memory;
 pub mod resources;
+mod session_metadata;
 mod sessions;
 mod state_names;
 pub mod variables;
