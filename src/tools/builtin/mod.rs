@@ -285,7 +285,12 @@ pub async fn call(
         state: &state,
     };
     match tool.tool.call(&ctx, args.clone()).await {
-        Ok(output) => ToolOutcome::Success(output),
+        Ok(output) => {
+            if tool.spec.metadata.side_effect_level != SideEffectLevel::None {
+                tracing::info!(tool = name, session = %session.id, "builtin tool changed session state");
+            }
+            ToolOutcome::Success(output)
+        }
         Err(ToolError(message)) => {
             tracing::info!(tool = name, session = %session.id, %message, "builtin tool answered an error");
             ToolOutcome::Error(message)
