@@ -109,6 +109,20 @@ impl CatalogEntry {
     }
 }
 
+impl CatalogEntry {
+    /// The entry as one element of an OpenAI chat-completions `tools` array.
+    pub fn to_openai_tool(&self) -> Value {
+        json!({
+            "type": "function",
+            "function": {
+                "name": self.spec.name,
+                "description": self.spec.description,
+                "parameters": self.spec.parameters,
+            },
+        })
+    }
+}
+
 /// Two or more providers offering the same tool name.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Conflict {

@@ -8,6 +8,7 @@ use crate::domain::tool::{SideEffectLevel, Slot};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonical_json};
+use crate::permissions::{Refusal, ToolPermissions};
 use crate::runtime::ToolRuntime;
 use crate::store::{ExecutionFinish, NewExecution, ReplayParent, Run, Session};
 
@@ -86,6 +87,30 @@ pub enum ToolOutcome {
 }
 
 impl ToolRuntime {
+    /// The session's permission rules in their fixed order, then the reservation
+    /// of one call from the floor's `max_calls_per_turn` budget. The reservation
+    /// is taken before the tool runs, so calls in flight count against it.
+    async fn authorize(
+        &self,
+        session: &Session,
+        entry: &crate::catalog::CatalogEntry,
+        call: &ToolCall,
+        floor_id: Option<&str>,
+    ) -> Result<std::result::Result<(), Refusal>> {
+        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+        if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
+        {
+            return Ok(Err(refusal));
+        }
+        if let Some(floor_id) = floor_id {
+            let limit = permissions.max_calls_per_turn;
+            if !self.store.reserve_floor_call(floor_id, limit).await? {
+                return Ok(Err(Refusal::CallLimitReached { limit }));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// The catalog of `session` right now.
     pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
         let mut entries = crate::tools::builtin::catalog_entries(self, session).await?;
@@ -147,6 +172,25 @@ impl ToolRuntime {
                     .await;
             }
         };
+        if let Err(refusal) = self
+            .authorize(&session, entry, &call, scope.floor_id.as_deref())
+            .await?
+        {
+            tracing::info!(
+                session = %session.id,
+                tool = %call.name,
+                slot = %call.caller_slot,
+                rule = refusal.rule(),
+                "tool call refused by permissions"
+            );
+            return journal
+                .refused(
+                    Some(entry),
+                    ExecutionStatus::Denied,
+                    refusal.message(&call.name),
+                )
+                .await;
+        }
         let args = match &call.arguments.parsed {
             Ok(args) => args.clone(),
             Err(problem) => {

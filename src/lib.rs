@@ -13,6 +13,7 @@ pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod permissions;
 pub mod runs;
 pub mod runtime;
 pub mod schema;

@@ -3,11 +3,14 @@
 
 mod accounts;
 mod auth;
+mod catalog;
 mod characters;
 pub mod envelope;
 pub mod error;
 mod executions;
 pub mod extract;
+mod memories;
+mod permissions;
 mod runs;
 mod sessions;
 mod tool_calls;
@@ -47,6 +50,9 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(tool_calls::router())
         .merge(executions::router())
         .merge(runs::router())
+        .merge(catalog::router())
+        .merge(permissions::router())
+        .merge(memories::router())
         .split_for_parts()
 }
 

@@ -2,12 +2,18 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
+mod call_budget;
 mod characters;
 mod floors;
 mod jobs;
 mod journal;
+pub mod memory;
+pub mod resources;
 mod runs;
+mod session_metadata;
 mod sessions;
+mod state_names;
+pub mod variables;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -23,6 +29,8 @@ pub use characters::{Character, CharacterPatch};
 pub use floors::{Floor, FloorPage, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{ExecutionFinish, NewExecution};
+pub use memory::{Memory, MemoryHit};
+pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;
 

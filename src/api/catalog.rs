@@ -1,0 +1,92 @@
+//! The tool catalogs: `GET /tools/builtin` (the context-free builtins) and
+//! `GET /sessions/{id}/tools/runtime` (everything a session can see or call).
+
+use axum::extract::State;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::CurrentAccount;
+use super::error::{ApiError, ApiResult};
+use super::extract::{Path, Query};
+use crate::catalog::Availability;
+use crate::domain::tool::Slot;
+use crate::permissions::ToolPermissions;
+use crate::state::AppState;
+
+/// Query of `GET /sessions/{id}/tools/runtime`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeCatalogParams {
+    /// Only the tools this slot may call under the session's permissions:
+    /// `director` | `memory` | `narrator` | `verifier`.
+    pub slot: Option<String>,
+    /// `openai`: `tools` becomes a ready-to-send OpenAI `tools` array of the
+    /// available tools.
+    pub format: Option<String>,
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_builtin_tools))
+        .routes(routes!(runtime_catalog))
+}
+
+/// List the builtin tools that need no session context.
+#[utoipa::path(get, path = "/tools/builtin", tag = "tools",
+    responses((status = 200, description = "`{\"data\": [{name, description, parameters, side_effect_level, allowed_slots, source}]}`"),
+        (status = 401)))]
+async fn list_builtin_tools(CurrentAccount(_account): CurrentAccount) -> axum::Json<Value> {
+    axum::Json(json!({ "data": crate::tools::builtin::context_free_listing() }))
+}
+
+/// The session's runtime tool catalog.
+#[utoipa::path(get, path = "/sessions/{id}/tools/runtime", tag = "tools",
+    params(("id" = String, Path), RuntimeCatalogParams),
+    responses((status = 200, description = "`{\"data\": {session_id, generated_at, tools, conflicts}}`"),
+        (status = 400, description = "unknown slot or format"), (status = 404)))]
+async fn runtime_catalog(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(session_id): Path<String>,
+    Query(params): Query<RuntimeCatalogParams>,
+) -> ApiResult<axum::Json<Value>> {
+    let slot = params.slot.as_deref().map(Slot::parse).transpose()?;
+    let openai = match params.format.as_deref() {
+        None => false,
+        Some("openai") => true,
+        Some(other) => {
+            return Err(ApiError::validation(format!(
+                "unknown format {other:?}; the only format is \"openai\" (omit it for the catalog)"
+            )));
+        }
+    };
+    let session = state.store.session(&account.id, &session_id).await?;
+    let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+    let mut catalog = state.runtime.catalog(&session).await?;
+    permissions.apply_to_catalog(&mut catalog, slot);
+    let tools: Vec<Value> = if openai {
+        catalog
+            .entries
+            .iter()
+            .filter(|entry| entry.availability == Availability::Available)
+            .map(|entry| entry.to_openai_tool())
+            .collect()
+    } else {
+        catalog
+            .entries
+            .iter()
+            .map(|entry| entry.to_json())
+            .collect()
+    };
+    Ok(axum::Json(json!({
+        "data": {
+            "session_id": catalog.session_id,
+            "generated_at": catalog.generated_at,
+            "tools": tools,
+            "conflicts": catalog.conflicts,
+        }
+    })))
+}

@@ -1,0 +1,295 @@
+//! Session memory: stored memories, and full-text search (SQLite FTS5, bm25) over
+//! a session's floors, active reply pages and memories. The index is kept in sync
+//! by triggers (migration 0002), so every write path is covered.
+
+use serde::Serialize;
+use sqlx::Row;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// Largest memory, in bytes.
+pub const MAX_MEMORY_BYTES: usize = 16 * 1024;
+/// Most memories one session may hold.
+pub const MAX_MEMORIES_PER_SESSION: i64 = 1000;
+/// Most words of a search query that are used.
+pub const MAX_QUERY_TERMS: usize = 32;
+/// Longest text returned per search hit, in characters.
+const MAX_HIT_CHARS: usize = 1000;
+
+/// A remembered fact about a session.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Memory {
+    pub id: String,
+    pub session_id: String,
+    pub content: String,
+    pub created_at: i64,
+}
+
+/// One search result, best first.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryHit {
+    /// `floor` (a user message), `page` (an active reply) or `memory`.
+    pub source: String,
+    /// Id of the floor, page or memory.
+    pub id: String,
+    pub floor_id: Option<String>,
+    /// Sequence number of the floor, when the hit belongs to one.
+    pub floor_seq: Option<i64>,
+    /// The text, cut to a bounded length.
+    pub content: String,
+    /// The matching passage with matched words in [brackets].
+    pub snippet: String,
+    /// Relevance: higher is better (the negated bm25 rank).
+    pub score: f64,
+}
+
+/// Turns free text into an FTS5 query: every word quoted (so FTS5 operators in
+/// the input are plain words) and joined by OR, so bm25 ranks texts matching more
+/// and rarer words higher. `None` when the text has no word.
+pub fn fts_query(text: &str) -> Option<String> {
+    let mut terms: Vec<String> = Vec::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        if word.is_empty() {
+            continue;
+        }
+        let quoted = format!("\"{}\"", word.to_lowercase());
+        if !terms.contains(&quoted) {
+            terms.push(quoted);
+        }
+        if terms.len() == MAX_QUERY_TERMS {
+            break;
+        }
+    }
+    (!terms.is_empty()).then(|| terms.join(" OR "))
+}
+
+fn truncate_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+impl Store {
+    /// Stores a memory for the account's session.
+    pub async fn add_memory(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        content: &str,
+    ) -> Result<Memory> {
+        if content.trim().is_empty() || content.len() > MAX_MEMORY_BYTES {
+            return Err(Error::validation(format!(
+                "memory content must be 1-{MAX_MEMORY_BYTES} bytes and not blank"
+            )));
+        }
+        let session = self.session(account_id, session_id).await?;
+        let memory = Memory {
+            id: new_id("mem"),
+            session_id: session.id,
+            content: content.to_owned(),
+            created_at: now_ms(),
+        };
+        let written = sqlx::query(
+            "INSERT INTO session_memories (id, session_id, content, created_at) SELECT ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM session_memories WHERE session_id = ?) < ?",
+        )
+        .bind(&memory.id)
+        .bind(&memory.session_id)
+        .bind(&memory.content)
+        .bind(memory.created_at)
+        .bind(&memory.session_id)
+        .bind(MAX_MEMORIES_PER_SESSION)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if written == 0 {
+            return Err(Error::validation(format!(
+                "the session already holds the maximum of {MAX_MEMORIES_PER_SESSION} memories"
+            )));
+        }
+        Ok(memory)
+    }
+
+    /// The account's session's memories, oldest first.
+    pub async fn list_memories(&self, account_id: &str, session_id: &str) -> Result<Vec<Memory>> {
+        let session = self.session(account_id, session_id).await?;
+        let rows = sqlx::query(
+            "SELECT id, session_id, content, created_at FROM session_memories \
+             WHERE session_id = ? ORDER BY created_at, id",
+        )
+        .bind(&session.id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| Memory {
+                id: row.get("id"),
+                session_id: row.get("session_id"),
+                content: row.get("content"),
+                created_at: row.get("created_at"),
+            })
+            .collect())
+    }
+
+    /// Full-text search over one session's text, best match first. Reply pages
+    /// count only while they are their floor's active page.
+    pub async fn search_session_text(
+        &self,
+        session_id: &str,
+        text: &str,
+        limit: i64,
+    ) -> Result<Vec<MemoryHit>> {
+        let query = fts_query(text)
+            .ok_or_else(|| Error::validation("the query contains no word to search for"))?;
+        let rows = sqlx::query(
+            "SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, t.content, \
+                    snippet(session_texts_fts, 0, '[', ']', '…', 24) AS snippet, \
+                    bm25(session_texts_fts) AS rank \
+             FROM session_texts_fts \
+             JOIN session_texts t ON t.id = session_texts_fts.rowid \
+             LEFT JOIN floors f ON f.id = t.floor_id \
+             WHERE session_texts_fts MATCH ? AND t.session_id = ? \
+               AND (t.source <> 'page' OR t.ref_id IN \
+                    (SELECT active_page_id FROM floors WHERE session_id = ? AND active_page_id IS NOT NULL)) \
+             ORDER BY rank, t.id DESC LIMIT ?",
+        )
+        .bind(&query)
+        .bind(session_id)
+        .bind(session_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let content: String = row.get("content");
+                let rank: f64 = row.get("rank");
+                MemoryHit {
+                    source: row.get("source"),
+                    id: row.get("ref_id"),
+                    floor_id: row.get("floor_id"),
+                    floor_seq: row.get("floor_seq"),
+                    content: truncate_chars(&content, MAX_HIT_CHARS),
+                    snippet: row.get("snippet"),
+                    score: -rank,
+                }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_quote_every_word() {
+        assert_eq!(
+            fts_query("the dragon's cave?").as_deref(),
+            Some("\"the\" OR \"dragon\" OR \"s\" OR \"cave\"")
+        );
+        assert_eq!(
+            fts_query("NEAR(a b) OR \"x\"").as_deref(),
+            Some("\"near\" OR \"a\" OR \"b\" OR \"or\" OR \"x\"")
+        );
+        assert_eq!(fts_query(" ,.;!? "), None);
+        assert_eq!(fts_query("Dragon dragon").as_deref(), Some("\"dragon\""));
+    }
+
+    async fn store_with_session() -> (tempfile::TempDir, Store, String, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        let account = store.create_account("a", true, None).await.unwrap().account;
+        let name = crate::domain::CharacterName::parse("Mira").unwrap();
+        store
+            .create_character(&account.id, &name, "", "")
+            .await
+            .unwrap();
+        let session = store.create_session(&account.id, "Mira", "").await.unwrap();
+        (dir, store, account.id, session.id)
+    }
+
+    /// Rows of the index's content table, after FTS5 has checked that its index
+    /// matches them exactly (a stale index entry fails the integrity check).
+    async fn indexed_rows(store: &Store) -> i64 {
+        sqlx::query(
+            "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
+        )
+        .execute(store.pool())
+        .await
+        .expect("the full-text index matches its content");
+        sqlx::query_scalar("SELECT COUNT(*) FROM session_texts")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_active_pages_are_found_and_deletes_leave_the_index() {
+        let (_dir, store, account, session) = store_with_session().await;
+        let floor = store
+            .append_floor(&account, &session, "Tell me a story")
+            .await
+            .unwrap();
+        for (id, no, text) in [
+            ("page_a", 1, "a story about a griffin"),
+            ("page_b", 2, "a story about a kraken"),
+        ] {
+            sqlx::query("INSERT INTO pages (id, floor_id, page_no, content, created_at) VALUES (?, ?, ?, ?, 0)")
+                .bind(id)
+                .bind(&floor.id)
+                .bind(no)
+                .bind(text)
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        let search = |word: &'static str| {
+            let store = store.clone();
+            let session = session.clone();
+            async move {
+                store
+                    .search_session_text(&session, word, 10)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|hit| hit.id)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert!(search("griffin").await.is_empty(), "no page is active yet");
+        sqlx::query("UPDATE floors SET active_page_id = 'page_b' WHERE id = ?")
+            .bind(&floor.id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(search("kraken").await, ["page_b"]);
+        assert!(search("griffin").await.is_empty());
+        // Edits are re-indexed.
+        sqlx::query("UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert!(search("kraken").await.is_empty());
+        assert_eq!(search("phoenix").await, ["page_b"]);
+        store
+            .add_memory(&account, &session, "The user loves phoenixes")
+            .await
+            .unwrap();
+        assert_eq!(search("phoenix").await.len(), 2);
+        assert_eq!(indexed_rows(&store).await, 4);
+        // Deleting the session cascades through floors, pages and memories, and
+        // the triggers take every text out of the index.
+        store.delete_session(&account, &session).await.unwrap();
+        assert_eq!(indexed_rows(&store).await, 0);
+    }
+
+    #[test]
+    fn hits_are_cut_on_char_boundaries() {
+        assert_eq!(truncate_chars("蓝蓝蓝", 2), "蓝蓝…");
+        assert_eq!(truncate_chars("ab", 2), "ab");
+    }
+}

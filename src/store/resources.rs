@@ -1,0 +1,192 @@
+//! Session resources: named text or JSON documents a session's tools manage.
+
+use serde_json::Value;
+use sqlx::Row;
+
+use super::Store;
+use super::state_names::check_state_name;
+use crate::error::{Error, Result};
+use crate::ids::now_ms;
+
+/// Longest resource name, in characters.
+pub const MAX_RESOURCE_NAME_CHARS: usize = 128;
+/// Largest resource content, in bytes (JSON resources: serialized).
+pub const MAX_RESOURCE_BYTES: usize = 64 * 1024;
+/// Most resources one session may hold.
+pub const MAX_RESOURCES_PER_SESSION: i64 = 100;
+
+/// The content of a resource: plain text or a JSON value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResourceContent {
+    Text(String),
+    Json(Value),
+}
+
+impl ResourceContent {
+    /// `text` or `json`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ResourceContent::Text(_) => "text",
+            ResourceContent::Json(_) => "json",
+        }
+    }
+
+    /// How the content is stored (and measured against the size limit).
+    fn stored(&self) -> String {
+        match self {
+            ResourceContent::Text(text) => text.clone(),
+            ResourceContent::Json(value) => value.to_string(),
+        }
+    }
+
+    /// The content as the model sees it: the text, or the JSON value itself.
+    pub fn to_value(&self) -> Value {
+        match self {
+            ResourceContent::Text(text) => Value::String(text.clone()),
+            ResourceContent::Json(value) => value.clone(),
+        }
+    }
+}
+
+/// A resource without its content, as a listing shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ResourceSummary {
+    pub name: String,
+    pub kind: String,
+    pub bytes: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A resource with its content.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    pub summary: ResourceSummary,
+    pub content: ResourceContent,
+}
+
+impl Store {
+    /// Every resource of the session, by name.
+    pub async fn list_resources(&self, session_id: &str) -> Result<Vec<ResourceSummary>> {
+        let rows = sqlx::query(
+            "SELECT name, kind, length(CAST(content AS BLOB)) AS bytes, created_at, updated_at \
+             FROM session_resources WHERE session_id = ? ORDER BY name",
+        )
+        .bind(session_id)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| ResourceSummary {
+                name: row.get("name"),
+                kind: row.get("kind"),
+                bytes: row.get("bytes"),
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+            })
+            .collect())
+    }
+
+    /// One resource of the session, if it exists.
+    pub async fn resource(&self, session_id: &str, name: &str) -> Result<Option<Resource>> {
+        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+        let row = sqlx::query(
+            "SELECT name, kind, content, created_at, updated_at FROM session_resources \
+             WHERE session_id = ? AND name = ?",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let kind: String = row.get("kind");
+        let raw: String = row.get("content");
+        let content = if kind == "json" {
+            ResourceContent::Json(serde_json::from_str(&raw).map_err(|err| {
+                Error::Internal(anyhow::anyhow!(
+                    "stored resource {name:?} is not JSON: {err}"
+                ))
+            })?)
+        } else {
+            ResourceContent::Text(raw.clone())
+        };
+        Ok(Some(Resource {
+            summary: ResourceSummary {
+                name: row.get("name"),
+                kind,
+                bytes: raw.len() as i64,
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+            },
+            content,
+        }))
+    }
+
+    /// Creates or replaces a resource; returns whether it was created.
+    pub async fn write_resource(
+        &self,
+        session_id: &str,
+        name: &str,
+        content: &ResourceContent,
+    ) -> Result<bool> {
+        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+        let stored = content.stored();
+        if stored.len() > MAX_RESOURCE_BYTES {
+            return Err(Error::validation(format!(
+                "resource content must be at most {MAX_RESOURCE_BYTES} bytes, got {}",
+                stored.len()
+            )));
+        }
+        // Informational only: a concurrent writer may create it in between.
+        let existed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM session_resources WHERE session_id = ? AND name = ?)",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_one(self.pool())
+        .await?;
+        let now = now_ms();
+        // One statement checks the per-session count and writes, so concurrent
+        // writers cannot overshoot the limit (SQLite serializes writes).
+        let written = sqlx::query(
+            "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
+             SELECT ?, ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM session_resources WHERE session_id = ?) < ? \
+                OR EXISTS (SELECT 1 FROM session_resources WHERE session_id = ? AND name = ?) \
+             ON CONFLICT (session_id, name) DO UPDATE SET kind = excluded.kind, \
+                content = excluded.content, updated_at = excluded.updated_at",
+        )
+        .bind(session_id)
+        .bind(name)
+        .bind(content.kind())
+        .bind(&stored)
+        .bind(now)
+        .bind(now)
+        .bind(session_id)
+        .bind(MAX_RESOURCES_PER_SESSION)
+        .bind(session_id)
+        .bind(name)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if written == 0 {
+            return Err(Error::validation(format!(
+                "the session already holds the maximum of {MAX_RESOURCES_PER_SESSION} resources; delete one first"
+            )));
+        }
+        Ok(!existed)
+    }
+
+    /// Deletes a resource; returns whether it existed.
+    pub async fn delete_resource(&self, session_id: &str, name: &str) -> Result<bool> {
+        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+        let deleted =
+            sqlx::query("DELETE FROM session_resources WHERE session_id = ? AND name = ?")
+                .bind(session_id)
+                .bind(name)
+                .execute(self.pool())
+                .await?
+                .rows_affected();
+        Ok(deleted > 0)
+    }
+}

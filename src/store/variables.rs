@@ -1,0 +1,77 @@
+//! Session variables: named JSON values a session's tools read and write.
+
+use serde_json::Value;
+
+use super::Store;
+use super::state_names::check_state_name;
+use crate::error::{Error, Result};
+use crate::ids::now_ms;
+
+/// Longest variable name, in characters.
+pub const MAX_VARIABLE_NAME_CHARS: usize = 64;
+/// Largest serialized variable value, in bytes.
+pub const MAX_VARIABLE_VALUE_BYTES: usize = 16 * 1024;
+/// Most variables one session may hold.
+pub const MAX_VARIABLES_PER_SESSION: i64 = 256;
+
+impl Store {
+    /// The value of a session variable, if it is set.
+    pub async fn variable(&self, session_id: &str, name: &str) -> Result<Option<Value>> {
+        check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
+        let raw: Option<String> = sqlx::query_scalar(
+            "SELECT value_json FROM session_variables WHERE session_id = ? AND name = ?",
+        )
+        .bind(session_id)
+        .bind(name)
+        .fetch_optional(self.pool())
+        .await?;
+        raw.map(|raw| {
+            serde_json::from_str(&raw).map_err(|err| {
+                Error::Internal(anyhow::anyhow!(
+                    "stored variable {name:?} is not JSON: {err}"
+                ))
+            })
+        })
+        .transpose()
+    }
+
+    /// Creates or replaces a session variable.
+    pub async fn set_variable(&self, session_id: &str, name: &str, value: &Value) -> Result<()> {
+        check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
+        let serialized = value.to_string();
+        if serialized.len() > MAX_VARIABLE_VALUE_BYTES {
+            return Err(Error::validation(format!(
+                "variable value must be at most {MAX_VARIABLE_VALUE_BYTES} bytes as JSON, got {}",
+                serialized.len()
+            )));
+        }
+        let now = now_ms();
+        // One statement checks the per-session count and writes, so concurrent
+        // writers cannot overshoot the limit (SQLite serializes writes).
+        let written = sqlx::query(
+            "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
+             SELECT ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM session_variables WHERE session_id = ?) < ? \
+                OR EXISTS (SELECT 1 FROM session_variables WHERE session_id = ? AND name = ?) \
+             ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, updated_at = excluded.updated_at",
+        )
+        .bind(session_id)
+        .bind(name)
+        .bind(&serialized)
+        .bind(now)
+        .bind(now)
+        .bind(session_id)
+        .bind(MAX_VARIABLES_PER_SESSION)
+        .bind(session_id)
+        .bind(name)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if written == 0 {
+            return Err(Error::validation(format!(
+                "the session already holds the maximum of {MAX_VARIABLES_PER_SESSION} variables"
+            )));
+        }
+        Ok(())
+    }
+}
