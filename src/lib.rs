@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod model_sessions;
 pub mod runtime;
 pub mod schema;
 pub mod state;
