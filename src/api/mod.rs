@@ -6,7 +6,9 @@ mod auth;
 mod characters;
 pub mod envelope;
 pub mod error;
+mod events;
 pub mod extract;
+mod runtime_tools;
 mod sessions;
 mod tool_calls;
 
@@ -43,6 +45,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(characters::router())
         .merge(sessions::router())
         .merge(tool_calls::router())
+        .merge(runtime_tools::router())
+        .merge(events::router())
         .split_for_parts()
 }
 
