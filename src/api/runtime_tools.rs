@@ -80,7 +80,27 @@ fn from_domain(err: Error) -> ApiError {
 
 async fn read_body<T: DeserializeOwned>(request: Request, state: &AppState) -> ApiResult<T> {
     let bytes = body_bytes(request, state).await?;
+    // serde would accept an array for a struct (field by position); the contract
+    // only speaks of objects, and "expected an object" is the readable message.
+    let value: Value = parse_json(&bytes).map_err(unprocessable)?;
+    if !value.is_object() {
+        return Err(unprocessable(format!(
+            "request body must be a JSON object, got {}",
+            json_kind(&value)
+        )));
+    }
     parse_json(&bytes).map_err(unprocessable)
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// The roles a request targets: one existing character, or every character that
