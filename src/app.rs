@@ -34,7 +34,9 @@ impl App {
         let runtime = ToolRuntime {
             store: store.clone(),
             settings: settings.clone(),
-            remote: Arc::new(RemoteRegistry::new(&settings).context("building the callback client")?),
+            remote: Arc::new(
+                RemoteRegistry::new(&settings).context("building the callback client")?,
+            ),
             model_sessions: Arc::new(ModelSessionHub::default()),
         };
         let state = AppState {

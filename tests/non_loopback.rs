@@ -47,8 +47,8 @@ impl Netns {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let tag = (std::process::id() ^ nanos ^ COUNTER.fetch_add(1, Ordering::SeqCst))
-            & 0x00ff_ffff;
+        let tag =
+            (std::process::id() ^ nanos ^ COUNTER.fetch_add(1, Ordering::SeqCst)) & 0x00ff_ffff;
         let subnet = tag & 0xff;
         let base = ((tag >> 8) & 0x3f) * 4;
         let netns = Self {
@@ -61,7 +61,14 @@ impl Netns {
         ip(&["netns", "add", &netns.name])?;
         // From here on, Drop cleans up whatever was created.
         ip(&[
-            "link", "add", &netns.host_if, "type", "veth", "peer", "name", &peer_if,
+            "link",
+            "add",
+            &netns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
         ])?;
         ip(&["link", "set", &peer_if, "netns", &netns.name])?;
         ip(&[
@@ -86,7 +93,15 @@ impl Netns {
     /// Runs curl inside the namespace; returns (status, body).
     async fn curl(&self, args: &[&str]) -> (u16, Value) {
         let output = tokio::process::Command::new("ip")
-            .args(["netns", "exec", &self.name, "curl", "-sS", "--max-time", "20"])
+            .args([
+                "netns",
+                "exec",
+                &self.name,
+                "curl",
+                "-sS",
+                "--max-time",
+                "20",
+            ])
             .args(["-w", "\n%{http_code}"])
             .args(args)
             .output()

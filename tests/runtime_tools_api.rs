@@ -89,7 +89,10 @@ fn names_of(tools: &Value) -> Vec<String> {
 
 async fn create_character(server: &TestServer, name: &str) {
     let reply = server
-        .post("/characters", json!({"name": name, "description": "", "persona": ""}))
+        .post(
+            "/characters",
+            json!({"name": name, "description": "", "persona": ""}),
+        )
         .await;
     assert_eq!(reply.status, 201, "{reply:?}");
 }
@@ -107,7 +110,9 @@ async fn call(server: &TestServer, session: &str, name: &str, arguments: Value) 
 }
 
 fn text(value: &Value) -> &str {
-    value.as_str().unwrap_or_else(|| panic!("expected a string, got {value}"))
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {value}"))
 }
 
 // ---------------------------------------------------------------------------
@@ -416,7 +421,10 @@ async fn defaults_apply_and_a_same_named_registration_replaces() {
     assert_eq!(tool["description"], "");
     assert_eq!(tool["source"], "external");
     assert_eq!(tool["timeout_seconds"], 30.0);
-    assert_eq!(tool["parameters"], json!({"type": "object", "properties": {}}));
+    assert_eq!(
+        tool["parameters"],
+        json!({"type": "object", "properties": {}})
+    );
     assert_eq!(tool["side_effect_level"], "none");
     assert_eq!(tool["replay_safety"], "safe");
     assert_eq!(tool["async_capability"], "inline_only");
@@ -482,31 +490,82 @@ async fn schema_errors_are_422_with_a_message_naming_the_field() {
         (with("name", json!(12)), "name"),
         (with("name", Value::Null), "name"),
         (with("description", json!(5)), "description"),
-        (with("description", json!("d".repeat(20_000))), "description"),
+        (
+            with("description", json!("d".repeat(20_000))),
+            "description",
+        ),
         (with("parameters", json!("object")), "parameters"),
         (with("parameters", json!([])), "parameters"),
-        (with("parameters", json!({"type": "nonsense"})), "parameters"),
         (
-            with("parameters", json!({"type": "object", "required": "location"})),
+            with("parameters", json!({"type": "nonsense"})),
+            "parameters",
+        ),
+        (
+            with(
+                "parameters",
+                json!({"type": "object", "required": "location"}),
+            ),
             "parameters",
         ),
         (with("callback_url", json!(7)), "callback_url"),
         (with("callback_url", json!("")), "callback_url"),
         (with("callback_url", json!("not a url")), "callback_url"),
-        (with("callback_url", json!("http://10.0.0.1/")), "callback_url"),
-        (with("callback_url", json!("http://192.168.1.10:9333/")), "callback_url"),
-        (with("callback_url", json!("http://example.com/")), "callback_url"),
-        (with("callback_url", json!("http://localhost.example.com/")), "callback_url"),
-        (with("callback_url", json!("http://0.0.0.0:9333/")), "callback_url"),
-        (with("callback_url", json!("http://[::]:9333/")), "callback_url"),
-        (with("callback_url", json!("http://[::ffff:10.0.0.1]:9333/")), "callback_url"),
-        (with("callback_url", json!("ftp://127.0.0.1/")), "callback_url"),
-        (with("callback_url", json!("file:///etc/passwd")), "callback_url"),
-        (with("callback_url", json!("http://user@127.0.0.1/")), "callback_url"),
-        (with("callback_url", json!("http://user:pw@127.0.0.1:9333/")), "callback_url"),
-        (with("callback_url", json!("http://127.0.0.1:99999/")), "callback_url"),
-        (with("callback_url", json!("http://127.0.0.1:0/")), "callback_url"),
-        (with("callback_url", json!("http://127.0.0.1:abc/")), "callback_url"),
+        (
+            with("callback_url", json!("http://10.0.0.1/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://192.168.1.10:9333/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://example.com/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://localhost.example.com/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://0.0.0.0:9333/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://[::]:9333/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://[::ffff:10.0.0.1]:9333/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("ftp://127.0.0.1/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("file:///etc/passwd")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://user@127.0.0.1/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://user:pw@127.0.0.1:9333/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://127.0.0.1:99999/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://127.0.0.1:0/")),
+            "callback_url",
+        ),
+        (
+            with("callback_url", json!("http://127.0.0.1:abc/")),
+            "callback_url",
+        ),
         (with("timeout_seconds", json!(0)), "timeout_seconds"),
         (with("timeout_seconds", json!(-1)), "timeout_seconds"),
         (with("timeout_seconds", json!(300.5)), "timeout_seconds"),
@@ -515,7 +574,10 @@ async fn schema_errors_are_422_with_a_message_naming_the_field() {
         (with("source", json!("")), "source"),
         (with("source", json!(["plugin:x"])), "source"),
         (with("role", json!(3)), "role"),
-        (with("side_effect_level", json!("explosive")), "side_effect_level"),
+        (
+            with("side_effect_level", json!("explosive")),
+            "side_effect_level",
+        ),
         (with("replay_safety", json!("sometimes")), "replay_safety"),
         (with("async_capability", json!("maybe")), "async_capability"),
         (with("colour", json!("red")), "colour"),
@@ -578,7 +640,10 @@ async fn every_loopback_callback_form_is_accepted() {
         .await;
         assert_eq!(reply.status, 200, "{url} -> {reply:?}");
         let tools = listing(&server).await;
-        assert_eq!(tools["Lanlan"][i]["callback_url"], url, "shown as registered");
+        assert_eq!(
+            tools["Lanlan"][i]["callback_url"], url,
+            "shown as registered"
+        );
     }
     // 64 characters (not bytes) is the longest name.
     register_ok(
@@ -597,13 +662,32 @@ async fn every_loopback_callback_form_is_accepted() {
 async fn unknown_roles_are_404() {
     let server = spawn_app().await;
     let url = "http://127.0.0.1:9/x";
-    let reply = register(&server, json!({"name": "t", "callback_url": url, "role": "Nobody"})).await;
+    let reply = register(
+        &server,
+        json!({"name": "t", "callback_url": url, "role": "Nobody"}),
+    )
+    .await;
     assert_eq!(reply.status, 404, "{reply:?}");
     assert_eq!(reply.code(), "not_found");
-    assert!(reply.body["error"]["message"].as_str().unwrap().contains("Nobody"));
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "t", "role": "Nobody"})).await;
+    assert!(
+        reply.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Nobody")
+    );
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "t", "role": "Nobody"}),
+    )
+    .await;
     assert_eq!(reply.status, 404, "{reply:?}");
-    let reply = api_post(&server, "/api/tools/clear", json!({"source": "external", "role": "Nobody"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/clear",
+        json!({"source": "external", "role": "Nobody"}),
+    )
+    .await;
     assert_eq!(reply.status, 404, "{reply:?}");
     let reply = api_get(&server, "/api/tools?role=Nobody").await;
     assert_eq!(reply.status, 404, "{reply:?}");
@@ -671,15 +755,14 @@ async fn null_or_empty_role_targets_the_characters_existing_now() {
         ["absent_role", "empty_role", "everyone"]
     );
     let only_mio = api_get(&server, "/api/tools?role=Mio").await;
-    assert_eq!(
-        only_mio.body["tools_by_role"].as_object().unwrap().len(),
-        1
-    );
+    assert_eq!(only_mio.body["tools_by_role"].as_object().unwrap().len(), 1);
     let empty = api_get(&server, "/api/tools?role=").await;
     assert_eq!(empty.body["tools_by_role"], tools);
 
     // A renamed character keeps its registrations; a deleted one takes them along.
-    let reply = server.patch("/characters/Mio", json!({"name": "Mio2"})).await;
+    let reply = server
+        .patch("/characters/Mio", json!({"name": "Mio2"}))
+        .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(names_of(&listing(&server).await["Mio2"]).len(), 4);
     let reply = server.delete("/characters/Mio2").await;
@@ -703,7 +786,12 @@ async fn unregister_with_and_without_role() {
         )
         .await;
     }
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "a", "role": "Mio"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "a", "role": "Mio"}),
+    )
+    .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
         reply.body,
@@ -713,7 +801,12 @@ async fn unregister_with_and_without_role() {
     assert_eq!(names_of(&tools["Mio"]), ["b"]);
     assert_eq!(names_of(&tools["Lanlan"]), ["a", "b"]);
 
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "b", "role": null})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "b", "role": null}),
+    )
+    .await;
     assert_eq!(
         reply.body,
         json!({"ok": true, "removed": true, "affected_roles": ["Lanlan", "Mio"], "failed_roles": []})
@@ -724,7 +817,12 @@ async fn unregister_with_and_without_role() {
         json!({"ok": true, "removed": true, "affected_roles": ["Lanlan"], "failed_roles": []})
     );
     // Nothing left to remove: not an error, but removed is false.
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "a", "role": ""})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "a", "role": ""}),
+    )
+    .await;
     assert_eq!(reply.status, 200);
     assert_eq!(
         reply.body,
@@ -765,17 +863,32 @@ async fn clear_removes_one_source_with_and_without_role() {
     assert_eq!(names_of(&tools["Lanlan"]), ["e1", "n1"]);
     assert_eq!(names_of(&tools["Mio"]), ["e1", "n1", "w1", "w2"]);
 
-    let reply = api_post(&server, "/api/tools/clear", json!({"source": "plugin:news", "role": null})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/clear",
+        json!({"source": "plugin:news", "role": null}),
+    )
+    .await;
     assert_eq!(
         reply.body,
         json!({"ok": true, "removed": 2, "affected_roles": ["Lanlan", "Mio"], "failed_roles": []})
     );
-    let reply = api_post(&server, "/api/tools/clear", json!({"source": "plugin:weather"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/clear",
+        json!({"source": "plugin:weather"}),
+    )
+    .await;
     assert_eq!(
         reply.body,
         json!({"ok": true, "removed": 2, "affected_roles": ["Mio"], "failed_roles": []})
     );
-    let reply = api_post(&server, "/api/tools/clear", json!({"source": "plugin:none"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/clear",
+        json!({"source": "plugin:none"}),
+    )
+    .await;
     assert_eq!(
         reply.body,
         json!({"ok": true, "removed": 0, "affected_roles": [], "failed_roles": []})
@@ -811,14 +924,42 @@ async fn callback_outcomes_reach_the_model() {
     let tools: Vec<(&str, String, Value)> = vec![
         ("echo", callbacks.url("/ok"), schema.clone()),
         ("get_weather", callbacks.url("/weather"), schema.clone()),
-        ("tool_error", callbacks.url("/tool-error"), json!({"type": "object"})),
-        ("http_500", callbacks.url("/status/500"), json!({"type": "object"})),
-        ("http_404", callbacks.url("/status/404"), json!({"type": "object"})),
-        ("http_204", callbacks.url("/status/204"), json!({"type": "object"})),
+        (
+            "tool_error",
+            callbacks.url("/tool-error"),
+            json!({"type": "object"}),
+        ),
+        (
+            "http_500",
+            callbacks.url("/status/500"),
+            json!({"type": "object"}),
+        ),
+        (
+            "http_404",
+            callbacks.url("/status/404"),
+            json!({"type": "object"}),
+        ),
+        (
+            "http_204",
+            callbacks.url("/status/204"),
+            json!({"type": "object"}),
+        ),
         ("text", callbacks.url("/text"), json!({"type": "object"})),
-        ("any_json", callbacks.url("/any-json"), json!({"type": "object"})),
-        ("bare_json", callbacks.url("/bare-json"), json!({"type": "object"})),
-        ("redirect", callbacks.url("/redirect"), json!({"type": "object"})),
+        (
+            "any_json",
+            callbacks.url("/any-json"),
+            json!({"type": "object"}),
+        ),
+        (
+            "bare_json",
+            callbacks.url("/bare-json"),
+            json!({"type": "object"}),
+        ),
+        (
+            "redirect",
+            callbacks.url("/redirect"),
+            json!({"type": "object"}),
+        ),
         (
             "refused",
             format!("http://127.0.0.1:{}/cb", dead_port().await),
@@ -1040,7 +1181,13 @@ async fn three_connection_failures_evict_only_that_plugin_origin() {
     // Same dead origin, another plugin: its own counter.
     register_as("q_dead", format!("{dead}/d"), "plugin:q", Value::Null).await;
     // Another dead origin of plugin:p: its own counter.
-    register_as("p_other_dead", format!("{other_dead}/e"), "plugin:p", Value::Null).await;
+    register_as(
+        "p_other_dead",
+        format!("{other_dead}/e"),
+        "plugin:p",
+        Value::Null,
+    )
+    .await;
 
     let mut events = Events::open(&server, &session).await;
 
@@ -1163,9 +1310,7 @@ async fn any_http_answer_or_read_timeout_resets_the_failure_streak() {
         json!({"name": "flaky", "callback_url": flaky.url(), "source": "plugin:flaky", "timeout_seconds": 0.5}),
     )
     .await;
-    let still_registered = || async {
-        names_of(&listing(&server).await["Lanlan"]) == ["flaky"]
-    };
+    let still_registered = || async { names_of(&listing(&server).await["Lanlan"]) == ["flaky"] };
     // Each round: two connection failures, then an answer of some kind, which
     // must reset the streak (otherwise the next failure would be the third).
     for answer in ["ok", "500", "tool_error", "slow"] {
@@ -1235,9 +1380,7 @@ async fn live_sessions_receive_every_catalog_change_before_the_response() {
     let server = spawn_app().await;
     create_character(&server, "Mio").await;
     let lanlan_session = server.create_session().await;
-    let reply = server
-        .post("/sessions", json!({"character": "Mio"}))
-        .await;
+    let reply = server.post("/sessions", json!({"character": "Mio"})).await;
     let mio_session = reply.body["data"]["id"].as_str().unwrap().to_owned();
     let mut lanlan = Events::open(&server, &lanlan_session).await;
     let mut mio = Events::open(&server, &mio_session).await;
@@ -1266,7 +1409,12 @@ async fn live_sessions_receive_every_catalog_change_before_the_response() {
     assert_eq!(strings(&changed["updated"]), ["get_weather"]);
     assert_eq!(strings(&changed["added"]), Vec::<String>::new());
 
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "get_weather", "role": "Lanlan"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "get_weather", "role": "Lanlan"}),
+    )
+    .await;
     assert_eq!(reply.body["affected_roles"], json!(["Lanlan"]));
     let changed = lanlan.changed().await;
     assert_eq!(strings(&changed["removed"]), ["get_weather"]);
@@ -1292,8 +1440,17 @@ impl Events {
         )
         .await;
         let next = self.changed().await;
-        assert_eq!(strings(&next["added"]), ["zz_marker"], "unexpected pending event: {next}");
-        let reply = api_post(server, "/api/tools/unregister", json!({"name": "zz_marker", "role": role})).await;
+        assert_eq!(
+            strings(&next["added"]),
+            ["zz_marker"],
+            "unexpected pending event: {next}"
+        );
+        let reply = api_post(
+            server,
+            "/api/tools/unregister",
+            json!({"name": "zz_marker", "role": role}),
+        )
+        .await;
         assert_eq!(reply.body["removed"], true);
         let removed = self.changed().await;
         assert_eq!(strings(&removed["removed"]), ["zz_marker"]);
@@ -1348,7 +1505,12 @@ async fn a_session_rejecting_the_catalog_makes_a_partial_success() {
     assert_eq!(listing(&server).await["Lanlan"][0]["description"], "again");
 
     // Once the offending name is gone, the session takes the catalog again.
-    let reply = api_post(&server, "/api/tools/unregister", json!({"name": "get.weather"})).await;
+    let reply = api_post(
+        &server,
+        "/api/tools/unregister",
+        json!({"name": "get.weather"}),
+    )
+    .await;
     assert_eq!(reply.body["ok"], true);
     assert_eq!(reply.body["affected_roles"], json!(["Lanlan", "Mio"]));
     let changed = events.changed().await;
@@ -1401,8 +1563,15 @@ async fn a_session_refuses_a_catalog_of_more_than_128_tools() {
         last_accepted = strings(&changed["tools"]);
     }
     let (reply, changed) = refusal.expect("a catalog over 128 tools must be refused");
-    assert_eq!(last_accepted.len(), 128, "the last accepted catalog is full");
-    assert!(text(&reply["failed_roles"][0]["error"]).contains("128"), "{reply}");
+    assert_eq!(
+        last_accepted.len(),
+        128,
+        "the last accepted catalog is full"
+    );
+    assert!(
+        text(&reply["failed_roles"][0]["error"]).contains("128"),
+        "{reply}"
+    );
     assert_eq!(changed["accepted"], false);
     assert_eq!(strings(&changed["tools"]), last_accepted);
 }
@@ -1517,7 +1686,12 @@ async fn two_hundred_concurrent_mutations_and_calls_stay_consistent() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (text(&t["name"]).to_owned(), text(&t["description"]).to_owned()))
+        .map(|t| {
+            (
+                text(&t["name"]).to_owned(),
+                text(&t["description"]).to_owned(),
+            )
+        })
         .collect();
     for name in names {
         let data = call(&server, &session, name, json!({})).await;

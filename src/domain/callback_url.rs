@@ -173,7 +173,13 @@ mod tests {
         for ip in ["127.0.0.1", "127.200.0.3", "::1", "::ffff:127.0.0.1"] {
             assert!(is_loopback_ip(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["10.203.0.2", "0.0.0.0", "::", "::ffff:10.0.0.1", "192.168.0.1"] {
+        for ip in [
+            "10.203.0.2",
+            "0.0.0.0",
+            "::",
+            "::ffff:10.0.0.1",
+            "192.168.0.1",
+        ] {
             assert!(!is_loopback_ip(ip.parse().unwrap()), "{ip}");
         }
     }

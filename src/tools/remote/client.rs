@@ -199,10 +199,7 @@ fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
         };
     }
     Exchange {
-        outcome: ToolOutcome::Error(format!(
-            "the callback request failed: {}",
-            error_chain(err)
-        )),
+        outcome: ToolOutcome::Error(format!("the callback request failed: {}", error_chain(err))),
         effect: FailureEffect::Neutral,
     }
 }
@@ -220,9 +217,7 @@ fn http_error_message(status: StatusCode, snippet: &str) -> String {
 /// a body that is not JSON is passed through as text.
 pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
     let Ok(value) = serde_json::from_slice::<Value>(bytes) else {
-        return ToolOutcome::Success(Value::String(
-            String::from_utf8_lossy(bytes).into_owned(),
-        ));
+        return ToolOutcome::Success(Value::String(String::from_utf8_lossy(bytes).into_owned()));
     };
     match value {
         Value::Object(mut map) if map.get("is_error") == Some(&Value::Bool(true)) => {
@@ -256,7 +251,11 @@ async fn read_capped(
     limit: usize,
     truncate: bool,
 ) -> Result<Vec<u8>, BodyError> {
-    if !truncate && response.content_length().is_some_and(|len| len > limit as u64) {
+    if !truncate
+        && response
+            .content_length()
+            .is_some_and(|len| len > limit as u64)
+    {
         return Err(BodyError::TooLarge);
     }
     let mut body = Vec::new();

@@ -356,12 +356,12 @@ mod tests {
         assert_eq!(tool.description, "");
         assert_eq!(tool.source, "external");
         assert_eq!(tool.timeout_seconds, 30.0);
-        assert_eq!(
-            tool.parameters,
-            json!({"type": "object", "properties": {}})
-        );
+        assert_eq!(tool.parameters, json!({"type": "object", "properties": {}}));
         assert_eq!(tool.metadata.side_effect_level, SideEffectLevel::None);
-        assert_eq!(tool.metadata.side_effect_level_basis, Basis::PlatformDefault);
+        assert_eq!(
+            tool.metadata.side_effect_level_basis,
+            Basis::PlatformDefault
+        );
         assert_eq!(tool.metadata.replay_safety, ReplaySafety::Safe);
         assert_eq!(
             tool.metadata.replay_safety_basis,
