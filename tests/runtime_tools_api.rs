@@ -274,6 +274,8 @@ async fn dead_port() -> u16 {
 struct Events {
     response: reqwest::Response,
     buffer: String,
+    /// Data of the `ready` event that opened the stream.
+    ready: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -302,9 +304,11 @@ impl Events {
         let mut events = Self {
             response,
             buffer: String::new(),
+            ready: Value::Null,
         };
         let ready = events.next().await;
         assert_eq!(ready.kind, "ready", "{ready:?}");
+        events.ready = ready.data;
         events
     }
 
@@ -1574,6 +1578,36 @@ async fn a_session_refuses_a_catalog_of_more_than_128_tools() {
     );
     assert_eq!(changed["accepted"], false);
     assert_eq!(strings(&changed["tools"]), last_accepted);
+}
+
+#[tokio::test]
+async fn a_stream_opens_with_the_current_catalog_and_ends_at_shutdown() {
+    let mut server = spawn_app().await;
+    let session = server.create_session().await;
+    register_ok(
+        &server,
+        json!({"name": "get_weather", "callback_url": "http://127.0.0.1:9/x"}),
+    )
+    .await;
+    let mut events = Events::open(&server, &session).await;
+    assert_eq!(events.ready["session_id"], session.as_str());
+    assert_eq!(events.ready["role"], "Lanlan");
+    assert_eq!(events.ready["accepted"], true);
+    assert!(strings(&events.ready["tools"]).contains(&"get_weather".to_owned()));
+
+    // An open stream must not keep the server from shutting down.
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.response.chunk().await {
+                Ok(Some(_)) => continue,
+                _ => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream did not end");
 }
 
 // ---------------------------------------------------------------------------
