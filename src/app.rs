@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
+use crate::model_sessions::ModelSessionHub;
 use crate::runtime::ToolRuntime;
 use crate::state::AppState;
 use crate::store::Store;
@@ -43,7 +44,10 @@ impl App {
         let runtime = ToolRuntime {
             store: store.clone(),
             settings: settings.clone(),
-            remote: Arc::new(RemoteRegistry::default()),
+            remote: Arc::new(
+                RemoteRegistry::new(&settings).context("building the callback client")?,
+            ),
+            model_sessions: Arc::new(ModelSessionHub::default()),
         };
         let state = AppState {
             store,
@@ -70,6 +74,13 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let store = self.state.store.clone();
+        // Event streams never end on their own; closing them lets graceful
+        // shutdown finish instead of waiting for subscribers to hang up.
+        let model_sessions = self.state.runtime.model_sessions.clone();
+        let shutdown = async move {
+            shutdown.await;
+            model_sessions.close_all();
+        };
         let router = crate::api::router(self.state);
         axum::serve(
             self.listener,

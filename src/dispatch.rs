@@ -114,7 +114,7 @@ impl ToolRuntime {
     /// The catalog of `session` right now.
     pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
         let mut entries = crate::tools::builtin::catalog_entries(self, session).await?;
-        entries.extend(self.remote.catalog_entries(&session.character));
+        entries.extend(self.remote.catalog_entries(&session.character_id));
         Ok(Catalog::assemble(&session.id, entries))
     }
 
@@ -220,7 +220,7 @@ impl ToolRuntime {
             Invoker::Builtin(name) => {
                 crate::tools::builtin::call(self, &session, name, &args).await
             }
-            Invoker::Remote(tool) => self.remote.call(tool, &call, &args).await,
+            Invoker::Remote(tool) => self.call_remote(tool, &call, &args).await,
         };
         journal.finish(entry, execution_id, outcome).await
     }

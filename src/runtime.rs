@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
+use crate::model_sessions::ModelSessionHub;
 use crate::store::Store;
 use crate::tools::remote::RemoteRegistry;
 
@@ -13,4 +14,6 @@ pub struct ToolRuntime {
     pub store: Store,
     pub settings: Arc<Settings>,
     pub remote: Arc<RemoteRegistry>,
+    /// Live model sessions per character; catalog mutations synchronise them.
+    pub model_sessions: Arc<ModelSessionHub>,
 }

@@ -7,11 +7,13 @@ mod catalog;
 mod characters;
 pub mod envelope;
 pub mod error;
+mod events;
 mod executions;
 pub mod extract;
 mod memories;
 mod permissions;
 mod runs;
+mod runtime_tools;
 mod sessions;
 mod tool_calls;
 
@@ -53,6 +55,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(catalog::router())
         .merge(permissions::router())
         .merge(memories::router())
+        .merge(runtime_tools::router())
+        .merge(events::router())
         .split_for_parts()
 }
 

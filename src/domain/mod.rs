@@ -1,8 +1,10 @@
 //! Validated domain values. Nothing here knows about HTTP.
 
+pub mod callback_url;
 pub mod names;
 pub mod paging;
 
+pub use callback_url::CallbackUrl;
 pub use names::CharacterName;
 pub use paging::{Page, PageRequest, SortOrder};
 pub mod tool;

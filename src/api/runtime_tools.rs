@@ -1,0 +1,393 @@
+//! `/api/tools`: the loopback-only Runtime Tools API through which local plugins
+//! register HTTP callbacks as model-callable tools (`runtime-tools-api.txt`).
+//!
+//! It keeps the contract's own shapes and status codes: bodies are
+//! `{"ok": ..., ...}` rather than `{"data": ...}`, schema errors are 422, unknown
+//! roles 404 and non-loopback callers 403. No API key is needed: the TCP peer
+//! address is the credential.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, ApiResult};
+use super::extract::{body_bytes, parse_json};
+use crate::domain::callback_url::is_loopback_ip;
+use crate::domain::tool::{AsyncCapability, ReplaySafety, SideEffectLevel};
+use crate::error::Error;
+use crate::state::AppState;
+use crate::tools::remote::{
+    DeclaredMetadata, FailedRole, MutationReport, NewRemoteTool, RegistrationInput, RemoteTool,
+    Role,
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(register_tool))
+        .routes(routes!(unregister_tool))
+        .routes(routes!(clear_tools))
+        .routes(routes!(list_tools))
+}
+
+/// Admits loopback peers only, judged by the TCP peer address. Forwarding headers
+/// are deliberately ignored: anyone can send them.
+pub struct LoopbackClient;
+
+impl<S: Send + Sync> FromRequestParts<S> for LoopbackClient {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| *addr);
+        match peer {
+            Some(addr) if is_loopback_ip(addr.ip()) => Ok(LoopbackClient),
+            _ => {
+                tracing::warn!(peer = ?peer, path = %parts.uri.path(), "refused a non-loopback caller of /api/tools");
+                Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "loopback_only",
+                    "the runtime tools API accepts loopback clients only",
+                ))
+            }
+        }
+    }
+}
+
+/// The contract answers schema errors with 422.
+fn unprocessable(message: impl Into<String>) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "validation_error",
+        message,
+    )
+}
+
+fn from_domain(err: Error) -> ApiError {
+    match err {
+        Error::Validation(message) => unprocessable(message),
+        other => other.into(),
+    }
+}
+
+async fn read_body<T: DeserializeOwned>(request: Request, state: &AppState) -> ApiResult<T> {
+    let bytes = body_bytes(request, state).await?;
+    // serde would accept an array for a struct (field by position); the contract
+    // only speaks of objects, and "expected an object" is the readable message.
+    let value: Value = parse_json(&bytes).map_err(unprocessable)?;
+    if !value.is_object() {
+        return Err(unprocessable(format!(
+            "request body must be a JSON object, got {}",
+            json_kind(&value)
+        )));
+    }
+    parse_json(&bytes).map_err(unprocessable)
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The roles a request targets: one existing character, or every character that
+/// exists now when `role` is null or empty.
+async fn target_roles(state: &AppState, role: Option<&str>) -> ApiResult<Vec<Role>> {
+    match role {
+        None | Some("") => {
+            let characters = state.store.all_characters().await?;
+            let existing: HashSet<String> = characters.iter().map(|c| c.id.clone()).collect();
+            // Registries of deleted characters can never be reached again.
+            state.runtime.remote.retain_characters(&existing);
+            Ok(characters
+                .into_iter()
+                .map(|c| Role {
+                    character_id: c.id,
+                    name: c.name,
+                })
+                .collect())
+        }
+        Some(name) => match state.store.character_any_account(name).await? {
+            Some(c) => Ok(vec![Role {
+                character_id: c.id,
+                name: c.name,
+            }]),
+            None => Err(ApiError::not_found(format!(
+                "role {name:?} not found: no character has that name"
+            ))),
+        },
+    }
+}
+
+/// Body of `POST /api/tools/register`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterToolBody {
+    /// Tool name, 1–64 characters.
+    pub name: String,
+    /// Shown to the model; default "".
+    pub description: Option<String>,
+    /// JSON Schema object of the arguments; default `{"type":"object","properties":{}}`.
+    #[schema(value_type = Object)]
+    pub parameters: Option<Value>,
+    /// Loopback http(s) URL: localhost, 127.0.0.0/8, ::1 or IPv4-mapped loopback.
+    pub callback_url: String,
+    /// Existing character name; null or "" targets every current character.
+    pub role: Option<String>,
+    /// Lifecycle tag used by clear; plugins use `plugin:<id>`. Default "external".
+    pub source: Option<String>,
+    /// Greater than 0 and at most 300; default 30.
+    pub timeout_seconds: Option<f64>,
+    /// Optional extension; default `none` (platform default).
+    pub side_effect_level: Option<SideEffectLevel>,
+    /// Optional extension; inferred from the side-effect level when absent.
+    pub replay_safety: Option<ReplaySafety>,
+    /// Optional extension; default `inline_only`.
+    pub async_capability: Option<AsyncCapability>,
+}
+
+/// Answer of `POST /api/tools/register`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RegisterToolResponse {
+    /// False only when no role accepted the registration.
+    pub ok: bool,
+    pub registered: String,
+    pub affected_roles: Vec<String>,
+    pub failed_roles: Vec<FailedRole>,
+}
+
+/// Register or replace a remote model-callable tool.
+#[utoipa::path(post, path = "/api/tools/register", tag = "runtime-tools",
+    request_body = RegisterToolBody,
+    responses(
+        (status = 200, body = RegisterToolResponse),
+        (status = 403, description = "caller is not on loopback"),
+        (status = 404, description = "unknown role"),
+        (status = 422, description = "schema error"),
+    ))]
+async fn register_tool(
+    State(state): State<AppState>,
+    _loopback: LoopbackClient,
+    request: Request,
+) -> ApiResult<axum::Json<RegisterToolResponse>> {
+    let body: RegisterToolBody = read_body(request, &state).await?;
+    let tool = NewRemoteTool::validate(RegistrationInput {
+        name: body.name,
+        description: body.description,
+        parameters: body.parameters,
+        callback_url: body.callback_url,
+        source: body.source,
+        timeout_seconds: body.timeout_seconds,
+        declared: DeclaredMetadata {
+            side_effect_level: body.side_effect_level,
+            replay_safety: body.replay_safety,
+            async_capability: body.async_capability,
+        },
+    })
+    .map_err(from_domain)?;
+    let roles = target_roles(&state, body.role.as_deref()).await?;
+    let registered = tool.name.clone();
+    let MutationReport {
+        affected_roles,
+        failed_roles,
+    } = state.runtime.register_remote(&roles, tool).await;
+    Ok(axum::Json(RegisterToolResponse {
+        ok: !affected_roles.is_empty(),
+        registered,
+        affected_roles,
+        failed_roles,
+    }))
+}
+
+/// Body of `POST /api/tools/unregister`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnregisterToolBody {
+    pub name: String,
+    /// Existing character name; null or "" means every current character.
+    pub role: Option<String>,
+}
+
+/// Answer of `POST /api/tools/unregister`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct UnregisterToolResponse {
+    /// False only when the tool was removed somewhere but no role took the change.
+    pub ok: bool,
+    /// Whether any target registry held the name.
+    pub removed: bool,
+    pub affected_roles: Vec<String>,
+    pub failed_roles: Vec<FailedRole>,
+}
+
+/// Remove a tool by name.
+#[utoipa::path(post, path = "/api/tools/unregister", tag = "runtime-tools",
+    request_body = UnregisterToolBody,
+    responses(
+        (status = 200, body = UnregisterToolResponse),
+        (status = 403, description = "caller is not on loopback"),
+        (status = 404, description = "unknown role"),
+        (status = 422, description = "schema error"),
+    ))]
+async fn unregister_tool(
+    State(state): State<AppState>,
+    _loopback: LoopbackClient,
+    request: Request,
+) -> ApiResult<axum::Json<UnregisterToolResponse>> {
+    let body: UnregisterToolBody = read_body(request, &state).await?;
+    if body.name.is_empty() {
+        return Err(unprocessable("name must not be empty"));
+    }
+    let roles = target_roles(&state, body.role.as_deref()).await?;
+    let (removed, report) = state.runtime.unregister_remote(&roles, &body.name).await;
+    Ok(axum::Json(UnregisterToolResponse {
+        ok: mutation_ok(&report),
+        removed,
+        affected_roles: report.affected_roles,
+        failed_roles: report.failed_roles,
+    }))
+}
+
+/// Body of `POST /api/tools/clear`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClearToolsBody {
+    /// Remove every tool carrying this source tag.
+    pub source: String,
+    /// Existing character name; null or "" means every current character.
+    pub role: Option<String>,
+}
+
+/// Answer of `POST /api/tools/clear`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ClearToolsResponse {
+    /// False only when tools were removed but no role took the change.
+    pub ok: bool,
+    /// How many registrations were removed, over all target roles.
+    pub removed: usize,
+    pub affected_roles: Vec<String>,
+    pub failed_roles: Vec<FailedRole>,
+}
+
+/// Remove every tool carrying a given source tag.
+#[utoipa::path(post, path = "/api/tools/clear", tag = "runtime-tools",
+    request_body = ClearToolsBody,
+    responses(
+        (status = 200, body = ClearToolsResponse),
+        (status = 403, description = "caller is not on loopback"),
+        (status = 404, description = "unknown role"),
+        (status = 422, description = "schema error"),
+    ))]
+async fn clear_tools(
+    State(state): State<AppState>,
+    _loopback: LoopbackClient,
+    request: Request,
+) -> ApiResult<axum::Json<ClearToolsResponse>> {
+    let body: ClearToolsBody = read_body(request, &state).await?;
+    if body.source.is_empty() {
+        return Err(unprocessable("source must not be empty"));
+    }
+    let roles = target_roles(&state, body.role.as_deref()).await?;
+    let (removed, report) = state.runtime.clear_remote(&roles, &body.source).await;
+    Ok(axum::Json(ClearToolsResponse {
+        ok: mutation_ok(&report),
+        removed,
+        affected_roles: report.affected_roles,
+        failed_roles: report.failed_roles,
+    }))
+}
+
+/// A removal that changed nothing is not a failure; one whose every change was
+/// refused by the roles' model sessions is.
+fn mutation_ok(report: &MutationReport) -> bool {
+    !report.affected_roles.is_empty() || report.failed_roles.is_empty()
+}
+
+/// One registration as `GET /api/tools` shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListedTool {
+    pub name: String,
+    pub description: String,
+    pub source: String,
+    pub callback_url: String,
+    /// Always true: these are remote callbacks.
+    pub is_remote: bool,
+    #[schema(value_type = Object)]
+    pub parameters: Value,
+    pub timeout_seconds: f64,
+    pub side_effect_level: SideEffectLevel,
+    pub replay_safety: ReplaySafety,
+    pub async_capability: AsyncCapability,
+}
+
+impl From<&RemoteTool> for ListedTool {
+    fn from(tool: &RemoteTool) -> Self {
+        Self {
+            name: tool.name.clone(),
+            description: tool.description.clone(),
+            source: tool.source.clone(),
+            callback_url: tool.callback_url.as_str().to_owned(),
+            is_remote: true,
+            parameters: tool.parameters.clone(),
+            timeout_seconds: tool.timeout_seconds,
+            side_effect_level: tool.metadata.side_effect_level,
+            replay_safety: tool.metadata.replay_safety,
+            async_capability: tool.metadata.async_capability,
+        }
+    }
+}
+
+/// Answer of `GET /api/tools`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ListToolsResponse {
+    pub ok: bool,
+    /// Every current role (or the one asked for), each with its registrations.
+    pub tools_by_role: BTreeMap<String, Vec<ListedTool>>,
+}
+
+/// List current registrations, per role.
+#[utoipa::path(get, path = "/api/tools", tag = "runtime-tools",
+    params(("role" = Option<String>, Query, description = "only this role; 404 when it does not exist")),
+    responses(
+        (status = 200, body = ListToolsResponse),
+        (status = 403, description = "caller is not on loopback"),
+        (status = 404, description = "unknown role"),
+    ))]
+async fn list_tools(
+    State(state): State<AppState>,
+    _loopback: LoopbackClient,
+    RawQuery(query): RawQuery,
+) -> ApiResult<axum::Json<ListToolsResponse>> {
+    let role = query.as_deref().and_then(|query| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(key, _)| key == "role")
+            .map(|(_, value)| value.into_owned())
+    });
+    let roles = target_roles(&state, role.as_deref()).await?;
+    let tools_by_role = roles
+        .into_iter()
+        .map(|role| {
+            let tools = state.runtime.remote.list(&role.character_id);
+            (
+                role.name,
+                tools.iter().map(|tool| ListedTool::from(&**tool)).collect(),
+            )
+        })
+        .collect();
+    Ok(axum::Json(ListToolsResponse {
+        ok: true,
+        tools_by_role,
+    }))
+}

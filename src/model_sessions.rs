@@ -1,0 +1,366 @@
+//! Model sessions: live consumers of a session's tool catalog (an event-stream
+//! subscriber today, a running generation later), grouped by character.
+//!
+//! "Synchronised to active model sessions" means: when a catalog mutation returns,
+//! every live model session of each affected character has checked the new catalog
+//! against its model provider's limits, taken it (or refused it, keeping its
+//! previous one), and has a `catalog_changed` event queued in its stream.
+//!
+//! Every registry mutation and every sync runs under one mutation lock, so the
+//! catalogs sessions take can never arrive out of order, and a session that opens
+//! concurrently with a mutation sees either the state before it (and then gets the
+//! event) or after it.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use regex::Regex;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::catalog::{Availability, Catalog};
+use crate::error::{Error, Result};
+use crate::runtime::ToolRuntime;
+use crate::store::Session;
+
+/// Events a model session's stream may hold before the session counts as stuck.
+const EVENT_BUFFER: usize = 1024;
+
+/// One event for a model session's subscriber.
+#[derive(Debug, Clone)]
+pub struct ModelSessionEvent {
+    /// `ready` when the stream opens, `catalog_changed` on every catalog change.
+    pub kind: &'static str,
+    pub data: Value,
+}
+
+/// The model provider a session talks to, and so the limits its catalog must meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelProvider {
+    /// Any OpenAI-compatible chat-completions endpoint.
+    OpenAiCompatible,
+}
+
+static OPENAI_TOOL_NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("static regex"));
+
+impl ModelProvider {
+    /// OpenAI's chat-completions API refuses more tools than this.
+    pub const OPENAI_MAX_TOOLS: usize = 128;
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelProvider::OpenAiCompatible => "openai_compatible",
+        }
+    }
+
+    /// Checks the tools a model request would carry against the provider's limits.
+    pub fn check_tools(self, names: &[&str]) -> std::result::Result<(), String> {
+        match self {
+            ModelProvider::OpenAiCompatible => {
+                if let Some(bad) = names.iter().find(|name| !OPENAI_TOOL_NAME.is_match(name)) {
+                    return Err(format!(
+                        "tool name {bad:?} is not accepted by the OpenAI-compatible provider (names must match ^[a-zA-Z0-9_-]{{1,64}}$)"
+                    ));
+                }
+                if names.len() > Self::OPENAI_MAX_TOOLS {
+                    return Err(format!(
+                        "the catalog has {} tools; the OpenAI-compatible provider accepts at most {}",
+                        names.len(),
+                        Self::OPENAI_MAX_TOOLS
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The names the model would be offered: available entries only, because
+    /// unavailable and conflicting tools are never sent to the model.
+    fn offered_names(catalog: &Catalog) -> Vec<String> {
+        let mut names: Vec<String> = catalog
+            .entries
+            .iter()
+            .filter(|entry| entry.availability == Availability::Available)
+            .map(|entry| entry.spec.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The names to take from `catalog`, or why this provider cannot take it.
+    fn accept(self, catalog: &Catalog) -> std::result::Result<Vec<String>, String> {
+        let names = Self::offered_names(catalog);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.check_tools(&refs).map(|()| names)
+    }
+}
+
+/// A change to one character's catalog, as the registry saw it.
+#[derive(Debug, Clone, Default)]
+pub struct CatalogChange {
+    pub character_id: String,
+    pub added: Vec<String>,
+    pub updated: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// One live model session.
+#[derive(Debug)]
+struct ModelSession {
+    id: String,
+    session: Session,
+    provider: ModelProvider,
+    events: mpsc::Sender<ModelSessionEvent>,
+    /// Names of the catalog this session took last; what its next model request uses.
+    accepted: Mutex<Vec<String>>,
+}
+
+/// Why an event could not be queued.
+enum Delivery {
+    Queued,
+    Gone,
+    Stuck,
+}
+
+impl ModelSession {
+    fn deliver(&self, event: ModelSessionEvent) -> Delivery {
+        match self.events.try_send(event) {
+            Ok(()) => Delivery::Queued,
+            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Gone,
+            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Stuck,
+        }
+    }
+
+    fn accepted(&self) -> MutexGuard<'_, Vec<String>> {
+        self.accepted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Proof that the caller holds the mutation lock.
+pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>);
+
+/// Every live model session of the server, by character id.
+#[derive(Debug, Default)]
+pub struct ModelSessionHub {
+    live: Mutex<HashMap<String, Vec<Arc<ModelSession>>>>,
+    mutation: tokio::sync::Mutex<()>,
+    closed: AtomicBool,
+}
+
+impl ModelSessionHub {
+    fn live(&self) -> MutexGuard<'_, HashMap<String, Vec<Arc<ModelSession>>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serialises catalog mutations and syncs.
+    pub async fn mutation_lock(&self) -> MutationGuard<'_> {
+        MutationGuard(self.mutation.lock().await)
+    }
+
+    /// Opens a model session for `session`; it lives until the subscription drops.
+    /// The first event is `ready`, carrying the catalog the session took.
+    pub async fn open(
+        self: &Arc<Self>,
+        runtime: &ToolRuntime,
+        session: Session,
+        provider: ModelProvider,
+    ) -> Result<Subscription> {
+        let _guard = self.mutation_lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Forbidden {
+                code: "shutting_down",
+                message: "the server is shutting down".into(),
+            });
+        }
+        let catalog = runtime.catalog(&session).await?;
+        let (accepted, error) = match provider.accept(&catalog) {
+            Ok(names) => (names, None),
+            Err(reason) => (Vec::new(), Some(reason)),
+        };
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        let model_session = Arc::new(ModelSession {
+            id: crate::ids::new_id("msess"),
+            session,
+            provider,
+            events: sender,
+            accepted: Mutex::new(accepted.clone()),
+        });
+        let ready = ModelSessionEvent {
+            kind: "ready",
+            data: json!({
+                "model_session_id": model_session.id,
+                "session_id": model_session.session.id,
+                "role": model_session.session.character,
+                "provider": provider.as_str(),
+                "accepted": error.is_none(),
+                "error": error,
+                "tools": accepted,
+            }),
+        };
+        // The channel is empty, so this cannot fail.
+        let _ = model_session.deliver(ready);
+        let character_id = model_session.session.character_id.clone();
+        let id = model_session.id.clone();
+        self.live()
+            .entry(character_id.clone())
+            .or_default()
+            .push(model_session);
+        tracing::info!(model_session = %id, character_id = %character_id, "model session opened");
+        Ok(Subscription {
+            hub: self.clone(),
+            character_id,
+            id,
+            events: receiver,
+        })
+    }
+
+    /// Offers the character's new catalog to each of its live model sessions.
+    /// Err names every session that refused it, and why.
+    pub async fn sync(
+        &self,
+        _guard: &MutationGuard<'_>,
+        runtime: &ToolRuntime,
+        change: &CatalogChange,
+    ) -> std::result::Result<(), String> {
+        let sessions: Vec<Arc<ModelSession>> = self
+            .live()
+            .get(&change.character_id)
+            .cloned()
+            .unwrap_or_default();
+        let mut refusals = Vec::new();
+        for model_session in sessions {
+            let verdict = match runtime.catalog(&model_session.session).await {
+                Ok(catalog) => model_session.provider.accept(&catalog),
+                Err(err) => Err(format!("the catalog could not be assembled: {err}")),
+            };
+            let mut accepted = model_session.accepted();
+            let error = match verdict {
+                Ok(names) => {
+                    *accepted = names;
+                    None
+                }
+                Err(reason) => Some(reason),
+            };
+            let event = ModelSessionEvent {
+                kind: "catalog_changed",
+                data: json!({
+                    "model_session_id": model_session.id,
+                    "session_id": model_session.session.id,
+                    "role": model_session.session.character,
+                    "added": change.added,
+                    "updated": change.updated,
+                    "removed": change.removed,
+                    "accepted": error.is_none(),
+                    "error": error,
+                    "tools": *accepted,
+                }),
+            };
+            drop(accepted);
+            match model_session.deliver(event) {
+                Delivery::Queued => {}
+                Delivery::Gone => {
+                    self.remove(&change.character_id, &model_session.id);
+                    continue;
+                }
+                Delivery::Stuck => {
+                    // A subscriber that stopped reading cannot be synchronised;
+                    // closing it makes the client reconnect and start fresh.
+                    self.remove(&change.character_id, &model_session.id);
+                    refusals.push(format!(
+                        "model session {} was closed: its event stream is not being read",
+                        model_session.id
+                    ));
+                    continue;
+                }
+            }
+            if let Some(reason) = error {
+                tracing::warn!(model_session = %model_session.id, %reason, "model session refused the new catalog");
+                refusals.push(format!(
+                    "model session {} of session {} refused the catalog: {reason}",
+                    model_session.id, model_session.session.id
+                ));
+            }
+        }
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(refusals.join("; "))
+        }
+    }
+
+    /// Number of live model sessions of a character.
+    pub fn live_count(&self, character_id: &str) -> usize {
+        self.live()
+            .get(character_id)
+            .map(|sessions| sessions.iter().filter(|s| !s.events.is_closed()).count())
+            .unwrap_or(0)
+    }
+
+    fn remove(&self, character_id: &str, id: &str) {
+        let mut live = self.live();
+        if let Some(sessions) = live.get_mut(character_id) {
+            sessions.retain(|session| session.id != id);
+            if sessions.is_empty() {
+                live.remove(character_id);
+            }
+        }
+    }
+
+    /// Ends every stream (at shutdown) so that open connections can close.
+    pub fn close_all(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.live().clear();
+    }
+}
+
+/// A live model session's event stream; dropping it ends the model session.
+pub struct Subscription {
+    hub: Arc<ModelSessionHub>,
+    character_id: String,
+    id: String,
+    events: mpsc::Receiver<ModelSessionEvent>,
+}
+
+impl Subscription {
+    pub fn model_session_id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl futures::Stream for Subscription {
+    type Item = ModelSessionEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.events.poll_recv(cx)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.remove(&self.character_id, &self.id);
+        tracing::info!(model_session = %self.id, "model session closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_limits() {
+        let provider = ModelProvider::OpenAiCompatible;
+        assert!(provider.check_tools(&["get_weather", "a-b", "X9"]).is_ok());
+        let err = provider.check_tools(&["get.weather"]).unwrap_err();
+        assert!(err.contains("get.weather"), "{err}");
+        assert!(provider.check_tools(&["天气"]).is_err());
+        assert!(provider.check_tools(&[&"a".repeat(65)]).is_err());
+        let many: Vec<String> = (0..129).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(provider.check_tools(&refs[..128]).is_ok());
+        assert!(provider.check_tools(&refs).unwrap_err().contains("128"));
+    }
+}
