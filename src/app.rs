@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
+use crate::jobs::JobSignal;
 use crate::model_sessions::ModelSessionHub;
 use crate::runtime::ToolRuntime;
 use crate::state::AppState;
@@ -48,6 +49,7 @@ impl App {
                 RemoteRegistry::new(&settings).context("building the callback client")?,
             ),
             model_sessions: Arc::new(ModelSessionHub::default()),
+            jobs: Arc::new(JobSignal::default()),
         };
         let state = AppState {
             store,
@@ -74,6 +76,20 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let store = self.state.store.clone();
+        // The embedded database has one instance: a job still marked running was
+        // lost with the previous process.
+        let lost = store.expire_lost_jobs(true).await?;
+        if !lost.is_empty() {
+            tracing::warn!(executions = ?lost, "jobs interrupted by the previous stop are now uncertain");
+        }
+        let workers = tokio_util::sync::CancellationToken::new();
+        let worker = (self.state.settings.job_workers > 0).then(|| {
+            tokio::spawn(crate::jobs::run_worker(
+                self.state.runtime.clone(),
+                self.state.settings.job_workers,
+                workers.clone(),
+            ))
+        });
         // Event streams never end on their own; closing them lets graceful
         // shutdown finish instead of waiting for subscribers to hang up.
         let model_sessions = self.state.runtime.model_sessions.clone();
@@ -89,6 +105,10 @@ impl App {
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")?;
+        workers.cancel();
+        if let Some(worker) = worker {
+            let _ = worker.await;
+        }
         store.close().await;
         tracing::info!("shut down cleanly");
         Ok(())

@@ -67,6 +67,9 @@ pub struct ServeArgs {
     #[arg(long, env = "TOOLGATE_CALLBACK_RESPONSE_LIMIT_BYTES")]
     pub callback_response_limit_bytes: Option<usize>,
     /// Allow tool definitions with a `script` handler (off unless exactly `true`).
+    /// Concurrent async tool jobs this instance runs (0: run none, queue only).
+    #[arg(long, env = "TOOLGATE_JOB_WORKERS")]
+    pub job_workers: Option<usize>,
     /// Any other value than exactly `true` leaves it off, as the contract says.
     #[arg(long, env = "ENABLE_UNSAFE_SCRIPT_HANDLER")]
     pub enable_unsafe_script_handler: Option<String>,
@@ -84,6 +87,7 @@ struct FileSettings {
     default_character: Option<String>,
     body_limit_bytes: Option<usize>,
     callback_response_limit_bytes: Option<usize>,
+    job_workers: Option<usize>,
     enable_unsafe_script_handler: Option<bool>,
 }
 
@@ -98,6 +102,7 @@ pub struct Settings {
     pub default_character: String,
     pub body_limit_bytes: usize,
     pub callback_response_limit_bytes: usize,
+    pub job_workers: usize,
     pub enable_unsafe_script_handler: bool,
 }
 
@@ -160,6 +165,7 @@ impl Settings {
                 .callback_response_limit_bytes
                 .or(file.callback_response_limit_bytes)
                 .unwrap_or(Self::DEFAULT_BODY_LIMIT),
+            job_workers: args.job_workers.or(file.job_workers).unwrap_or(4),
             enable_unsafe_script_handler: match args.enable_unsafe_script_handler {
                 Some(raw) => raw == "true",
                 None => file.enable_unsafe_script_handler.unwrap_or(false),

@@ -4,13 +4,13 @@
 use serde_json::Value;
 
 use crate::catalog::{Catalog, CatalogEntry, Invoker, Lookup};
-use crate::domain::tool::{SideEffectLevel, Slot};
+use crate::domain::tool::{ResultVisibility, SideEffectLevel, Slot};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonical_json};
 use crate::permissions::{Refusal, ToolPermissions};
 use crate::runtime::ToolRuntime;
-use crate::store::{ExecutionFinish, NewExecution, ReplayParent, Run, Session};
+use crate::store::{ExecutionFinish, NewExecution, NewJob, ReplayParent, Run, Session};
 
 /// Arguments exactly as the model produced them, plus their parsed form.
 #[derive(Debug, Clone)]
@@ -215,6 +215,14 @@ impl ToolRuntime {
                 return journal.replay_blocked(entry, &args, &parent, message).await;
             }
         };
+        if entry.spec.metadata.result_visibility() == ResultVisibility::DeferredReceipt
+            && let Invoker::Remote(tool) = &entry.invoker
+        {
+            let invocation = crate::jobs::JobInvocation::remote(tool, &call, &args);
+            return journal
+                .defer(entry, &args, replay.as_ref(), invocation)
+                .await;
+        }
         let execution_id = journal.open(entry, &args, replay.as_ref()).await?;
         let outcome = match &entry.invoker {
             Invoker::Builtin(name) => {
@@ -432,6 +440,49 @@ impl Journal<'_> {
         }
         self.runtime.store.insert_execution(&row).await?;
         Ok(row.id)
+    }
+
+    /// Writes a deferred call: a `queued` row and its job, staged until the run
+    /// commits (or claimable at once outside runs), and answers with the receipt.
+    async fn defer(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        replay: Option<&ReplayParent>,
+        invocation: crate::jobs::JobInvocation,
+    ) -> Result<ToolCallResult> {
+        let mut row = self.row(Some(entry), args, ExecutionStatus::Queued);
+        row.delivery_mode = "async_job".to_owned();
+        let job_id = new_id("runtime_job");
+        row.runtime_job_id = Some(job_id.clone());
+        if let Some(parent) = replay {
+            row.attempt_no = parent.attempt_no + 1;
+            row.replay_parent_execution_id = Some(parent.id.clone());
+        }
+        let staged = self.scope.run.is_some();
+        let job = NewJob {
+            id: job_id.clone(),
+            account_id: self.account_id.to_owned(),
+            session_id: self.session.id.clone(),
+            execution_id: row.id.clone(),
+            run_id: self.scope.run.as_ref().map(|r| r.id.clone()),
+            tool_name: self.call.name.clone(),
+            state: if staged { "staged" } else { "queued" },
+            invocation: serde_json::to_value(&invocation)
+                .map_err(|err| Error::Internal(anyhow::Error::new(err)))?,
+        };
+        self.runtime.store.insert_deferred(&row, &job).await?;
+        if !staged {
+            self.runtime.jobs.wake();
+        }
+        tracing::info!(tool = %self.call.name, execution_id = %row.id, job_id, staged, "tool call deferred to a runtime job");
+        let receipt = serde_json::json!({
+            "accepted": true,
+            "execution_id": row.id,
+            "runtime_job_id": job_id,
+            "status": "queued",
+        });
+        Ok(self.result(&row.id, receipt, false, ExecutionStatus::Queued))
     }
 
     /// Finishes the row with the provider's outcome.

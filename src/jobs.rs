@@ -54,8 +54,10 @@ impl JobInvocation {
 pub struct JobSignal(Notify);
 
 impl JobSignal {
+    /// Stores a wake-up even when no worker is waiting right now, so a job queued
+    /// while the worker is busy is picked up as soon as it looks again.
     pub fn wake(&self) {
-        self.0.notify_waiters();
+        self.0.notify_one();
     }
 }
 
@@ -120,7 +122,11 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
         loop {
             ticker.tick().await;
             let lease_until = now_ms() + LEASE.as_millis() as i64;
-            match runtime.store.heartbeat_job(&job.id, owner, lease_until).await {
+            match runtime
+                .store
+                .heartbeat_job(&job.id, owner, lease_until)
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(job_id = %job.id, "job lease lost while running");
@@ -144,7 +150,13 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
     }
 }
 
-async fn finish(runtime: &ToolRuntime, owner: &str, job: &RuntimeJob, call_id: &str, outcome: ToolOutcome) {
+async fn finish(
+    runtime: &ToolRuntime,
+    owner: &str,
+    job: &RuntimeJob,
+    call_id: &str,
+    outcome: ToolOutcome,
+) {
     let (status, output, is_error) = match outcome {
         ToolOutcome::Success(output) => ("success", output, false),
         ToolOutcome::Error(message) => ("error", Value::String(message), true),
@@ -159,7 +171,94 @@ async fn finish(runtime: &ToolRuntime, owner: &str, job: &RuntimeJob, call_id: &
             tracing::info!(job_id = %job.id, status, "job finished; result delivered");
             runtime.publish_tool_result(&delivery).await;
         }
-        Ok(None) => tracing::warn!(job_id = %job.id, "job finished after its lease was lost; result dropped"),
-        Err(err) => tracing::error!(job_id = %job.id, error = %err, "recording a job result failed"),
+        Ok(None) => {
+            tracing::warn!(job_id = %job.id, "job finished after its lease was lost; result dropped")
+        }
+        Err(err) => {
+            tracing::error!(job_id = %job.id, error = %err, "recording a job result failed")
+        }
+    }
+}
+
+impl JobInvocation {
+    /// The snapshot of a remote call, taken when the call is made.
+    pub fn remote(
+        tool: &crate::tools::remote::RemoteTool,
+        call: &crate::dispatch::ToolCall,
+        args: &Value,
+    ) -> Self {
+        JobInvocation::Remote {
+            name: tool.name.clone(),
+            callback_url: tool.callback_url.as_str().to_owned(),
+            source: tool.source.clone(),
+            role: tool.role.clone(),
+            timeout_seconds: tool.timeout_seconds,
+            call_id: call.call_id.clone(),
+            raw_arguments: call.arguments.raw.clone(),
+            arguments: args.clone(),
+        }
+    }
+}
+
+impl ToolRuntime {
+    /// Runs a job's tool from its snapshot.
+    async fn invoke_job(&self, invocation: &JobInvocation) -> ToolOutcome {
+        match invocation {
+            JobInvocation::Remote {
+                name,
+                callback_url,
+                source,
+                role,
+                timeout_seconds,
+                call_id,
+                raw_arguments,
+                arguments,
+            } => {
+                let callback_url = match crate::domain::CallbackUrl::parse(callback_url) {
+                    Ok(url) => url,
+                    Err(err) => {
+                        return ToolOutcome::Error(format!("stored callback URL is invalid: {err}"));
+                    }
+                };
+                let tool = crate::tools::remote::RemoteTool {
+                    name: name.clone(),
+                    description: String::new(),
+                    parameters: Value::Object(Default::default()),
+                    callback_url,
+                    source: source.clone(),
+                    timeout_seconds: *timeout_seconds,
+                    role: role.clone(),
+                    metadata: crate::domain::tool::ToolMetadata::declared(
+                        crate::domain::tool::SideEffectLevel::None,
+                        Vec::new(),
+                        None,
+                    ),
+                };
+                let call = crate::dispatch::ToolCall {
+                    name: name.clone(),
+                    arguments: crate::dispatch::CallArguments {
+                        raw: raw_arguments.clone(),
+                        parsed: Ok(arguments.clone()),
+                    },
+                    call_id: call_id.clone(),
+                    caller_slot: crate::domain::tool::Slot::Narrator,
+                    floor_id: None,
+                    run_id: None,
+                };
+                self.call_remote(&Arc::new(tool), &call, arguments).await
+            }
+        }
+    }
+
+    /// Sends a delivered result to the session's live model sessions.
+    async fn publish_tool_result(&self, delivery: &crate::store::Delivery) {
+        let event = crate::model_sessions::ModelSessionEvent {
+            kind: "tool_result",
+            data: serde_json::to_value(delivery).unwrap_or_default(),
+        };
+        let reached = self
+            .model_sessions
+            .publish_to_session(&delivery.session_id, event);
+        tracing::debug!(session = %delivery.session_id, reached, "tool_result published");
     }
 }

@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod ids;
+pub mod jobs;
 pub mod journal;
 pub mod model_sessions;
 pub mod permissions;

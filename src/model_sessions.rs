@@ -292,6 +292,24 @@ impl ModelSessionHub {
         }
     }
 
+    /// Queues an event for every live model session of one chat session (e.g. a
+    /// deferred tool result). Returns how many sessions took it.
+    pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
+        let targets: Vec<Arc<ModelSession>> = self
+            .live()
+            .values()
+            .flatten()
+            .filter(|model_session| model_session.session.id == session_id)
+            .cloned()
+            .collect();
+        targets
+            .iter()
+            .filter(|model_session| {
+                matches!(model_session.deliver(event.clone()), Delivery::Queued)
+            })
+            .count()
+    }
+
     /// Number of live model sessions of a character.
     pub fn live_count(&self, character_id: &str) -> usize {
         self.live()

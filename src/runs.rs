@@ -57,6 +57,8 @@ impl ToolRuntime {
             )));
         }
         let run = self.store.commit_run(account_id, run_id, content).await?;
+        // Jobs staged by the run became claimable in the commit's transaction.
+        self.jobs.wake();
         tracing::info!(run_id, "run committed");
         Ok(run)
     }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
+use crate::jobs::JobSignal;
 use crate::model_sessions::ModelSessionHub;
 use crate::store::Store;
 use crate::tools::remote::RemoteRegistry;
@@ -16,4 +17,6 @@ pub struct ToolRuntime {
     pub remote: Arc<RemoteRegistry>,
     /// Live model sessions per character; catalog mutations synchronise them.
     pub model_sessions: Arc<ModelSessionHub>,
+    /// Wakes the job workers when a job becomes claimable.
+    pub jobs: Arc<JobSignal>,
 }

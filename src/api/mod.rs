@@ -10,6 +10,7 @@ pub mod error;
 mod events;
 mod executions;
 pub mod extract;
+mod jobs;
 mod memories;
 mod permissions;
 mod runs;
@@ -52,6 +53,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(tool_calls::router())
         .merge(executions::router())
         .merge(runs::router())
+        .merge(jobs::router())
         .merge(catalog::router())
         .merge(permissions::router())
         .merge(memories::router())

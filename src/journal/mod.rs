@@ -164,6 +164,8 @@ pub struct ExecutionRecord {
     pub started_at: i64,
     pub finished_at: Option<i64>,
     pub delivery_mode: String,
+    /// `deferred_receipt` for async-job calls (the model saw a receipt), else `immediate`.
+    pub result_visibility: String,
     pub attempt_no: i64,
     pub runtime_job_id: Option<String>,
     pub replay_parent_execution_id: Option<String>,

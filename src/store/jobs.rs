@@ -92,24 +92,13 @@ pub struct NewJob {
 }
 
 impl Store {
-    pub async fn insert_job(&self, job: &NewJob) -> Result<()> {
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
-             invocation_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&job.id)
-        .bind(&job.account_id)
-        .bind(&job.session_id)
-        .bind(&job.execution_id)
-        .bind(&job.run_id)
-        .bind(&job.tool_name)
-        .bind(job.state)
-        .bind(job.invocation.to_string())
-        .bind(now)
-        .bind(now)
-        .execute(self.pool())
-        .await?;
+    /// Writes a deferred call's journal row and its job in one transaction, so
+    /// that neither can exist without the other.
+    pub async fn insert_deferred(&self, row: &super::NewExecution, job: &NewJob) -> Result<()> {
+        let mut tx = self.pool().begin().await?;
+        super::journal::insert_execution_with(&mut *tx, row).await?;
+        insert_job_with(&mut *tx, job).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -301,4 +290,25 @@ impl Store {
             })
             .collect())
     }
+}
+
+async fn insert_job_with<'e>(executor: impl sqlx::SqliteExecutor<'e>, job: &NewJob) -> Result<()> {
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
+         invocation_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&job.id)
+    .bind(&job.account_id)
+    .bind(&job.session_id)
+    .bind(&job.execution_id)
+    .bind(&job.run_id)
+    .bind(&job.tool_name)
+    .bind(job.state)
+    .bind(job.invocation.to_string())
+    .bind(now)
+    .bind(now)
+    .execute(executor)
+    .await?;
+    Ok(())
 }

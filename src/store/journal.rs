@@ -90,6 +90,11 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         duration_ms: row.get("duration_ms"),
         started_at: row.get("started_at"),
         finished_at: row.get("finished_at"),
+        result_visibility: if row.get::<String, _>("delivery_mode") == "async_job" {
+            "deferred_receipt".to_owned()
+        } else {
+            "immediate".to_owned()
+        },
         delivery_mode: row.get("delivery_mode"),
         attempt_no: row.get("attempt_no"),
         runtime_job_id: row.get("runtime_job_id"),
@@ -106,45 +111,7 @@ const LEGACY_STATUS_SQL: &str = "CASE status \
 impl Store {
     /// Writes a journal row. Rows for refused calls are written already finished.
     pub async fn insert_execution(&self, row: &NewExecution) -> Result<()> {
-        let finished = row.lifecycle_state == LifecycleState::Finished;
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
-             caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
-             lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
-             started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&row.id)
-        .bind(&row.account_id)
-        .bind(&row.session_id)
-        .bind(&row.run_id)
-        .bind(&row.floor_id)
-        .bind(&row.page_id)
-        .bind(&row.call_id)
-        .bind(&row.caller_slot)
-        .bind(&row.provider_id)
-        .bind(&row.provider_type)
-        .bind(&row.tool_name)
-        .bind(row.args.to_string())
-        .bind(&row.args_canonical)
-        .bind(row.result.as_ref().map(|r| r.to_string()))
-        .bind(row.status.as_str())
-        .bind(row.lifecycle_state.as_str())
-        .bind(row.commit_outcome.as_str())
-        .bind(&row.side_effect_level)
-        .bind(&row.replay_safety)
-        .bind(&row.error_message)
-        .bind(row.started_at)
-        .bind(finished.then_some(now))
-        .bind(&row.delivery_mode)
-        .bind(row.attempt_no)
-        .bind(&row.runtime_job_id)
-        .bind(&row.replay_parent_execution_id)
-        .bind(now)
-        .execute(self.pool())
-        .await?;
-        Ok(())
+        insert_execution_with(self.pool(), row).await
     }
 
     /// Finishes an opened row with its outcome.
@@ -350,4 +317,50 @@ impl Store {
             request: query.page,
         })
     }
+}
+
+/// Inserts a journal row through any executor (the pool or a transaction).
+pub(super) async fn insert_execution_with<'e>(
+    executor: impl sqlx::SqliteExecutor<'e>,
+    row: &NewExecution,
+) -> Result<()> {
+    let finished = row.lifecycle_state == LifecycleState::Finished;
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
+         caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
+         lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
+         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&row.id)
+    .bind(&row.account_id)
+    .bind(&row.session_id)
+    .bind(&row.run_id)
+    .bind(&row.floor_id)
+    .bind(&row.page_id)
+    .bind(&row.call_id)
+    .bind(&row.caller_slot)
+    .bind(&row.provider_id)
+    .bind(&row.provider_type)
+    .bind(&row.tool_name)
+    .bind(row.args.to_string())
+    .bind(&row.args_canonical)
+    .bind(row.result.as_ref().map(|r| r.to_string()))
+    .bind(row.status.as_str())
+    .bind(row.lifecycle_state.as_str())
+    .bind(row.commit_outcome.as_str())
+    .bind(&row.side_effect_level)
+    .bind(&row.replay_safety)
+    .bind(&row.error_message)
+    .bind(row.started_at)
+    .bind(finished.then_some(now))
+    .bind(&row.delivery_mode)
+    .bind(row.attempt_no)
+    .bind(&row.runtime_job_id)
+    .bind(&row.replay_parent_execution_id)
+    .bind(now)
+    .execute(executor)
+    .await?;
+    Ok(())
 }
