@@ -9,11 +9,16 @@ static GENERATOR: Mutex<ulid::Generator> = Mutex::new(ulid::Generator::new());
 
 /// A new prefixed, sortable, unique identifier such as `sess_01J...`.
 pub fn new_id(prefix: &str) -> String {
-    let ulid = GENERATOR
+    let monotonic = GENERATOR
         .lock()
         .ok()
-        .and_then(|mut generator| generator.generate().ok())
-        .unwrap_or_else(ulid::Ulid::new);
+        .and_then(|mut generator| generator.generate().ok());
+    // The generator only fails when the random part overflows within one
+    // millisecond; a fresh random id is still unique then.
+    let ulid = match monotonic {
+        Some(ulid) => ulid,
+        None => ulid::Ulid::new(),
+    };
     format!("{prefix}_{}", ulid.to_string().to_lowercase())
 }
 
