@@ -524,26 +524,40 @@ async fn lists_share_one_paging_shape() {
 /// Every route the server answers, as (method, OpenAPI path).
 const ROUTES: &[(&str, &str)] = &[
     ("post", "/accounts"),
+    ("get", "/api/tools"),
+    ("post", "/api/tools/clear"),
+    ("post", "/api/tools/register"),
+    ("post", "/api/tools/unregister"),
     ("get", "/characters"),
     ("post", "/characters"),
     ("get", "/characters/{name}"),
-    ("patch", "/characters/{name}"),
     ("delete", "/characters/{name}"),
+    ("patch", "/characters/{name}"),
+    ("post", "/floors/{id}/runs"),
+    ("get", "/floors/{id}/tool-executions"),
+    ("get", "/runs/{id}"),
+    ("post", "/runs/{id}/commit"),
+    ("post", "/runs/{id}/discard"),
+    ("get", "/runtime-jobs/{id}"),
     ("get", "/sessions"),
     ("post", "/sessions"),
     ("get", "/sessions/{id}"),
     ("delete", "/sessions/{id}"),
+    ("get", "/sessions/{id}/events"),
     ("get", "/sessions/{id}/floors"),
     ("post", "/sessions/{id}/floors"),
+    ("get", "/sessions/{id}/memories"),
+    ("post", "/sessions/{id}/memories"),
     ("post", "/sessions/{id}/tool-calls"),
+    ("get", "/sessions/{id}/tool-permissions"),
+    ("put", "/sessions/{id}/tool-permissions"),
+    ("patch", "/sessions/{id}/tool-permissions"),
+    ("get", "/sessions/{id}/tool-results"),
+    ("get", "/sessions/{id}/tools/runtime"),
     ("get", "/tool-executions"),
     ("get", "/tool-executions/{id}"),
-    ("get", "/floors/{id}/tool-executions"),
+    ("get", "/tools/builtin"),
     ("get", "/tools/call-records"),
-    ("post", "/floors/{id}/runs"),
-    ("get", "/runs/{id}"),
-    ("post", "/runs/{id}/commit"),
-    ("post", "/runs/{id}/discard"),
 ];
 
 #[tokio::test]
@@ -559,6 +573,12 @@ async fn openapi_document_lists_every_route() {
     let doc: serde_json::Value = doc.json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     let paths = doc["paths"].as_object().unwrap();
+    let documented: usize = paths.values().map(|p| p.as_object().unwrap().len()).sum();
+    assert_eq!(
+        documented,
+        ROUTES.len(),
+        "a documented route is missing from ROUTES"
+    );
     for (method, path) in ROUTES {
         assert!(
             paths.get(*path).and_then(|p| p.get(*method)).is_some(),

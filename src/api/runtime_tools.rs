@@ -20,7 +20,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, ApiResult};
 use super::extract::{body_bytes, parse_json};
 use crate::domain::callback_url::is_loopback_ip;
-use crate::domain::tool::{AsyncCapability, ReplaySafety, SideEffectLevel};
+use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel};
 use crate::error::Error;
 use crate::state::AppState;
 use crate::tools::remote::{
@@ -157,6 +157,9 @@ pub struct RegisterToolBody {
     pub replay_safety: Option<ReplaySafety>,
     /// Optional extension; default `inline_only`.
     pub async_capability: Option<AsyncCapability>,
+    /// Optional extension; `async_job` needs `async_capability: deferred_ok`.
+    /// Default `inline`.
+    pub default_delivery_mode: Option<DeliveryMode>,
 }
 
 /// Answer of `POST /api/tools/register`.
@@ -195,6 +198,7 @@ async fn register_tool(
             side_effect_level: body.side_effect_level,
             replay_safety: body.replay_safety,
             async_capability: body.async_capability,
+            default_delivery_mode: body.default_delivery_mode,
         },
     })
     .map_err(from_domain)?;
@@ -330,6 +334,7 @@ pub struct ListedTool {
     pub side_effect_level: SideEffectLevel,
     pub replay_safety: ReplaySafety,
     pub async_capability: AsyncCapability,
+    pub default_delivery_mode: DeliveryMode,
 }
 
 impl From<&RemoteTool> for ListedTool {
@@ -345,6 +350,7 @@ impl From<&RemoteTool> for ListedTool {
             side_effect_level: tool.metadata.side_effect_level,
             replay_safety: tool.metadata.replay_safety,
             async_capability: tool.metadata.async_capability,
+            default_delivery_mode: tool.metadata.default_delivery_mode,
         }
     }
 }

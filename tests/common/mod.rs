@@ -222,6 +222,12 @@ impl TestServer {
         child.kill().await.expect("kill");
     }
 
+    /// Starts the server again on the same data directory with other environment.
+    pub async fn restart_with_env(&mut self, env: Vec<(String, String)>) {
+        self.env = env;
+        self.restart().await;
+    }
+
     /// Starts the server again on the same data directory (a new port).
     pub async fn restart(&mut self) {
         if self.child.is_some() {

@@ -48,6 +48,7 @@ pub struct DeclaredMetadata {
     pub side_effect_level: Option<SideEffectLevel>,
     pub replay_safety: Option<ReplaySafety>,
     pub async_capability: Option<AsyncCapability>,
+    pub default_delivery_mode: Option<DeliveryMode>,
 }
 
 /// Raw registration fields as a client sends them; `None` means "use the default".
@@ -72,6 +73,13 @@ impl NewRemoteTool {
 
     /// Checks every field against the contract and fills in the defaults.
     pub fn validate(input: RegistrationInput) -> Result<Self> {
+        if input.declared.default_delivery_mode == Some(DeliveryMode::AsyncJob)
+            && input.declared.async_capability != Some(AsyncCapability::DeferredOk)
+        {
+            return Err(Error::validation(
+                "default_delivery_mode: async_job needs async_capability: deferred_ok",
+            ));
+        }
         let name_chars = input.name.chars().count();
         if name_chars == 0 || name_chars > Self::MAX_NAME_CHARS {
             return Err(Error::validation(format!(
@@ -154,9 +162,9 @@ fn metadata_for(declared: DeclaredMetadata, parameter_schema_basis: Basis) -> To
         async_capability: declared
             .async_capability
             .unwrap_or(AsyncCapability::InlineOnly),
-        // Registration has no delivery-mode field: a remote tool answers inline
-        // unless a later contract lets plugins ask for async jobs.
-        default_delivery_mode: DeliveryMode::Inline,
+        default_delivery_mode: declared
+            .default_delivery_mode
+            .unwrap_or(DeliveryMode::Inline),
     }
 }
 

@@ -1,0 +1,508 @@
+//! Issue 5: the replay guard and attempt numbering, durable async jobs (outbox at
+//! commit, never after discard, delivered as `tool_result`), and crash recovery:
+//! a call hanging at SIGKILL is `uncertain` after restart, a queued job still runs.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use common::{SpawnOptions, TestServer, read_reply, spawn_app, spawn_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// A loopback callback server counting its calls; `/hang` never answers.
+#[derive(Clone, Default)]
+struct Callbacks {
+    hits: Arc<AtomicUsize>,
+    hanging: Arc<AtomicUsize>,
+    release: Arc<Notify>,
+}
+
+async fn start_callbacks() -> (String, Callbacks) {
+    let state = Callbacks::default();
+    let app = axum::Router::new()
+        .route(
+            "/ok",
+            post(|State(s): State<Callbacks>, Json(body): Json<Value>| async move {
+                s.hits.fetch_add(1, Ordering::SeqCst);
+                Json(json!({"output": {"done": true, "echo": body["arguments"]}, "is_error": false}))
+            }),
+        )
+        .route(
+            "/hang",
+            post(|State(s): State<Callbacks>| async move {
+                s.hanging.fetch_add(1, Ordering::SeqCst);
+                s.release.notified().await;
+                Json(json!({"output": "late", "is_error": false}))
+            }),
+        )
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, state)
+}
+
+async fn register(server: &TestServer, body: Value) {
+    let reply = read_reply(
+        server
+            .client
+            .post(server.url("/api/tools/register"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body["ok"], true, "{reply:?}");
+}
+
+async fn floor(server: &TestServer, session: &str) -> String {
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "hello"}),
+        )
+        .await;
+    reply.body["data"]["id"].as_str().unwrap().to_owned()
+}
+
+async fn open_run(server: &TestServer, floor: &str, confirmed: Value) -> common::Reply {
+    server
+        .post(
+            &format!("/floors/{floor}/runs"),
+            json!({"confirmed_execution_ids": confirmed}),
+        )
+        .await
+}
+
+async fn call(server: &TestServer, session: &str, body: Value) -> Value {
+    let reply = server
+        .post(&format!("/sessions/{session}/tool-calls"), body)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+async fn execution(server: &TestServer, id: &str) -> Value {
+    let reply = server.get(&format!("/tool-executions/{id}")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+#[tokio::test]
+async fn regenerating_never_repeats_a_side_effect_silently() {
+    let server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "send_gift", "callback_url": format!("{base}/ok"), "side_effect_level": "irreversible"}),
+    )
+    .await;
+    register(
+        &server,
+        json!({"name": "look", "callback_url": format!("{base}/ok")}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let patched = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let floor_id = floor(&server, &session).await;
+
+    let first = open_run(&server, &floor_id, json!([])).await;
+    let run1 = first.body["data"]["run_id"].as_str().unwrap().to_owned();
+    let gift = call(
+        &server,
+        &session,
+        json!({"name": "send_gift", "arguments": {"to": "mio"}, "run_id": run1}),
+    )
+    .await;
+    assert_eq!(gift["status"], "success", "{gift}");
+    let gift_id = gift["execution_id"].as_str().unwrap().to_owned();
+    let look = call(
+        &server,
+        &session,
+        json!({"name": "look", "arguments": {"at": "sky"}, "run_id": run1}),
+    )
+    .await;
+    assert_eq!(look["status"], "success");
+    assert_eq!(
+        server
+            .post(&format!("/runs/{run1}/discard"), json!({}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(callbacks.hits.load(Ordering::SeqCst), 2);
+
+    // The irreversible call blocks the regenerate until it is confirmed; the
+    // replay-safe one does not.
+    let refused = open_run(&server, &floor_id, json!([])).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    assert_eq!(refused.code(), "tool_replay_confirmation_required");
+    let blocking = refused.body["error"]["blocking_executions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(blocking.len(), 1, "{blocking:?}");
+    assert_eq!(blocking[0]["id"], gift_id.as_str());
+    assert_eq!(blocking[0]["tool_name"], "send_gift");
+    assert_eq!(blocking[0]["replay_safety"], "never_auto_replay");
+    let partial = open_run(&server, &floor_id, json!(["texec_other"])).await;
+    assert_eq!(partial.status, StatusCode::CONFLICT);
+
+    let confirmed = open_run(&server, &floor_id, json!([gift_id])).await;
+    assert_eq!(confirmed.status, StatusCode::CREATED, "{confirmed:?}");
+    let run2 = confirmed.body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Same tool, same arguments in another key order: a replay of the parent.
+    let again = call(
+        &server,
+        &session,
+        json!({"name": "send_gift", "arguments": "{ \"to\" : \"mio\" }", "run_id": run2}),
+    )
+    .await;
+    assert_eq!(again["status"], "success");
+    let row = execution(&server, again["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["attempt_no"], 2);
+    assert_eq!(row["replay_parent_execution_id"], gift_id.as_str());
+    let look_again = call(
+        &server,
+        &session,
+        json!({"name": "look", "arguments": {"at": "sky"}, "run_id": run2}),
+    )
+    .await;
+    let row = execution(&server, look_again["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["attempt_no"], 2, "a safe repeat is numbered too: {row}");
+    let other_args = call(
+        &server,
+        &session,
+        json!({"name": "send_gift", "arguments": {"to": "aoi"}, "run_id": run2}),
+    )
+    .await;
+    let row = execution(&server, other_args["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["attempt_no"], 1);
+    assert!(row["replay_parent_execution_id"].is_null());
+    assert_eq!(callbacks.hits.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn an_unconfirmed_repeat_is_blocked_and_journalled() {
+    let server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "post_tweet", "callback_url": format!("{base}/ok"), "side_effect_level": "irreversible"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
+        .await;
+    let floor_id = floor(&server, &session).await;
+    // Two attempts opened side by side, before either ran anything.
+    let run_a = open_run(&server, &floor_id, json!([])).await.body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let run_b = open_run(&server, &floor_id, json!([])).await.body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first = call(
+        &server,
+        &session,
+        json!({"name": "post_tweet", "arguments": {"text": "hi"}, "run_id": run_a}),
+    )
+    .await;
+    assert_eq!(first["status"], "success");
+    let repeat = call(
+        &server,
+        &session,
+        json!({"name": "post_tweet", "arguments": {"text": "hi"}, "run_id": run_b}),
+    )
+    .await;
+    assert_eq!(repeat["status"], "blocked", "{repeat}");
+    assert_eq!(repeat["is_error"], true);
+    assert_eq!(
+        callbacks.hits.load(Ordering::SeqCst),
+        1,
+        "the repeat must not run"
+    );
+    let row = execution(&server, repeat["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["status"], "blocked");
+    assert_eq!(row["commit_outcome"], "replay_blocked");
+    assert_eq!(row["attempt_no"], 2);
+    assert_eq!(row["replay_parent_execution_id"], first["execution_id"]);
+    let records = server
+        .get(&format!(
+            "/tools/call-records?floor_id={floor_id}&status=denied"
+        ))
+        .await;
+    assert_eq!(
+        records.body["meta"]["total"], 1,
+        "blocked folds into denied: {records:?}"
+    );
+}
+
+/// Reads `tool_result` events from the session's event stream.
+async fn next_event(response: &mut reqwest::Response, buffer: &mut String, kind: &str) -> Value {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            while let Some(end) = buffer.find("\n\n") {
+                let block: String = buffer.drain(..end + 2).collect();
+                let event = block
+                    .lines()
+                    .find_map(|l| l.strip_prefix("event:"))
+                    .map(str::trim);
+                let data: String = block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim)
+                    .collect();
+                if event == Some(kind) {
+                    return serde_json::from_str(&data).unwrap();
+                }
+            }
+            let chunk = response.chunk().await.unwrap().expect("stream open");
+            buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .expect("event in time")
+}
+
+async fn job_state(server: &TestServer, job: &str) -> String {
+    server.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
+    let server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "render_song", "callback_url": format!("{base}/ok"),
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let catalog = server
+        .get(&format!("/sessions/{session}/tools/runtime"))
+        .await;
+    let entry = catalog.body["data"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "render_song")
+        .unwrap()
+        .clone();
+    assert_eq!(entry["async_capability"], "deferred_ok");
+    assert_eq!(entry["default_delivery_mode"], "async_job");
+    assert_eq!(entry["result_visibility"], "deferred_receipt");
+
+    let mut events = server
+        .client
+        .get(server.url(&format!("/sessions/{session}/events")))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    let mut buffer = String::new();
+    next_event(&mut events, &mut buffer, "ready").await;
+
+    let floor_id = floor(&server, &session).await;
+    let run = open_run(&server, &floor_id, json!([])).await.body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let receipt = call(&server, &session, json!({"name": "render_song", "arguments": {"key": "C"}, "run_id": run, "call_id": "call_song"})).await;
+    assert_eq!(receipt["is_error"], false);
+    let output = &receipt["output"];
+    assert_eq!(output["accepted"], true);
+    assert_eq!(output["status"], "queued");
+    let job = output["runtime_job_id"].as_str().unwrap().to_owned();
+    let execution_id = output["execution_id"].as_str().unwrap().to_owned();
+    let row = execution(&server, &execution_id).await;
+    assert_eq!(row["status"], "queued");
+    assert_eq!(row["delivery_mode"], "async_job");
+    assert_eq!(row["result_visibility"], "deferred_receipt");
+    assert_eq!(row["runtime_job_id"], job.as_str());
+    assert_eq!(job_state(&server, &job).await, "staged");
+    assert_eq!(
+        callbacks.hits.load(Ordering::SeqCst),
+        0,
+        "nothing runs before commit"
+    );
+
+    assert_eq!(
+        server
+            .post(&format!("/runs/{run}/commit"), json!({}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let delivered = next_event(&mut events, &mut buffer, "tool_result").await;
+    assert_eq!(delivered["execution_id"], execution_id.as_str());
+    assert_eq!(delivered["call_id"], "call_song");
+    assert_eq!(delivered["output"]["done"], true);
+    assert_eq!(job_state(&server, &job).await, "succeeded");
+    let row = execution(&server, &execution_id).await;
+    assert_eq!(row["status"], "success");
+    assert_eq!(row["lifecycle_state"], "finished");
+    assert_eq!(row["commit_outcome"], "committed");
+    let results = server
+        .get(&format!("/sessions/{session}/tool-results"))
+        .await;
+    assert_eq!(results.body["data"][0]["output"]["echo"]["key"], "C");
+
+    // A discarded attempt never starts its job.
+    let run2 = open_run(&server, &floor_id, json!([])).await.body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let receipt2 = call(
+        &server,
+        &session,
+        json!({"name": "render_song", "arguments": {"key": "D"}, "run_id": run2}),
+    )
+    .await;
+    let job2 = receipt2["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        server
+            .post(&format!("/runs/{run2}/discard"), json!({}))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(job_state(&server, &job2).await, "cancelled");
+    let row2 = execution(
+        &server,
+        receipt2["output"]["execution_id"].as_str().unwrap(),
+    )
+    .await;
+    assert_eq!(row2["status"], "blocked");
+    assert_eq!(row2["commit_outcome"], "discarded");
+    assert_eq!(row2["lifecycle_state"], "finished");
+    assert_eq!(callbacks.hits.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        server.get("/runtime-jobs/runtime_job_missing").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn a_call_hanging_at_sigkill_is_uncertain_after_restart() {
+    let mut server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "slow", "callback_url": format!("{base}/hang"), "timeout_seconds": 300}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let url = server.url(&format!("/sessions/{session}/tool-calls"));
+    let client = server.client.clone();
+    let token = server.token.clone();
+    let pending = tokio::spawn(async move {
+        client
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"name": "slow", "arguments": {}}))
+            .send()
+            .await
+    });
+    let hanging = callbacks.hanging.clone();
+    common::wait_until(Duration::from_secs(20), "the callback to be called", || {
+        let hanging = hanging.clone();
+        async move { hanging.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    let running = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
+    assert_eq!(running.body["data"][0]["status"], "running");
+    assert_eq!(running.body["data"][0]["lifecycle_state"], "opened");
+
+    server.kill().await;
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the killed server never answered"
+    );
+    server.restart().await;
+    let after = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
+    let row = &after.body["data"][0];
+    assert_eq!(row["status"], "uncertain", "{row}");
+    assert_eq!(row["lifecycle_state"], "finished");
+    assert_eq!(row["commit_outcome"], "uncertain");
+    assert!(row["finished_at"].as_i64().is_some());
+    callbacks.release.notify_waiters();
+}
+
+#[tokio::test]
+async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
+    let mut server = spawn_with(SpawnOptions {
+        env: vec![("TOOLGATE_JOB_WORKERS".into(), "0".into())],
+        ..Default::default()
+    })
+    .await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "archive", "callback_url": format!("{base}/ok"),
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    // Outside a run the job is queued at once; this instance runs no workers.
+    let receipt = call(
+        &server,
+        &session,
+        json!({"name": "archive", "arguments": {"n": 1}}),
+    )
+    .await;
+    let job = receipt["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(job_state(&server, &job).await, "queued");
+    server.kill().await;
+
+    server.restart_with_env(Vec::new()).await;
+    let server = &server;
+    common::wait_until(
+        Duration::from_secs(30),
+        "the queued job to finish",
+        || async { job_state(server, &job).await == "succeeded" },
+    )
+    .await;
+    assert_eq!(callbacks.hits.load(Ordering::SeqCst), 1);
+    let row = execution(server, receipt["output"]["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["status"], "success");
+    assert_eq!(row["result"]["echo"]["n"], 1);
+}
