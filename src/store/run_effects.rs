@@ -115,6 +115,18 @@ fn fold_summary(before: Option<ResourceSummary>, effect: &Effect) -> Option<Reso
     })
 }
 
+/// A resource summary after all of `effects` (same name, oldest first). Not a
+/// `try_fold`: a delete (`None`) does not end the fold, a later set revives it.
+fn fold_summaries(
+    mut current: Option<ResourceSummary>,
+    effects: &[Effect],
+) -> Option<ResourceSummary> {
+    for effect in effects {
+        current = fold_summary(current, effect);
+    }
+    current
+}
+
 impl Store {
     /// The variable as the run sees it: its own latest write, else the session's.
     pub async fn run_variable(&self, scope: RunScope<'_>, name: &str) -> Result<Option<Value>> {
@@ -176,11 +188,7 @@ impl Store {
         let Some(set) = &last.set else {
             return Ok(None);
         };
-        let summary = effects
-            .iter()
-            .fold(base.map(|r| r.summary), |before, effect| {
-                fold_summary(before, effect)
-            });
+        let summary = fold_summaries(base.map(|r| r.summary), &effects);
         let kind = set.content_kind.as_deref().unwrap_or("text");
         let content = decode_resource(name, kind, &set.payload)?;
         Ok(summary.map(|summary| Resource { summary, content }))
@@ -442,4 +450,55 @@ pub(super) async fn drop_state_effects(tx: &mut SqliteConnection, run_id: &str) 
         .execute(&mut *tx)
         .await?
         .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, bytes: i64, at: i64) -> Effect {
+        Effect {
+            name: name.into(),
+            set: Some(SetPayload {
+                payload: String::new(),
+                content_kind: Some("json".into()),
+                bytes,
+            }),
+            created_at: at,
+        }
+    }
+
+    fn delete(name: &str, at: i64) -> Effect {
+        Effect {
+            name: name.into(),
+            set: None,
+            created_at: at,
+        }
+    }
+
+    fn base(at: i64) -> ResourceSummary {
+        ResourceSummary {
+            name: "r".into(),
+            kind: "text".into(),
+            bytes: 1,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    /// Folding must agree with what the commit's upserts and deletes produce.
+    #[test]
+    fn folding_matches_applying_in_order() {
+        let replaced = fold_summary(Some(base(1)), &set("r", 5, 10)).unwrap();
+        assert_eq!((replaced.created_at, replaced.updated_at), (1, 10));
+        assert_eq!((replaced.kind.as_str(), replaced.bytes), ("json", 5));
+
+        let created = fold_summary(None, &set("r", 2, 10)).unwrap();
+        assert_eq!((created.created_at, created.updated_at), (10, 10));
+
+        let ops = [delete("r", 10), set("r", 3, 20), set("r", 4, 30)];
+        let recreated = fold_summaries(Some(base(1)), &ops).unwrap();
+        assert_eq!((recreated.created_at, recreated.updated_at), (20, 30));
+        assert!(fold_summary(Some(base(1)), &delete("r", 10)).is_none());
+    }
 }

@@ -253,7 +253,7 @@ impl Store {
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         run: &Run,
     ) -> Result<()> {
-        let applied = super::run_effects::apply_state_effects(&mut **tx, &run.id).await?;
+        let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
         tracing::info!(run_id = %run.id, applied, "buffered session-state writes applied at commit");
         sqlx::query(
             "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
@@ -273,7 +273,7 @@ impl Store {
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         run: &Run,
     ) -> Result<()> {
-        let dropped = super::run_effects::drop_state_effects(&mut **tx, &run.id).await?;
+        let dropped = super::run_effects::drop_state_effects(tx, &run.id).await?;
         tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
         let now = now_ms();
         sqlx::query(
