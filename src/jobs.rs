@@ -217,9 +217,7 @@ impl ToolRuntime {
                 let callback_url = match crate::domain::CallbackUrl::parse(callback_url) {
                     Ok(url) => url,
                     Err(err) => {
-                        return ToolOutcome::Error(format!(
-                            "stored callback URL is invalid: {err}"
-                        ));
+                        return ToolOutcome::Error(format!("stored callback URL is invalid: {err}"));
                     }
                 };
                 let tool = crate::tools::remote::RemoteTool {
