@@ -226,7 +226,7 @@ impl ToolRuntime {
         let execution_id = journal.open(entry, &args, replay.as_ref()).await?;
         let outcome = match &entry.invoker {
             Invoker::Builtin(name) => {
-                crate::tools::builtin::call(self, &session, name, &args).await
+                crate::tools::builtin::call(self, &session, scope.run.as_ref(), name, &args).await
             }
             Invoker::Remote(tool) => self.call_remote(tool, &call, &args).await,
         };

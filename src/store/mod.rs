@@ -9,6 +9,7 @@ mod jobs;
 mod journal;
 pub mod memory;
 pub mod resources;
+pub mod run_effects;
 mod runs;
 mod session_metadata;
 mod sessions;
@@ -31,6 +32,7 @@ pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{ExecutionFinish, NewExecution};
 pub use memory::{Memory, MemoryHit};
 pub use resources::{Resource, ResourceContent, ResourceSummary};
+pub use run_effects::RunScope;
 pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;
 

@@ -32,7 +32,7 @@ impl ResourceContent {
     }
 
     /// How the content is stored (and measured against the size limit).
-    fn stored(&self) -> String {
+    pub(crate) fn stored(&self) -> String {
         match self {
             ResourceContent::Text(text) => text.clone(),
             ResourceContent::Json(value) => value.to_string(),
@@ -101,15 +101,7 @@ impl Store {
         let Some(row) = row else { return Ok(None) };
         let kind: String = row.get("kind");
         let raw: String = row.get("content");
-        let content = if kind == "json" {
-            ResourceContent::Json(serde_json::from_str(&raw).map_err(|err| {
-                Error::Internal(anyhow::anyhow!(
-                    "stored resource {name:?} is not JSON: {err}"
-                ))
-            })?)
-        } else {
-            ResourceContent::Text(raw.clone())
-        };
+        let content = decode_resource(name, &kind, &raw)?;
         Ok(Some(Resource {
             summary: ResourceSummary {
                 name: row.get("name"),
@@ -129,14 +121,7 @@ impl Store {
         name: &str,
         content: &ResourceContent,
     ) -> Result<bool> {
-        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
-        let stored = content.stored();
-        if stored.len() > MAX_RESOURCE_BYTES {
-            return Err(Error::validation(format!(
-                "resource content must be at most {MAX_RESOURCE_BYTES} bytes, got {}",
-                stored.len()
-            )));
-        }
+        let stored = checked_resource(name, content)?;
         // Informational only: a concurrent writer may create it in between.
         let existed: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM session_resources WHERE session_id = ? AND name = ?)",
@@ -170,9 +155,7 @@ impl Store {
         .await?
         .rows_affected();
         if written == 0 {
-            return Err(Error::validation(format!(
-                "the session already holds the maximum of {MAX_RESOURCES_PER_SESSION} resources; delete one first"
-            )));
+            return Err(too_many_resources());
         }
         Ok(!existed)
     }
@@ -188,5 +171,42 @@ impl Store {
                 .await?
                 .rows_affected();
         Ok(deleted > 0)
+    }
+}
+
+/// Checks a resource write (name and size) and answers the content as stored.
+/// Direct and buffered (per-run) writes share it, so a buffered write that was
+/// accepted can always be applied.
+pub(crate) fn checked_resource(name: &str, content: &ResourceContent) -> Result<String> {
+    check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+    let stored = content.stored();
+    if stored.len() > MAX_RESOURCE_BYTES {
+        return Err(Error::validation(format!(
+            "resource content must be at most {MAX_RESOURCE_BYTES} bytes, got {}",
+            stored.len()
+        )));
+    }
+    Ok(stored)
+}
+
+/// The refusal of a write that would create one resource too many.
+pub(crate) fn too_many_resources() -> Error {
+    Error::validation(format!(
+        "the session already holds the maximum of {MAX_RESOURCES_PER_SESSION} resources; delete one first"
+    ))
+}
+
+/// Stored resource content of `kind` (`text` | `json`), parsed.
+pub(crate) fn decode_resource(name: &str, kind: &str, raw: &str) -> Result<ResourceContent> {
+    if kind == "json" {
+        serde_json::from_str(raw)
+            .map(ResourceContent::Json)
+            .map_err(|err| {
+                Error::Internal(anyhow::anyhow!(
+                    "stored resource {name:?} is not JSON: {err}"
+                ))
+            })
+    } else {
+        Ok(ResourceContent::Text(raw.to_owned()))
     }
 }

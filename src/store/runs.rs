@@ -246,12 +246,15 @@ impl Store {
     }
 
     /// At commit: the run's staged jobs become claimable (the outbox is released
-    /// in the same transaction as the commit, so a failed turn never starts one).
+    /// in the same transaction as the commit, so a failed turn never starts one),
+    /// and its buffered sandbox writes land in the session's state.
     async fn apply_run_effects(
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         run: &Run,
     ) -> Result<()> {
+        let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
+        tracing::info!(run_id = %run.id, applied, "buffered session-state writes applied at commit");
         sqlx::query(
             "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
         )
@@ -263,12 +266,15 @@ impl Store {
     }
 
     /// At discard: the run's staged jobs are cancelled before they ever start,
-    /// and their journal rows finish as blocked.
+    /// and their journal rows finish as blocked; its buffered sandbox writes are
+    /// forgotten.
     async fn drop_run_effects(
         &self,
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         run: &Run,
     ) -> Result<()> {
+        let dropped = super::run_effects::drop_state_effects(tx, &run.id).await?;
+        tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
         let now = now_ms();
         sqlx::query(
             "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, \

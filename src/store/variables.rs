@@ -25,26 +25,12 @@ impl Store {
         .bind(name)
         .fetch_optional(self.pool())
         .await?;
-        raw.map(|raw| {
-            serde_json::from_str(&raw).map_err(|err| {
-                Error::Internal(anyhow::anyhow!(
-                    "stored variable {name:?} is not JSON: {err}"
-                ))
-            })
-        })
-        .transpose()
+        raw.map(|raw| decode_variable(name, &raw)).transpose()
     }
 
     /// Creates or replaces a session variable.
     pub async fn set_variable(&self, session_id: &str, name: &str, value: &Value) -> Result<()> {
-        check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
-        let serialized = value.to_string();
-        if serialized.len() > MAX_VARIABLE_VALUE_BYTES {
-            return Err(Error::validation(format!(
-                "variable value must be at most {MAX_VARIABLE_VALUE_BYTES} bytes as JSON, got {}",
-                serialized.len()
-            )));
-        }
+        let serialized = checked_variable(name, value)?;
         let now = now_ms();
         // One statement checks the per-session count and writes, so concurrent
         // writers cannot overshoot the limit (SQLite serializes writes).
@@ -68,10 +54,39 @@ impl Store {
         .await?
         .rows_affected();
         if written == 0 {
-            return Err(Error::validation(format!(
-                "the session already holds the maximum of {MAX_VARIABLES_PER_SESSION} variables"
-            )));
+            return Err(too_many_variables());
         }
         Ok(())
     }
+}
+
+/// Checks a variable write (name and size) and answers the value as stored.
+/// Direct and buffered (per-run) writes share it, so a buffered write that was
+/// accepted can always be applied.
+pub(crate) fn checked_variable(name: &str, value: &Value) -> Result<String> {
+    check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
+    let serialized = value.to_string();
+    if serialized.len() > MAX_VARIABLE_VALUE_BYTES {
+        return Err(Error::validation(format!(
+            "variable value must be at most {MAX_VARIABLE_VALUE_BYTES} bytes as JSON, got {}",
+            serialized.len()
+        )));
+    }
+    Ok(serialized)
+}
+
+/// The refusal of a write that would create one variable too many.
+pub(crate) fn too_many_variables() -> Error {
+    Error::validation(format!(
+        "the session already holds the maximum of {MAX_VARIABLES_PER_SESSION} variables"
+    ))
+}
+
+/// A stored variable value, parsed.
+pub(crate) fn decode_variable(name: &str, raw: &str) -> Result<Value> {
+    serde_json::from_str(raw).map_err(|err| {
+        Error::Internal(anyhow::anyhow!(
+            "stored variable {name:?} is not JSON: {err}"
+        ))
+    })
 }

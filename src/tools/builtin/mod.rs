@@ -21,13 +21,13 @@ use schemars::generate::SchemaSettings;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use self::state::{SessionState, StoreSessionState};
+use self::state::{RunSessionState, SessionState, StoreSessionState};
 use crate::catalog::{CatalogEntry, Invoker};
 use crate::dispatch::ToolOutcome;
 use crate::domain::tool::{ProviderType, SideEffectLevel, Slot, ToolMetadata, ToolSpec};
 use crate::error::{Error, Result};
 use crate::runtime::ToolRuntime;
-use crate::store::{Session, Store};
+use crate::store::{Run, Session, Store};
 
 /// Which builtin provider a tool belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,11 +251,14 @@ fn invoker_for(tool: &'static Registered) -> Invoker {
     Invoker::Builtin(tool.spec.name.as_str())
 }
 
-/// Runs the builtin `name` for `session`. Arguments are validated against the
-/// tool's own schema here too, so no path can reach a builtin unchecked.
+/// Runs the builtin `name` for `session`, inside `run` when the call names an
+/// open run (its sandbox writes are then buffered until the run commits).
+/// Arguments are validated against the tool's own schema here too, so no path
+/// can reach a builtin unchecked.
 pub async fn call(
     runtime: &ToolRuntime,
     session: &Session,
+    run: Option<&Run>,
     name: &str,
     args: &Value,
 ) -> ToolOutcome {
@@ -278,16 +281,33 @@ pub async fn call(
     if !problems.is_empty() {
         return ToolOutcome::Error(format!("invalid arguments: {}", problems.join("; ")));
     }
-    let state = StoreSessionState::new(runtime.store.clone(), session.id.clone());
+    let state: Box<dyn SessionState> = match run {
+        Some(run) => Box::new(RunSessionState::new(
+            runtime.store.clone(),
+            session.id.clone(),
+            run.id.clone(),
+        )),
+        None => Box::new(StoreSessionState::new(
+            runtime.store.clone(),
+            session.id.clone(),
+        )),
+    };
     let ctx = Context {
         session,
         store: &runtime.store,
-        state: &state,
+        state: state.as_ref(),
     };
     match tool.tool.call(&ctx, args.clone()).await {
         Ok(output) => {
             if tool.spec.metadata.side_effect_level != SideEffectLevel::None {
-                tracing::info!(tool = name, session = %session.id, "builtin tool changed session state");
+                match run {
+                    Some(run) => {
+                        tracing::info!(tool = name, session = %session.id, run_id = %run.id, "builtin tool buffered a session-state change until the run commits")
+                    }
+                    None => {
+                        tracing::info!(tool = name, session = %session.id, "builtin tool changed session state")
+                    }
+                }
             }
             ToolOutcome::Success(output)
         }

@@ -1,0 +1,504 @@
+//! The per-run overlay of sandbox effects: variable and resource writes made
+//! inside an open run are appended here instead of touching session state, read
+//! back merged over the session's state (read-your-writes), applied in order at
+//! the run's commit and dropped at its discard.
+//!
+//! Writes are checked exactly like direct writes (names, sizes, per-session
+//! counts taken over the state *as the run sees it*), so applying an accepted
+//! overlay at commit never fails on a limit.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqliteConnection};
+
+use super::Store;
+use super::resources::{
+    MAX_RESOURCE_NAME_CHARS, MAX_RESOURCES_PER_SESSION, checked_resource, decode_resource,
+    too_many_resources,
+};
+use super::state_names::check_state_name;
+use super::variables::{
+    MAX_VARIABLE_NAME_CHARS, MAX_VARIABLES_PER_SESSION, checked_variable, decode_variable,
+    too_many_variables,
+};
+use crate::error::{Error, Result};
+use crate::ids::now_ms;
+use crate::store::{Resource, ResourceContent, ResourceSummary};
+
+/// Most buffered writes one run may hold: as many as the highest
+/// `max_calls_per_turn`, so a legitimate run never reaches it.
+pub const MAX_EFFECTS_PER_RUN: i64 = 1000;
+
+/// The open run a buffered write belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct RunScope<'a> {
+    pub session_id: &'a str,
+    pub run_id: &'a str,
+}
+
+/// What session state an effect touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Variable,
+    Resource,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Variable => "variable",
+            Kind::Resource => "resource",
+        }
+    }
+
+    /// The session-state table the effect lands in (a fixed name, never input).
+    fn table(self) -> &'static str {
+        match self {
+            Kind::Variable => "session_variables",
+            Kind::Resource => "session_resources",
+        }
+    }
+
+    fn limit(self) -> i64 {
+        match self {
+            Kind::Variable => MAX_VARIABLES_PER_SESSION,
+            Kind::Resource => MAX_RESOURCES_PER_SESSION,
+        }
+    }
+}
+
+/// One buffered write as read back for a merge.
+struct Effect {
+    name: String,
+    /// `None` for a delete.
+    set: Option<SetPayload>,
+    created_at: i64,
+}
+
+struct SetPayload {
+    /// Left empty when only sizes were read (listings).
+    payload: String,
+    content_kind: Option<String>,
+    bytes: i64,
+}
+
+fn effect_from_row(row: &SqliteRow, with_payload: bool) -> Effect {
+    let op: String = row.get("op");
+    let set = (op == "set").then(|| SetPayload {
+        payload: if with_payload {
+            row.get::<Option<String>, _>("payload").unwrap_or_default()
+        } else {
+            String::new()
+        },
+        content_kind: row.get("content_kind"),
+        bytes: row.get("bytes"),
+    });
+    Effect {
+        name: row.get("name"),
+        set,
+        created_at: row.get("created_at"),
+    }
+}
+
+/// A resource summary after `effect` on top of `before` (same name).
+fn fold_summary(before: Option<ResourceSummary>, effect: &Effect) -> Option<ResourceSummary> {
+    let set = effect.set.as_ref()?;
+    Some(ResourceSummary {
+        name: effect.name.clone(),
+        kind: set.content_kind.clone().unwrap_or_else(|| "text".into()),
+        bytes: set.bytes,
+        // Replacing keeps the creation time, as an upsert at commit does.
+        created_at: before.map_or(effect.created_at, |b| b.created_at),
+        updated_at: effect.created_at,
+    })
+}
+
+/// A resource summary after all of `effects` (same name, oldest first). Not a
+/// `try_fold`: a delete (`None`) does not end the fold, a later set revives it.
+fn fold_summaries(
+    mut current: Option<ResourceSummary>,
+    effects: &[Effect],
+) -> Option<ResourceSummary> {
+    for effect in effects {
+        current = fold_summary(current, effect);
+    }
+    current
+}
+
+impl Store {
+    /// The variable as the run sees it: its own latest write, else the session's.
+    pub async fn run_variable(&self, scope: RunScope<'_>, name: &str) -> Result<Option<Value>> {
+        check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
+        let latest = self
+            .effects_of(scope.run_id, Kind::Variable, Some(name), true)
+            .await?
+            .pop();
+        match latest {
+            Some(Effect { set: None, .. }) => Ok(None),
+            Some(Effect { set: Some(set), .. }) => decode_variable(name, &set.payload).map(Some),
+            None => self.variable(scope.session_id, name).await,
+        }
+    }
+
+    /// Buffers a variable write in the run.
+    pub async fn run_set_variable(
+        &self,
+        scope: RunScope<'_>,
+        name: &str,
+        value: &Value,
+    ) -> Result<()> {
+        let serialized = checked_variable(name, value)?;
+        self.buffer_set(scope, Kind::Variable, name, &serialized, None)
+            .await
+    }
+
+    /// Every resource as the run sees it, by name.
+    pub async fn run_list_resources(&self, scope: RunScope<'_>) -> Result<Vec<ResourceSummary>> {
+        let mut merged: BTreeMap<String, ResourceSummary> = self
+            .list_resources(scope.session_id)
+            .await?
+            .into_iter()
+            .map(|summary| (summary.name.clone(), summary))
+            .collect();
+        for effect in self
+            .effects_of(scope.run_id, Kind::Resource, None, false)
+            .await?
+        {
+            let before = merged.remove(&effect.name);
+            if let Some(after) = fold_summary(before, &effect) {
+                merged.insert(effect.name.clone(), after);
+            }
+        }
+        // BTreeMap order is byte order, the same as SQLite's BINARY `ORDER BY name`.
+        Ok(merged.into_values().collect())
+    }
+
+    /// One resource as the run sees it.
+    pub async fn run_resource(&self, scope: RunScope<'_>, name: &str) -> Result<Option<Resource>> {
+        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+        let effects = self
+            .effects_of(scope.run_id, Kind::Resource, Some(name), true)
+            .await?;
+        let base = self.resource(scope.session_id, name).await?;
+        let Some(last) = effects.last() else {
+            return Ok(base);
+        };
+        let Some(set) = &last.set else {
+            return Ok(None);
+        };
+        let summary = fold_summaries(base.map(|r| r.summary), &effects);
+        let kind = set.content_kind.as_deref().unwrap_or("text");
+        let content = decode_resource(name, kind, &set.payload)?;
+        Ok(summary.map(|summary| Resource { summary, content }))
+    }
+
+    /// Buffers a resource write in the run; answers whether it creates the
+    /// resource as the run sees it.
+    pub async fn run_write_resource(
+        &self,
+        scope: RunScope<'_>,
+        name: &str,
+        content: &ResourceContent,
+    ) -> Result<bool> {
+        let stored = checked_resource(name, content)?;
+        // Informational only, as for direct writes.
+        let existed = self.run_resource_exists(scope, name).await?;
+        self.buffer_set(scope, Kind::Resource, name, &stored, Some(content.kind()))
+            .await?;
+        Ok(!existed)
+    }
+
+    /// Buffers a resource delete in the run; answers whether the resource
+    /// existed as the run sees it (nothing is buffered when it did not).
+    pub async fn run_delete_resource(&self, scope: RunScope<'_>, name: &str) -> Result<bool> {
+        check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
+        if !self.run_resource_exists(scope, name).await? {
+            return Ok(false);
+        }
+        let written = sqlx::query(
+            "INSERT INTO run_effects (run_id, seq, session_id, kind, name, op, payload, content_kind, created_at) \
+             SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_effects WHERE run_id = ?1), ?2, 'resource', ?3, 'delete', NULL, NULL, ?4 \
+             WHERE EXISTS (SELECT 1 FROM floor_runs WHERE id = ?1 AND session_id = ?2 AND state = 'open') \
+               AND (SELECT COUNT(*) FROM run_effects WHERE run_id = ?1) < ?5",
+        )
+        .bind(scope.run_id)
+        .bind(scope.session_id)
+        .bind(name)
+        .bind(now_ms())
+        .bind(MAX_EFFECTS_PER_RUN)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        if written == 0 {
+            return Err(self.refusal(scope, Kind::Resource).await);
+        }
+        Ok(true)
+    }
+
+    async fn run_resource_exists(&self, scope: RunScope<'_>, name: &str) -> Result<bool> {
+        let latest = self
+            .effects_of(scope.run_id, Kind::Resource, Some(name), false)
+            .await?
+            .pop();
+        Ok(match latest {
+            Some(effect) => effect.set.is_some(),
+            None => self.resource(scope.session_id, name).await?.is_some(),
+        })
+    }
+
+    /// The run's writes of `kind` (of one name, or all), oldest first.
+    async fn effects_of(
+        &self,
+        run_id: &str,
+        kind: Kind,
+        name: Option<&str>,
+        with_payload: bool,
+    ) -> Result<Vec<Effect>> {
+        let payload = if with_payload { "payload" } else { "NULL" };
+        let sql = format!(
+            "SELECT name, op, {payload} AS payload, content_kind, created_at, \
+             COALESCE(length(CAST(payload AS BLOB)), 0) AS bytes \
+             FROM run_effects WHERE run_id = ?1 AND kind = ?2 AND (?3 IS NULL OR name = ?3) ORDER BY seq"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(kind.as_str())
+            .bind(name)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| effect_from_row(row, with_payload))
+            .collect())
+    }
+
+    /// Appends a `set` to the run's overlay. One statement checks that the run is
+    /// still open, the run's own cap, and the per-session count over the state as
+    /// the run sees it (the session's names, minus those the run deleted, plus
+    /// those it set), so concurrent calls cannot race past a limit and a write
+    /// racing the commit is either applied by it or refused.
+    async fn buffer_set(
+        &self,
+        scope: RunScope<'_>,
+        kind: Kind,
+        name: &str,
+        payload: &str,
+        content_kind: Option<&str>,
+    ) -> Result<()> {
+        let table = kind.table();
+        let sql = format!(
+            "WITH latest AS ( \
+                 SELECT e.name, e.op FROM run_effects e \
+                 WHERE e.run_id = ?1 AND e.kind = ?3 AND e.seq = \
+                     (SELECT MAX(x.seq) FROM run_effects x WHERE x.run_id = ?1 AND x.kind = ?3 AND x.name = e.name) \
+             ), effective AS ( \
+                 SELECT name FROM {table} WHERE session_id = ?2 \
+                     AND name NOT IN (SELECT name FROM latest WHERE op = 'delete') \
+                 UNION SELECT name FROM latest WHERE op = 'set' \
+             ) \
+             INSERT INTO run_effects (run_id, seq, session_id, kind, name, op, payload, content_kind, created_at) \
+             SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_effects WHERE run_id = ?1), ?2, ?3, ?4, 'set', ?5, ?6, ?7 \
+             WHERE EXISTS (SELECT 1 FROM floor_runs WHERE id = ?1 AND session_id = ?2 AND state = 'open') \
+               AND (SELECT COUNT(*) FROM run_effects WHERE run_id = ?1) < ?8 \
+               AND ((SELECT COUNT(*) FROM effective) < ?9 OR ?4 IN (SELECT name FROM effective))"
+        );
+        let written = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope.run_id)
+            .bind(scope.session_id)
+            .bind(kind.as_str())
+            .bind(name)
+            .bind(payload)
+            .bind(content_kind)
+            .bind(now_ms())
+            .bind(MAX_EFFECTS_PER_RUN)
+            .bind(kind.limit())
+            .execute(self.pool())
+            .await?
+            .rows_affected();
+        if written == 0 {
+            return Err(self.refusal(scope, kind).await);
+        }
+        Ok(())
+    }
+
+    /// Why a buffered write was not written (checked after the fact; the write
+    /// itself was atomic).
+    async fn refusal(&self, scope: RunScope<'_>, kind: Kind) -> Error {
+        let state: std::result::Result<Option<String>, _> =
+            sqlx::query_scalar("SELECT state FROM floor_runs WHERE id = ? AND session_id = ?")
+                .bind(scope.run_id)
+                .bind(scope.session_id)
+                .fetch_optional(self.pool())
+                .await;
+        match state {
+            Err(err) => return err.into(),
+            Ok(None) => return Error::not_found(format!("run {:?}", scope.run_id)),
+            Ok(Some(state)) if state != "open" => {
+                return Error::Conflict {
+                    code: "run_not_open",
+                    message: format!(
+                        "run {} is already {state}; its writes can no longer change",
+                        scope.run_id
+                    ),
+                };
+            }
+            Ok(Some(_)) => {}
+        }
+        let buffered: std::result::Result<i64, _> =
+            sqlx::query_scalar("SELECT COUNT(*) FROM run_effects WHERE run_id = ?")
+                .bind(scope.run_id)
+                .fetch_one(self.pool())
+                .await;
+        match buffered {
+            Err(err) => err.into(),
+            Ok(count) if count >= MAX_EFFECTS_PER_RUN => Error::validation(format!(
+                "this run already made the maximum of {MAX_EFFECTS_PER_RUN} state changes"
+            )),
+            Ok(_) => match kind {
+                Kind::Variable => too_many_variables(),
+                Kind::Resource => too_many_resources(),
+            },
+        }
+    }
+}
+
+/// At commit, inside its transaction: applies the run's buffered writes to the
+/// session's state in the order they were made, then forgets them. Answers how
+/// many were applied. No limit is checked here: each write was checked when it
+/// was buffered.
+pub(super) async fn apply_state_effects(tx: &mut SqliteConnection, run_id: &str) -> Result<u64> {
+    let rows = sqlx::query(
+        "SELECT session_id, kind, name, op, payload, content_kind, created_at \
+         FROM run_effects WHERE run_id = ? ORDER BY seq",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in &rows {
+        let session_id: String = row.get("session_id");
+        let kind: String = row.get("kind");
+        let name: String = row.get("name");
+        let op: String = row.get("op");
+        let payload: Option<String> = row.get("payload");
+        let content_kind: Option<String> = row.get("content_kind");
+        let at: i64 = row.get("created_at");
+        match (kind.as_str(), op.as_str(), payload) {
+            ("variable", "set", Some(value)) => {
+                sqlx::query(
+                    "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
+                     VALUES (?, ?, ?, ?, ?) \
+                     ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, \
+                        updated_at = excluded.updated_at",
+                )
+                .bind(&session_id)
+                .bind(&name)
+                .bind(value)
+                .bind(at)
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
+            }
+            ("resource", "set", Some(content)) => {
+                sqlx::query(
+                    "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
+                     VALUES (?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (session_id, name) DO UPDATE SET kind = excluded.kind, \
+                        content = excluded.content, updated_at = excluded.updated_at",
+                )
+                .bind(&session_id)
+                .bind(&name)
+                .bind(content_kind.as_deref().unwrap_or("text"))
+                .bind(content)
+                .bind(at)
+                .bind(at)
+                .execute(&mut *tx)
+                .await?;
+            }
+            (kind @ ("variable" | "resource"), "delete", _) => {
+                let table = if kind == "variable" {
+                    Kind::Variable.table()
+                } else {
+                    Kind::Resource.table()
+                };
+                let sql = format!("DELETE FROM {table} WHERE session_id = ? AND name = ?");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(&session_id)
+                    .bind(&name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            (kind, op, _) => {
+                // The table's CHECK constraints make this unreachable; refusing
+                // the commit is better than applying half an overlay.
+                return Err(Error::Internal(anyhow::anyhow!(
+                    "run {run_id} holds a malformed buffered effect ({kind} {op} {name:?})"
+                )));
+            }
+        }
+    }
+    drop_state_effects(tx, run_id).await?;
+    Ok(rows.len() as u64)
+}
+
+/// At discard (and after applying): forgets the run's buffered writes. Answers
+/// how many there were.
+pub(super) async fn drop_state_effects(tx: &mut SqliteConnection, run_id: &str) -> Result<u64> {
+    Ok(sqlx::query("DELETE FROM run_effects WHERE run_id = ?")
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, bytes: i64, at: i64) -> Effect {
+        Effect {
+            name: name.into(),
+            set: Some(SetPayload {
+                payload: String::new(),
+                content_kind: Some("json".into()),
+                bytes,
+            }),
+            created_at: at,
+        }
+    }
+
+    fn delete(name: &str, at: i64) -> Effect {
+        Effect {
+            name: name.into(),
+            set: None,
+            created_at: at,
+        }
+    }
+
+    fn base(at: i64) -> ResourceSummary {
+        ResourceSummary {
+            name: "r".into(),
+            kind: "text".into(),
+            bytes: 1,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    /// Folding must agree with what the commit's upserts and deletes produce.
+    #[test]
+    fn folding_matches_applying_in_order() {
+        let replaced = fold_summary(Some(base(1)), &set("r", 5, 10)).unwrap();
+        assert_eq!((replaced.created_at, replaced.updated_at), (1, 10));
+        assert_eq!((replaced.kind.as_str(), replaced.bytes), ("json", 5));
+
+        let created = fold_summary(None, &set("r", 2, 10)).unwrap();
+        assert_eq!((created.created_at, created.updated_at), (10, 10));
+
+        let ops = [delete("r", 10), set("r", 3, 20), set("r", 4, 30)];
+        let recreated = fold_summaries(Some(base(1)), &ops).unwrap();
+        assert_eq!((recreated.created_at, recreated.updated_at), (20, 30));
+        assert!(fold_summary(Some(base(1)), &delete("r", 10)).is_none());
+    }
+}
