@@ -34,6 +34,9 @@ impl App {
             store: store.clone(),
             settings: settings.clone(),
             remote: Arc::new(RemoteRegistry::default()),
+            scripts: crate::tools::script::ScriptRunner::with_default_concurrency(
+                settings.script_limits(),
+            ),
         };
         let state = AppState {
             store,

@@ -95,6 +95,7 @@ impl ToolRuntime {
     pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
         let mut entries = crate::tools::builtin::catalog_entries(self, session).await?;
         entries.extend(self.remote.catalog_entries(&session.character));
+        entries.extend(crate::tools::preset::catalog_entries(self, session).await?);
         Ok(Catalog::assemble(&session.id, entries))
     }
 
@@ -171,6 +172,7 @@ impl ToolRuntime {
                 crate::tools::builtin::call(self, &session, name, &args).await
             }
             Invoker::Remote(tool) => self.remote.call(tool, &call, &args).await,
+            Invoker::Preset(tool) => crate::tools::preset::call(self, tool, &args).await,
         };
         Ok(match outcome {
             ToolOutcome::Success(output) => ToolCallResult {

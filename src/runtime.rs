@@ -13,4 +13,6 @@ pub struct ToolRuntime {
     pub store: Store,
     pub settings: Arc<Settings>,
     pub remote: Arc<RemoteRegistry>,
+    /// Runs script-handler tools in the sandbox.
+    pub scripts: crate::tools::script::ScriptRunner,
 }

@@ -4,6 +4,7 @@
 mod accounts;
 mod auth;
 mod characters;
+mod definitions;
 pub mod envelope;
 pub mod error;
 pub mod extract;
@@ -43,6 +44,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(characters::router())
         .merge(sessions::router())
         .merge(tool_calls::router())
+        .merge(definitions::router())
         .split_for_parts()
 }
 

@@ -1,5 +1,6 @@
 //! Validated domain values. Nothing here knows about HTTP.
 
+pub mod definition;
 pub mod names;
 pub mod paging;
 

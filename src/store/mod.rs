@@ -3,6 +3,7 @@
 
 mod accounts;
 mod characters;
+mod definitions;
 mod floors;
 mod sessions;
 
@@ -17,6 +18,7 @@ use sqlx::sqlite::{
 
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
+pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage};
 pub use sessions::Session;
 
