@@ -206,6 +206,16 @@ impl TestServer {
         child.kill().await.expect("kill");
     }
 
+    /// Restarts the server on the same data directory with a different environment
+    /// (e.g. to turn a switch such as ENABLE_UNSAFE_SCRIPT_HANDLER off).
+    pub async fn restart_with_env(&mut self, env: Vec<(String, String)>) {
+        if self.child.is_some() {
+            self.stop().await;
+        }
+        self.env = env;
+        self.restart().await;
+    }
+
     /// Starts the server again on the same data directory (a new port).
     pub async fn restart(&mut self) {
         if self.child.is_some() {
