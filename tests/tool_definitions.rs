@@ -45,13 +45,17 @@ fn id_of(definition: &Value) -> String {
 /// Waits until the wall clock has moved past `ms`, so the next write gets a later
 /// `updated_at` than the last one.
 async fn clock_past(ms: i64) {
-    common::wait_until(std::time::Duration::from_secs(2), "the clock to tick", || async move {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        now > ms
-    })
+    common::wait_until(
+        std::time::Duration::from_secs(2),
+        "the clock to tick",
+        || async move {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            now > ms
+        },
+    )
     .await;
 }
 
@@ -73,7 +77,10 @@ async fn create_applies_the_seed_defaults() {
     assert!(created["id"].as_str().unwrap().starts_with("tooldef_"));
     assert_eq!(created["name"], "bare");
     assert_eq!(created["description"], "");
-    assert_eq!(created["parameters"], json!({"type": "object", "properties": {}}));
+    assert_eq!(
+        created["parameters"],
+        json!({"type": "object", "properties": {}})
+    );
     assert_eq!(created["side_effect_level"], "none");
     assert_eq!(created["allowed_slots"], json!([]));
     assert_eq!(created["source"], "custom");
@@ -84,7 +91,9 @@ async fn create_applies_the_seed_defaults() {
     assert!(created["created_at"].as_i64().unwrap() > 1_700_000_000_000);
     assert_eq!(created["created_at"], created["updated_at"]);
     assert!(created.get("account_id").is_none());
-    let fetched = server.get(&format!("/tools/definitions/{}", id_of(&created))).await;
+    let fetched = server
+        .get(&format!("/tools/definitions/{}", id_of(&created)))
+        .await;
     assert_eq!(fetched.status, StatusCode::OK);
     assert_eq!(fetched.body["data"], created);
 }
@@ -136,20 +145,29 @@ async fn crud_round_trip_with_a_script_handler() {
 
     // source_id can be set back to null; absent fields stay as they are.
     let cleared = server
-        .patch(&format!("/tools/definitions/{id}"), json!({"source_id": null}))
+        .patch(
+            &format!("/tools/definitions/{id}"),
+            json!({"source_id": null}),
+        )
         .await;
     assert_eq!(cleared.status, StatusCode::OK, "{cleared:?}");
     assert_eq!(cleared.body["data"]["source_id"], Value::Null);
     assert_eq!(cleared.body["data"]["source"], "character");
 
     let toggled = server
-        .patch(&format!("/tools/definitions/{id}/toggle"), json!({"enabled": false}))
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": false}),
+        )
         .await;
     assert_eq!(toggled.status, StatusCode::OK, "{toggled:?}");
     assert_eq!(toggled.body["data"]["enabled"], false);
     assert_eq!(toggled.body["data"]["id"], id.as_str());
     let toggled = server
-        .patch(&format!("/tools/definitions/{id}/toggle"), json!({"enabled": true}))
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": true}),
+        )
         .await;
     assert_eq!(toggled.body["data"]["enabled"], true);
 
@@ -171,7 +189,11 @@ async fn crud_round_trip_with_a_script_handler() {
         ),
     ] {
         let reply = server.send(method.clone(), &path, body).await;
-        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{method} {path}: {reply:?}");
+        assert_eq!(
+            reply.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: {reply:?}"
+        );
         assert_eq!(reply.code(), "not_found");
     }
 }
@@ -254,7 +276,11 @@ async fn invalid_requests_are_validation_errors() {
             .contains("at least one field"),
         "{reply:?}"
     );
-    for body in [json!({}), json!({"enabled": "no"}), json!({"enabled": true, "x": 1})] {
+    for body in [
+        json!({}),
+        json!({"enabled": "no"}),
+        json!({"enabled": true, "x": 1}),
+    ] {
         let reply = server.patch(&format!("{path}/toggle"), body.clone()).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}: {reply:?}");
         assert_eq!(reply.code(), "validation_error");
@@ -313,7 +339,10 @@ async fn list_filters_sorts_and_pages() {
     // Updating moves a definition to the front of updated_at desc.
     clock_past(last).await;
     let reply = server
-        .patch(&format!("/tools/definitions/{}", ids["alpha"]), json!({"description": "now"}))
+        .patch(
+            &format!("/tools/definitions/{}", ids["alpha"]),
+            json!({"description": "now"}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     let all = server.get("/tools/definitions").await;
@@ -322,11 +351,19 @@ async fn list_filters_sorts_and_pages() {
     assert_eq!(names(&asc), ["delta", "charlie", "bravo", "echo", "alpha"]);
     assert_eq!(asc.body["meta"]["sort_order"], "asc");
 
-    let by_name = server.get("/tools/definitions?sort_by=name&sort_order=asc").await;
-    assert_eq!(names(&by_name), ["alpha", "bravo", "charlie", "delta", "echo"]);
+    let by_name = server
+        .get("/tools/definitions?sort_by=name&sort_order=asc")
+        .await;
+    assert_eq!(
+        names(&by_name),
+        ["alpha", "bravo", "charlie", "delta", "echo"]
+    );
     assert_eq!(by_name.body["meta"]["sort_by"], "name");
     let by_name_desc = server.get("/tools/definitions?sort_by=name").await;
-    assert_eq!(names(&by_name_desc), ["echo", "delta", "charlie", "bravo", "alpha"]);
+    assert_eq!(
+        names(&by_name_desc),
+        ["echo", "delta", "charlie", "bravo", "alpha"]
+    );
 
     // Filters, alone and combined.
     let cases: [(&str, &[&str]); 8] = [
@@ -341,7 +378,9 @@ async fn list_filters_sorts_and_pages() {
     ];
     for (query, expected) in cases {
         let reply = server
-            .get(&format!("/tools/definitions?{query}&sort_by=name&sort_order=asc"))
+            .get(&format!(
+                "/tools/definitions?{query}&sort_by=name&sort_order=asc"
+            ))
             .await;
         assert_eq!(reply.status, StatusCode::OK, "{query}: {reply:?}");
         assert_eq!(names(&reply), expected, "{query}");
@@ -408,7 +447,10 @@ async fn identity_is_unique_per_account_with_null_source_id_as_a_value() {
     create(&server, json!({"name": "lookup", "source": "preset"})).await;
     create(&server, json!({"name": "lookup2"})).await;
     let reply = server
-        .post("/tools/definitions", json!({"name": "lookup", "source_id": "pack_1"}))
+        .post(
+            "/tools/definitions",
+            json!({"name": "lookup", "source_id": "pack_1"}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::CONFLICT);
     assert_eq!(reply.code(), "tool_definition_conflict");
@@ -419,23 +461,35 @@ async fn identity_is_unique_per_account_with_null_source_id_as_a_value() {
     let reply = server.patch(&path, json!({"name": "lookup"})).await;
     assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
     assert_eq!(reply.code(), "tool_definition_conflict");
-    let moved = server.patch(&path, json!({"name": "lookup", "source_id": "pack_2"})).await;
+    let moved = server
+        .patch(&path, json!({"name": "lookup", "source_id": "pack_2"}))
+        .await;
     assert_eq!(moved.status, StatusCode::OK, "{moved:?}");
     let reply = server.patch(&path, json!({"source_id": null})).await;
     assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
     // A definition never conflicts with itself.
     let reply = server
-        .patch(&format!("/tools/definitions/{}", id_of(&first)), json!({"name": "lookup"}))
+        .patch(
+            &format!("/tools/definitions/{}", id_of(&first)),
+            json!({"name": "lookup"}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     // Deleting frees the identity.
-    server.delete(&format!("/tools/definitions/{}", id_of(&first))).await;
+    server
+        .delete(&format!("/tools/definitions/{}", id_of(&first)))
+        .await;
     create(&server, json!({"name": "lookup"})).await;
 
     // Another account may use the same name and sees nothing of this one's.
     let other = server.create_account("other").await;
     let reply = server
-        .send_as(&other, Method::POST, "/tools/definitions", Some(json!({"name": "lookup"})))
+        .send_as(
+            &other,
+            Method::POST,
+            "/tools/definitions",
+            Some(json!({"name": "lookup"})),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     let theirs = id_of(&reply.body["data"]);
@@ -447,12 +501,24 @@ async fn identity_is_unique_per_account_with_null_source_id_as_a_value() {
     let mine = id_of(&second);
     for (method, path, body) in [
         (Method::GET, format!("/tools/definitions/{mine}"), None),
-        (Method::PATCH, format!("/tools/definitions/{mine}"), Some(json!({"description": "x"}))),
-        (Method::PATCH, format!("/tools/definitions/{mine}/toggle"), Some(json!({"enabled": false}))),
+        (
+            Method::PATCH,
+            format!("/tools/definitions/{mine}"),
+            Some(json!({"description": "x"})),
+        ),
+        (
+            Method::PATCH,
+            format!("/tools/definitions/{mine}/toggle"),
+            Some(json!({"enabled": false})),
+        ),
         (Method::DELETE, format!("/tools/definitions/{mine}"), None),
     ] {
         let reply = server.send_as(&other, method.clone(), &path, body).await;
-        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{method} {path}: {reply:?}");
+        assert_eq!(
+            reply.status,
+            StatusCode::NOT_FOUND,
+            "{method} {path}: {reply:?}"
+        );
         assert_eq!(reply.code(), "not_found");
     }
     let still = server.get(&format!("/tools/definitions/{mine}")).await;
@@ -478,7 +544,13 @@ async fn switch_on_definitions_join_the_catalog_and_run() {
     let result = call_tool(&server, &session, "lookup_npc", json!({})).await;
     assert_eq!(result["is_error"], true);
     assert_eq!(result["status"], "error");
-    assert!(result["output"].as_str().unwrap().contains("invalid arguments"), "{result}");
+    assert!(
+        result["output"]
+            .as_str()
+            .unwrap()
+            .contains("invalid arguments"),
+        "{result}"
+    );
 
     // A new script takes effect on the next call.
     let reply = server
@@ -493,14 +565,23 @@ async fn switch_on_definitions_join_the_catalog_and_run() {
 
     // Disabled definitions leave the catalog; enabling brings them back.
     let reply = server
-        .patch(&format!("/tools/definitions/{id}/toggle"), json!({"enabled": false}))
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": false}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     let result = call_tool(&server, &session, "lookup_npc", json!({"name": "a"})).await;
     assert_eq!(result["status"], "denied");
-    assert!(result["output"].as_str().unwrap().contains("unknown tool"), "{result}");
+    assert!(
+        result["output"].as_str().unwrap().contains("unknown tool"),
+        "{result}"
+    );
     let reply = server
-        .patch(&format!("/tools/definitions/{id}/toggle"), json!({"enabled": true}))
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": true}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     let result = call_tool(&server, &session, "lookup_npc", json!({"name": "a"})).await;
@@ -514,22 +595,41 @@ async fn switch_on_definitions_join_the_catalog_and_run() {
     .await;
     let result = call_tool(&server, &session, "lookup_npc", json!({"name": "a"})).await;
     assert_eq!(result["status"], "denied");
-    assert!(result["output"].as_str().unwrap().contains("several providers"), "{result}");
+    assert!(
+        result["output"]
+            .as_str()
+            .unwrap()
+            .contains("several providers"),
+        "{result}"
+    );
 
     // A definition without a handler is listed but cannot run.
     create(&server, json!({"name": "declared_only"})).await;
     let result = call_tool(&server, &session, "declared_only", json!({})).await;
     assert_eq!(result["status"], "denied");
-    assert!(result["output"].as_str().unwrap().contains("no handler"), "{result}");
+    assert!(
+        result["output"].as_str().unwrap().contains("no handler"),
+        "{result}"
+    );
 
     // Another account's sessions never see this account's definitions.
     let other = server.create_account("other").await;
     let reply = server
-        .send_as(&other, Method::POST, "/characters", Some(json!({"name": "Other"})))
+        .send_as(
+            &other,
+            Method::POST,
+            "/characters",
+            Some(json!({"name": "Other"})),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     let reply = server
-        .send_as(&other, Method::POST, "/sessions", Some(json!({"character": "Other"})))
+        .send_as(
+            &other,
+            Method::POST,
+            "/sessions",
+            Some(json!({"character": "Other"})),
+        )
         .await;
     let other_session = reply.body["data"]["id"].as_str().unwrap().to_owned();
     let reply = server
@@ -541,7 +641,12 @@ async fn switch_on_definitions_join_the_catalog_and_run() {
         )
         .await;
     assert_eq!(reply.body["data"]["status"], "denied", "{reply:?}");
-    assert!(reply.body["data"]["output"].as_str().unwrap().contains("unknown tool"));
+    assert!(
+        reply.body["data"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool")
+    );
 }
 
 #[tokio::test]
@@ -577,7 +682,10 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     forbidden(&server.post("/tools/definitions", body).await);
     forbidden(
         &server
-            .post("/tools/definitions", json!({"name": "implied", "handler": {"script": "return 1;"}}))
+            .post(
+                "/tools/definitions",
+                json!({"name": "implied", "handler": {"script": "return 1;"}}),
+            )
             .await,
     );
     // Definitions without a script handler are unaffected.
@@ -586,7 +694,10 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     // Updating a script definition, or giving one a script handler.
     forbidden(
         &server
-            .patch(&format!("/tools/definitions/{script}"), json!({"description": "x"}))
+            .patch(
+                &format!("/tools/definitions/{script}"),
+                json!({"description": "x"}),
+            )
             .await,
     );
     forbidden(
@@ -599,20 +710,28 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     );
     forbidden(
         &server
-            .patch(&format!("/tools/definitions/{parked}"), json!({"enabled": true}))
+            .patch(
+                &format!("/tools/definitions/{parked}"),
+                json!({"enabled": true}),
+            )
             .await,
     );
     // Toggling one back on.
     forbidden(
         &server
-            .patch(&format!("/tools/definitions/{parked}/toggle"), json!({"enabled": true}))
+            .patch(
+                &format!("/tools/definitions/{parked}/toggle"),
+                json!({"enabled": true}),
+            )
             .await,
     );
     let unchanged = server.get(&format!("/tools/definitions/{parked}")).await;
     assert_eq!(unchanged.body["data"]["enabled"], false);
 
     // Stored script tools stay listed and readable, and are refused when called.
-    let listed = server.get("/tools/definitions?sort_by=name&sort_order=asc").await;
+    let listed = server
+        .get("/tools/definitions?sort_by=name&sort_order=asc")
+        .await;
     assert_eq!(listed.body["meta"]["total"], 4);
     let got = server.get(&format!("/tools/definitions/{script}")).await;
     assert_eq!(got.status, StatusCode::OK);
@@ -622,20 +741,32 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     assert_eq!(result["status"], "denied");
     let message = result["output"].as_str().unwrap();
     assert!(message.contains("unavailable"), "{message}");
-    assert!(message.contains("ENABLE_UNSAFE_SCRIPT_HANDLER"), "{message}");
+    assert!(
+        message.contains("ENABLE_UNSAFE_SCRIPT_HANDLER"),
+        "{message}"
+    );
 
     // Making things safer stays possible: disabling and deleting.
     let reply = server
-        .patch(&format!("/tools/definitions/{script}"), json!({"enabled": false}))
+        .patch(
+            &format!("/tools/definitions/{script}"),
+            json!({"enabled": false}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     let reply = server
-        .patch(&format!("/tools/definitions/{script}/toggle"), json!({"enabled": false}))
+        .patch(
+            &format!("/tools/definitions/{script}/toggle"),
+            json!({"enabled": false}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     forbidden(
         &server
-            .patch(&format!("/tools/definitions/{script}/toggle"), json!({"enabled": true}))
+            .patch(
+                &format!("/tools/definitions/{script}/toggle"),
+                json!({"enabled": true}),
+            )
             .await,
     );
     let reply = server.delete(&format!("/tools/definitions/{parked}")).await;
@@ -644,7 +775,10 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     // Back on: the same stored tool runs again.
     server.restart_with_env(scripts_on().env).await;
     let reply = server
-        .patch(&format!("/tools/definitions/{script}/toggle"), json!({"enabled": true}))
+        .patch(
+            &format!("/tools/definitions/{script}/toggle"),
+            json!({"enabled": true}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     let result = call_tool(&server, &session, "lookup_npc", json!({"name": "B"})).await;

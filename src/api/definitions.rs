@@ -136,7 +136,11 @@ impl From<UpdateDefinition> for DefinitionChanges {
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_definition, list_definitions))
-        .routes(routes!(get_definition, update_definition, delete_definition))
+        .routes(routes!(
+            get_definition,
+            update_definition,
+            delete_definition
+        ))
         .routes(routes!(toggle_definition))
 }
 

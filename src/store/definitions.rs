@@ -48,7 +48,8 @@ fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
     let handler = match handler {
         None => None,
         Some(raw) => Some(
-            serde_json::from_str::<ScriptHandler>(&raw).map_err(|err| corrupt("handler_json", err))?,
+            serde_json::from_str::<ScriptHandler>(&raw)
+                .map_err(|err| corrupt("handler_json", err))?,
         ),
     };
     Ok(ToolDefinition {
@@ -112,7 +113,11 @@ type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::Sqlite
 
 /// Binds the values of the conditions `list_definitions` put in its WHERE clause,
 /// in the same order.
-fn bind_filters<'q>(query: SqliteQuery<'q>, account_id: &str, filter: &DefinitionFilter) -> SqliteQuery<'q> {
+fn bind_filters<'q>(
+    query: SqliteQuery<'q>,
+    account_id: &str,
+    filter: &DefinitionFilter,
+) -> SqliteQuery<'q> {
     let mut query = query.bind(account_id.to_owned());
     if let Some(source) = filter.source {
         query = query.bind(source.as_str());
@@ -196,7 +201,8 @@ impl Store {
             conditions.push("enabled = ?");
         }
         let where_clause = conditions.join(" AND ");
-        let count_sql = format!("SELECT COUNT(*) AS total FROM tool_definitions WHERE {where_clause}");
+        let count_sql =
+            format!("SELECT COUNT(*) AS total FROM tool_definitions WHERE {where_clause}");
         let total: i64 = bind_filters(sqlx::query(AssertSqlSafe(count_sql)), account_id, filter)
             .fetch_one(self.pool())
             .await?
@@ -288,13 +294,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(None, dir.path()).await.unwrap();
         for account in ["acct_a", "acct_b"] {
-            sqlx::query("INSERT INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)")
-                .bind(account)
-                .bind(account)
-                .bind(format!("hash_{account}"))
-                .execute(store.pool())
-                .await
-                .unwrap();
+            sqlx::query(
+                "INSERT INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)",
+            )
+            .bind(account)
+            .bind(account)
+            .bind(format!("hash_{account}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
         }
         (store, dir)
     }
@@ -311,19 +319,37 @@ mod tests {
     #[tokio::test]
     async fn identity_counts_null_source_id_as_a_value() {
         let (store, _dir) = store().await;
-        store.create_definition("acct_a", def("t", None)).await.unwrap();
-        let err = store.create_definition("acct_a", def("t", None)).await.unwrap_err();
+        store
+            .create_definition("acct_a", def("t", None))
+            .await
+            .unwrap();
+        let err = store
+            .create_definition("acct_a", def("t", None))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), "tool_definition_conflict");
         // The store itself keeps '' apart from NULL even though the API refuses ''.
         let mut empty = def("t", Some("x"));
         empty.source_id = Some(String::new());
-        store.create_definition("acct_a", empty.clone()).await.unwrap();
+        store
+            .create_definition("acct_a", empty.clone())
+            .await
+            .unwrap();
         assert!(store.create_definition("acct_a", empty).await.is_err());
-        store.create_definition("acct_a", def("t", Some("x"))).await.unwrap();
-        store.create_definition("acct_b", def("t", None)).await.unwrap();
+        store
+            .create_definition("acct_a", def("t", Some("x")))
+            .await
+            .unwrap();
+        store
+            .create_definition("acct_b", def("t", None))
+            .await
+            .unwrap();
         let mut other_source = def("t", None);
         other_source.source = DefinitionSource::Preset;
-        store.create_definition("acct_a", other_source).await.unwrap();
+        store
+            .create_definition("acct_a", other_source)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
@@ -341,9 +367,19 @@ mod tests {
         let read = store.definition("acct_a", &created.id).await.unwrap();
         assert_eq!(read, created);
         assert_eq!(
-            store.definition("acct_b", &created.id).await.unwrap_err().code(),
+            store
+                .definition("acct_b", &created.id)
+                .await
+                .unwrap_err()
+                .code(),
             "not_found"
         );
-        assert!(store.enabled_definitions("acct_a").await.unwrap().is_empty());
+        assert!(
+            store
+                .enabled_definitions("acct_a")
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -37,7 +37,10 @@ pub async fn catalog_entries(
     runtime: &ToolRuntime,
     session: &Session,
 ) -> Result<Vec<CatalogEntry>> {
-    let definitions = runtime.store.enabled_definitions(&session.account_id).await?;
+    let definitions = runtime
+        .store
+        .enabled_definitions(&session.account_id)
+        .await?;
     let scripts_enabled = runtime.settings.enable_unsafe_script_handler;
     Ok(definitions
         .into_iter()
@@ -129,7 +132,10 @@ mod tests {
         assert_eq!(json["source"], "custom");
         assert_eq!(json["side_effect_level"], "sandbox");
         assert_eq!(json["allowed_slots"], serde_json::json!(["narrator"]));
-        assert_eq!(entry.spec.metadata.side_effect_level_basis, Basis::ToolDeclared);
+        assert_eq!(
+            entry.spec.metadata.side_effect_level_basis,
+            Basis::ToolDeclared
+        );
         assert_eq!(json["catalog_source"], Value::Null);
     }
 

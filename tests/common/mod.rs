@@ -145,8 +145,17 @@ impl TestServer {
         self.send_as(&self.token.clone(), method, path, body).await
     }
 
-    pub async fn send_as(&self, token: &str, method: Method, path: &str, body: Option<Value>) -> Reply {
-        let mut request = self.client.request(method, self.url(path)).bearer_auth(token);
+    pub async fn send_as(
+        &self,
+        token: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Reply {
+        let mut request = self
+            .client
+            .request(method, self.url(path))
+            .bearer_auth(token);
         if let Some(body) = body {
             request = request.json(&body);
         }
@@ -175,14 +184,18 @@ impl TestServer {
 
     /// Creates an account and returns its API key.
     pub async fn create_account(&self, name: &str) -> String {
-        let reply = self.post("/accounts", serde_json::json!({"name": name})).await;
+        let reply = self
+            .post("/accounts", serde_json::json!({"name": name}))
+            .await;
         assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
         reply.body["data"]["api_key"].as_str().unwrap().to_owned()
     }
 
     /// Creates a session with the default character and returns its id.
     pub async fn create_session(&self) -> String {
-        let reply = self.post("/sessions", serde_json::json!({"character": "Lanlan"})).await;
+        let reply = self
+            .post("/sessions", serde_json::json!({"character": "Lanlan"}))
+            .await;
         assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
         reply.body["data"]["id"].as_str().unwrap().to_owned()
     }
@@ -192,7 +205,10 @@ impl TestServer {
         let mut child = self.child.take().expect("running");
         if let Some(pid) = child.id() {
             // SAFETY-free: plain kill(1) keeps the tests free of libc bindings.
-            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
         }
         tokio::time::timeout(Duration::from_secs(30), child.wait())
             .await
@@ -251,7 +267,10 @@ where
         if check().await {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -55,8 +55,8 @@ pub fn run(
     let started = Instant::now();
     let memory_hit = Arc::new(AtomicBool::new(false));
     let allocator = CappedAllocator::new(limits.memory_bytes, memory_hit.clone());
-    let runtime = Runtime::new_with_alloc(allocator)
-        .map_err(|err| ScriptError::Engine(err.to_string()))?;
+    let runtime =
+        Runtime::new_with_alloc(allocator).map_err(|err| ScriptError::Engine(err.to_string()))?;
     runtime.set_max_stack_size(limits.stack_bytes);
     let deadline = started + limits.time;
     let expired = Arc::new(AtomicBool::new(false));
@@ -74,9 +74,8 @@ pub fn run(
             }
         })));
     }
-    let context = Context::custom::<Intrinsics>(&runtime).map_err(|err| {
-        ScriptError::Engine(format!("could not create a script context: {err}"))
-    })?;
+    let context = Context::custom::<Intrinsics>(&runtime)
+        .map_err(|err| ScriptError::Engine(format!("could not create a script context: {err}")))?;
     let outcome = context.with(|ctx| evaluate(&ctx, script, args, limits, deadline));
     let timed_out = expired.load(Ordering::Relaxed) || Instant::now() >= deadline;
     // Drop the context before the runtime so every object is freed inside it.
@@ -176,7 +175,13 @@ fn to_json<'js>(
     value: Value<'js>,
     limits: &ScriptLimits,
 ) -> Result<serde_json::Value, Failure> {
-    let kind = value.type_name();
+    let kind = if value.is_function() {
+        "a function"
+    } else if value.is_symbol() {
+        "a symbol"
+    } else {
+        value.type_name()
+    };
     let text = match ctx.json_stringify(value) {
         Ok(Some(text)) => text,
         Ok(None) => {
@@ -186,11 +191,9 @@ fn to_json<'js>(
         }
         Err(err) => {
             return Err(match caught(ctx, err) {
-                Failure::Thrown(text) => {
-                    Failure::Other(ScriptError::NotSerializable(format!(
-                        "the script's return value cannot be converted to JSON: {text}"
-                    )))
-                }
+                Failure::Thrown(text) => Failure::Other(ScriptError::NotSerializable(format!(
+                    "the script's return value cannot be converted to JSON: {text}"
+                ))),
                 other => other,
             });
         }

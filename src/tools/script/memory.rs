@@ -26,7 +26,11 @@ pub struct CappedAllocator {
 impl CappedAllocator {
     /// A cap of `limit` bytes; `hit` becomes true the first time a request is refused.
     pub fn new(limit: usize, hit: Arc<AtomicBool>) -> Self {
-        Self { used: 0, limit, hit }
+        Self {
+            used: 0,
+            limit,
+            hit,
+        }
     }
 
     fn admit(&mut self, extra: usize) -> bool {

@@ -82,8 +82,8 @@ pub fn run_blocking(
 }
 
 /// Runs scripts on tokio's blocking pool, at most `concurrency` at a time. Callers
-/// beyond that wait for a slot for at most the time limit, so the wait is bounded
-/// as well as the run.
+/// beyond that wait for a slot for at most [`ScriptRunner::QUEUE_WAIT_FACTOR`] times
+/// the time limit, so the wait is bounded as well as the run.
 #[derive(Debug, Clone)]
 pub struct ScriptRunner {
     limits: ScriptLimits,
@@ -91,6 +91,9 @@ pub struct ScriptRunner {
 }
 
 impl ScriptRunner {
+    /// How many time limits a call may wait for a free slot before it is refused.
+    pub const QUEUE_WAIT_FACTOR: u32 = 4;
+
     pub fn new(limits: ScriptLimits, concurrency: usize) -> Self {
         Self {
             limits,
@@ -98,10 +101,11 @@ impl ScriptRunner {
         }
     }
 
-    /// One slot per core (at least two), so scripts can never take every core.
+    /// One slot per core but one (at least one), so scripts never take every core
+    /// and the server always has one left for its other requests.
     pub fn with_default_concurrency(limits: ScriptLimits) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Self::new(limits, cores.max(2))
+        Self::new(limits, cores.saturating_sub(1).max(1))
     }
 
     pub fn limits(&self) -> &ScriptLimits {
@@ -114,12 +118,12 @@ impl ScriptRunner {
         script: Arc<str>,
         args: serde_json::Value,
     ) -> Result<serde_json::Value, ScriptError> {
+        let queue_wait = self.limits.time * Self::QUEUE_WAIT_FACTOR;
         let permit =
-            match tokio::time::timeout(self.limits.time, self.slots.clone().acquire_owned()).await
-            {
+            match tokio::time::timeout(queue_wait, self.slots.clone().acquire_owned()).await {
                 Ok(Ok(permit)) => permit,
                 _ => {
-                    tracing::warn!("script sandbox busy: no free slot within the time limit");
+                    tracing::warn!(?queue_wait, "script sandbox busy: no free slot in time");
                     return Err(ScriptError::Busy);
                 }
             };
@@ -218,8 +222,9 @@ mod tests {
         assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
         let err = run("return 'x'.repeat(2 * 1024 * 1024);").unwrap_err();
         assert!(matches!(err, ScriptError::OutputLimit { .. }), "{err:?}");
-        let err = run("function f() { Promise.resolve().then(f); } f(); return new Promise(() => {});")
-            .unwrap_err();
+        let err =
+            run("function f() { Promise.resolve().then(f); } f(); return new Promise(() => {});")
+                .unwrap_err();
         assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
     }
 
@@ -241,7 +246,9 @@ mod tests {
             run("throw undefined;").unwrap_err(),
             ScriptError::Thrown("a non-Error value: undefined".into())
         );
-        assert!(matches!(run("return (").unwrap_err(), ScriptError::Thrown(m) if m.starts_with("SyntaxError")));
+        assert!(
+            matches!(run("return (").unwrap_err(), ScriptError::Thrown(m) if m.starts_with("SyntaxError"))
+        );
     }
 
     #[test]
