@@ -257,6 +257,11 @@ async fn host_apis_do_not_exist() {
         ),
         ("return std.loadFile('/etc/passwd');", "std is not defined"),
         ("return os.exec(['ls']);", "os is not defined"),
+        // The one blocking wait QuickJS has is refused on this runtime.
+        (
+            "return Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5000);",
+            "cannot block",
+        ),
     ] {
         sandbox.expect_error(script, expected).await;
     }

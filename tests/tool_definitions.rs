@@ -231,6 +231,7 @@ async fn invalid_requests_are_validation_errors() {
         with(json!({"handler": {}})),
         with(json!({"handler": {"script": "return 1;", "extra": true}})),
         with(json!({"handler": {"script": "   "}})),
+        with(json!({"handler": {"script": "return 1;\0"}})),
         with(json!({"handler": {"script": "x".repeat(64 * 1024 + 1)}})),
         with(json!({"description": "d".repeat(16 * 1024 + 1)})),
         with(json!({"unknown_field": 1})),

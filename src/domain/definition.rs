@@ -298,6 +298,11 @@ fn check_script(script: &str) -> Result<()> {
     if script.trim().is_empty() {
         return Err(Error::validation("handler.script must not be empty"));
     }
+    if script.contains('\0') {
+        return Err(Error::validation(
+            "handler.script must not contain NUL characters",
+        ));
+    }
     if script.len() > MAX_SCRIPT_BYTES {
         return Err(Error::validation(format!(
             "handler.script must be at most {MAX_SCRIPT_BYTES} bytes, got {}",

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use rquickjs::context::intrinsic;
-use rquickjs::promise::PromiseState;
 use rquickjs::{Context, Ctx, Function, Runtime, Value};
 
 use super::memory::CappedAllocator;
@@ -18,7 +17,9 @@ use super::{ScriptError, ScriptLimits};
 /// The intrinsics a script gets: the ECMAScript language and nothing of the host.
 /// QuickJS itself offers no file, network, process or timer API (those live in
 /// quickjs-libc, which is not linked); `Performance` is left out so scripts get no
-/// high-resolution clock, and no module loader is installed.
+/// high-resolution clock, and no module loader is installed. `Eval` is needed to
+/// compile the script at all. `Atomics.wait`, the one blocking call, is refused
+/// because the runtime is never marked as allowed to block.
 type Intrinsics = (
     intrinsic::Date,
     intrinsic::Eval,
@@ -141,22 +142,16 @@ fn settle<'js>(
     deadline: Instant,
 ) -> Result<Value<'js>, Failure> {
     loop {
-        match promise.state() {
-            PromiseState::Resolved => {
-                return promise
-                    .result::<Value>()
-                    .expect("a settled promise has a result")
-                    .map_err(|err| caught(ctx, err));
+        match promise.result::<Value>() {
+            Some(Ok(value)) => return Ok(value),
+            // A rejection arrives as a pending exception holding the reason.
+            Some(Err(err)) => {
+                return Err(match caught(ctx, err) {
+                    Failure::Thrown(reason) => Failure::Rejected(reason),
+                    other => other,
+                });
             }
-            PromiseState::Rejected => {
-                return match promise.result::<Value>() {
-                    Some(Err(rquickjs::Error::Exception)) => {
-                        Err(Failure::Rejected(describe(ctx, ctx.catch())))
-                    }
-                    _ => Err(Failure::Rejected("an unknown reason".to_owned())),
-                };
-            }
-            PromiseState::Pending => {
+            None => {
                 if Instant::now() >= deadline {
                     // Reported as the time limit by the caller.
                     return Err(Failure::Other(ScriptError::NeverSettled));
