@@ -50,6 +50,9 @@ impl App {
             ),
             model_sessions: Arc::new(ModelSessionHub::default()),
             jobs: Arc::new(JobSignal::default()),
+            scripts: crate::tools::script::ScriptRunner::with_default_concurrency(
+                settings.script_limits(),
+            ),
         };
         let state = AppState {
             store,

@@ -51,6 +51,8 @@ pub enum Invoker {
     Builtin(&'static str),
     /// A callback registered through `/api/tools`.
     Remote(Arc<crate::tools::remote::RemoteTool>),
+    /// A custom definition of the account (`/tools/definitions`).
+    Preset(Arc<crate::tools::preset::PresetTool>),
 }
 
 /// One tool in a catalog.

@@ -8,6 +8,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::tools::script::ScriptLimits;
+
 /// The `toolgate` command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -73,6 +75,12 @@ pub struct ServeArgs {
     /// Any other value than exactly `true` leaves it off, as the contract says.
     #[arg(long, env = "ENABLE_UNSAFE_SCRIPT_HANDLER")]
     pub enable_unsafe_script_handler: Option<String>,
+    /// Wall-clock limit of one script-handler call, in milliseconds.
+    #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS")]
+    pub script_timeout_ms: Option<u64>,
+    /// Heap limit of one script-handler call, in bytes.
+    #[arg(long, env = "TOOLGATE_SCRIPT_MEMORY_LIMIT_BYTES")]
+    pub script_memory_limit_bytes: Option<usize>,
 }
 
 /// The optional TOML file. Unknown keys are refused so that typos are noticed.
@@ -89,6 +97,8 @@ struct FileSettings {
     callback_response_limit_bytes: Option<usize>,
     job_workers: Option<usize>,
     enable_unsafe_script_handler: Option<bool>,
+    script_timeout_ms: Option<u64>,
+    script_memory_limit_bytes: Option<usize>,
 }
 
 /// Fully resolved settings of a running server.
@@ -104,6 +114,8 @@ pub struct Settings {
     pub callback_response_limit_bytes: usize,
     pub job_workers: usize,
     pub enable_unsafe_script_handler: bool,
+    pub script_timeout_ms: u64,
+    pub script_memory_limit_bytes: usize,
 }
 
 impl Settings {
@@ -134,7 +146,21 @@ impl Settings {
         if settings.body_limit_bytes == 0 || settings.callback_response_limit_bytes == 0 {
             anyhow::bail!("body limits must be greater than zero");
         }
+        if settings.script_timeout_ms == 0 || settings.script_memory_limit_bytes < 1024 * 1024 {
+            anyhow::bail!(
+                "script limits too small: the time limit must be above 0 ms and the memory limit at least 1 MiB"
+            );
+        }
         Ok(settings)
+    }
+
+    /// Limits of one script-handler call.
+    pub fn script_limits(&self) -> ScriptLimits {
+        ScriptLimits {
+            memory_bytes: self.script_memory_limit_bytes,
+            time: std::time::Duration::from_millis(self.script_timeout_ms),
+            ..ScriptLimits::default()
+        }
     }
 
     fn from_parts(args: ServeArgs, file: FileSettings) -> Self {
@@ -170,6 +196,14 @@ impl Settings {
                 Some(raw) => raw == "true",
                 None => file.enable_unsafe_script_handler.unwrap_or(false),
             },
+            script_timeout_ms: args
+                .script_timeout_ms
+                .or(file.script_timeout_ms)
+                .unwrap_or(ScriptLimits::DEFAULT_TIME.as_millis() as u64),
+            script_memory_limit_bytes: args
+                .script_memory_limit_bytes
+                .or(file.script_memory_limit_bytes)
+                .unwrap_or(ScriptLimits::DEFAULT_MEMORY_BYTES),
         }
     }
 }

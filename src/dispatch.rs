@@ -115,6 +115,7 @@ impl ToolRuntime {
     pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
         let mut entries = crate::tools::builtin::catalog_entries(self, session).await?;
         entries.extend(self.remote.catalog_entries(&session.character_id));
+        entries.extend(crate::tools::preset::catalog_entries(self, session).await?);
         Ok(Catalog::assemble(&session.id, entries))
     }
 
@@ -229,6 +230,7 @@ impl ToolRuntime {
                 crate::tools::builtin::call(self, &session, scope.run.as_ref(), name, &args).await
             }
             Invoker::Remote(tool) => self.call_remote(tool, &call, &args).await,
+            Invoker::Preset(tool) => crate::tools::preset::call(self, tool, &args).await,
         };
         journal.finish(entry, execution_id, outcome).await
     }

@@ -19,4 +19,6 @@ pub struct ToolRuntime {
     pub model_sessions: Arc<ModelSessionHub>,
     /// Wakes the job workers when a job becomes claimable.
     pub jobs: Arc<JobSignal>,
+    /// Runs script-handler tools in the sandbox.
+    pub scripts: crate::tools::script::ScriptRunner,
 }

@@ -558,6 +558,12 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/tool-executions/{id}"),
     ("get", "/tools/builtin"),
     ("get", "/tools/call-records"),
+    ("get", "/tools/definitions"),
+    ("post", "/tools/definitions"),
+    ("get", "/tools/definitions/{id}"),
+    ("delete", "/tools/definitions/{id}"),
+    ("patch", "/tools/definitions/{id}"),
+    ("patch", "/tools/definitions/{id}/toggle"),
 ];
 
 #[tokio::test]

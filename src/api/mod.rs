@@ -5,6 +5,7 @@ mod accounts;
 mod auth;
 mod catalog;
 mod characters;
+mod definitions;
 pub mod envelope;
 pub mod error;
 mod events;
@@ -59,6 +60,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(memories::router())
         .merge(runtime_tools::router())
         .merge(events::router())
+        .merge(definitions::router())
         .split_for_parts()
 }
 

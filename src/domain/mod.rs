@@ -1,6 +1,7 @@
 //! Validated domain values. Nothing here knows about HTTP.
 
 pub mod callback_url;
+pub mod definition;
 pub mod names;
 pub mod paging;
 

@@ -4,6 +4,7 @@
 mod accounts;
 mod call_budget;
 mod characters;
+mod definitions;
 mod floors;
 mod jobs;
 mod journal;
@@ -27,6 +28,7 @@ use sqlx::sqlite::{
 
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
+pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{ExecutionFinish, NewExecution};

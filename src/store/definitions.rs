@@ -1,0 +1,385 @@
+//! Custom tool definitions, scoped to an account.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::Store;
+use crate::domain::definition::{DefinitionSource, HandlerType, ScriptHandler, ToolDefinition};
+use crate::domain::tool::{SideEffectLevel, Slot};
+use crate::domain::{Page, PageRequest};
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// Filters of `GET /tools/definitions`; `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct DefinitionFilter {
+    pub source: Option<DefinitionSource>,
+    pub source_id: Option<String>,
+    pub enabled: Option<bool>,
+}
+
+const COLUMNS: &str = "id, account_id, name, description, parameters_json, side_effect_level, \
+    allowed_slots_json, source, source_id, enabled, handler_type, handler_json, created_at, updated_at";
+
+fn corrupt(column: &str, err: impl std::fmt::Display) -> Error {
+    Error::Internal(anyhow::anyhow!(
+        "stored tool definition has an unreadable {column}: {err}"
+    ))
+}
+
+fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
+    let text = |column: &str| -> String { row.get(column) };
+    let json = |column: &str| -> Result<serde_json::Value> {
+        serde_json::from_str(&text(column)).map_err(|err| corrupt(column, err))
+    };
+    let side_effect_level: SideEffectLevel =
+        serde_json::from_value(serde_json::Value::String(text("side_effect_level")))
+            .map_err(|err| corrupt("side_effect_level", err))?;
+    let allowed_slots: Vec<Slot> = serde_json::from_value(json("allowed_slots_json")?)
+        .map_err(|err| corrupt("allowed_slots_json", err))?;
+    let source = DefinitionSource::parse(&text("source")).map_err(|err| corrupt("source", err))?;
+    let handler_type: Option<String> = row.get("handler_type");
+    let handler_type = match handler_type.as_deref() {
+        None => None,
+        Some("script") => Some(HandlerType::Script),
+        Some(other) => return Err(corrupt("handler_type", other)),
+    };
+    let handler: Option<String> = row.get("handler_json");
+    let handler = match handler {
+        None => None,
+        Some(raw) => Some(
+            serde_json::from_str::<ScriptHandler>(&raw)
+                .map_err(|err| corrupt("handler_json", err))?,
+        ),
+    };
+    Ok(ToolDefinition {
+        id: row.get("id"),
+        account_id: row.get("account_id"),
+        name: row.get("name"),
+        description: row.get("description"),
+        parameters: json("parameters_json")?,
+        side_effect_level,
+        allowed_slots,
+        source,
+        source_id: row.get("source_id"),
+        enabled: row.get::<i64, _>("enabled") != 0,
+        handler_type,
+        handler,
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    })
+}
+
+fn conflict(definition: &ToolDefinition) -> Error {
+    Error::Conflict {
+        code: "tool_definition_conflict",
+        message: format!(
+            "this account already has a tool definition named {:?} with source {} and source_id {}",
+            definition.name,
+            definition.source.as_str(),
+            match &definition.source_id {
+                Some(id) => format!("{id:?}"),
+                None => "null".to_owned(),
+            }
+        ),
+    }
+}
+
+fn level_text(level: SideEffectLevel) -> String {
+    match serde_json::to_value(level) {
+        Ok(serde_json::Value::String(text)) => text,
+        _ => "none".to_owned(),
+    }
+}
+
+fn slots_json(slots: &[Slot]) -> String {
+    serde_json::Value::Array(
+        slots
+            .iter()
+            .map(|slot| serde_json::Value::String(slot.as_str().to_owned()))
+            .collect(),
+    )
+    .to_string()
+}
+
+fn handler_json(definition: &ToolDefinition) -> Option<String> {
+    definition
+        .handler
+        .as_ref()
+        .map(|handler| serde_json::json!({"script": handler.script}).to_string())
+}
+
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
+
+/// Binds the values of the conditions `list_definitions` put in its WHERE clause,
+/// in the same order.
+fn bind_filters<'q>(
+    query: SqliteQuery<'q>,
+    account_id: &str,
+    filter: &DefinitionFilter,
+) -> SqliteQuery<'q> {
+    let mut query = query.bind(account_id.to_owned());
+    if let Some(source) = filter.source {
+        query = query.bind(source.as_str());
+    }
+    if let Some(source_id) = &filter.source_id {
+        query = query.bind(source_id.clone());
+    }
+    if let Some(enabled) = filter.enabled {
+        query = query.bind(enabled);
+    }
+    query
+}
+
+impl Store {
+    /// Stores a new definition for `account_id`, giving it an id and timestamps.
+    pub async fn create_definition(
+        &self,
+        account_id: &str,
+        mut definition: ToolDefinition,
+    ) -> Result<ToolDefinition> {
+        let now = now_ms();
+        definition.id = new_id("tooldef");
+        definition.account_id = account_id.to_owned();
+        definition.created_at = now;
+        definition.updated_at = now;
+        let result = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO tool_definitions ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )))
+        .bind(&definition.id)
+        .bind(&definition.account_id)
+        .bind(&definition.name)
+        .bind(&definition.description)
+        .bind(definition.parameters.to_string())
+        .bind(level_text(definition.side_effect_level))
+        .bind(slots_json(&definition.allowed_slots))
+        .bind(definition.source.as_str())
+        .bind(&definition.source_id)
+        .bind(definition.enabled)
+        .bind(definition.handler_type.map(HandlerType::as_str))
+        .bind(handler_json(&definition))
+        .bind(definition.created_at)
+        .bind(definition.updated_at)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(_) => Ok(definition),
+            Err(err) if super::is_unique_violation(&err) => Err(conflict(&definition)),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The account's definition with that id; another account's is "not found".
+    pub async fn definition(&self, account_id: &str, id: &str) -> Result<ToolDefinition> {
+        let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
+        match sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+        {
+            Some(row) => from_row(&row),
+            None => Err(Error::not_found(format!("tool definition {id:?}"))),
+        }
+    }
+
+    /// One page of the account's definitions matching `filter`.
+    pub async fn list_definitions(
+        &self,
+        account_id: &str,
+        filter: &DefinitionFilter,
+        page: PageRequest,
+    ) -> Result<Page<ToolDefinition>> {
+        let mut conditions = vec!["account_id = ?"];
+        if filter.source.is_some() {
+            conditions.push("source = ?");
+        }
+        if filter.source_id.is_some() {
+            conditions.push("source_id = ?");
+        }
+        if filter.enabled.is_some() {
+            conditions.push("enabled = ?");
+        }
+        let where_clause = conditions.join(" AND ");
+        let count_sql =
+            format!("SELECT COUNT(*) AS total FROM tool_definitions WHERE {where_clause}");
+        let total: i64 = bind_filters(sqlx::query(AssertSqlSafe(count_sql)), account_id, filter)
+            .fetch_one(self.pool())
+            .await?
+            .get("total");
+        // sort_by comes from a closed list validated by PageRequest, never from input.
+        let order = page.sort_order.sql();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_definitions WHERE {where_clause} ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
+            page.sort_by
+        );
+        let rows = bind_filters(sqlx::query(AssertSqlSafe(sql)), account_id, filter)
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(Page {
+            items: rows.iter().map(from_row).collect::<Result<_>>()?,
+            total,
+            request: page,
+        })
+    }
+
+    /// Every enabled definition of the account, by name: what its sessions see.
+    pub async fn enabled_definitions(&self, account_id: &str) -> Result<Vec<ToolDefinition>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_definitions WHERE account_id = ? AND enabled = 1 ORDER BY name, id"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(account_id)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    /// Writes every field of an existing definition back, bumping `updated_at`.
+    pub async fn save_definition(&self, mut definition: ToolDefinition) -> Result<ToolDefinition> {
+        definition.updated_at = now_ms().max(definition.updated_at);
+        let result = sqlx::query(
+            "UPDATE tool_definitions SET name = ?, description = ?, parameters_json = ?, side_effect_level = ?, \
+             allowed_slots_json = ?, source = ?, source_id = ?, enabled = ?, handler_type = ?, handler_json = ?, \
+             updated_at = ? WHERE id = ? AND account_id = ?",
+        )
+        .bind(&definition.name)
+        .bind(&definition.description)
+        .bind(definition.parameters.to_string())
+        .bind(level_text(definition.side_effect_level))
+        .bind(slots_json(&definition.allowed_slots))
+        .bind(definition.source.as_str())
+        .bind(&definition.source_id)
+        .bind(definition.enabled)
+        .bind(definition.handler_type.map(HandlerType::as_str))
+        .bind(handler_json(&definition))
+        .bind(definition.updated_at)
+        .bind(&definition.id)
+        .bind(&definition.account_id)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(done) if done.rows_affected() == 0 => Err(Error::not_found(format!(
+                "tool definition {:?}",
+                definition.id
+            ))),
+            Ok(_) => Ok(definition),
+            Err(err) if super::is_unique_violation(&err) => Err(conflict(&definition)),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Deletes the account's definition with that id.
+    pub async fn delete_definition(&self, account_id: &str, id: &str) -> Result<()> {
+        let done = sqlx::query("DELETE FROM tool_definitions WHERE id = ? AND account_id = ?")
+            .bind(id)
+            .bind(account_id)
+            .execute(self.pool())
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::not_found(format!("tool definition {id:?}")));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::definition::{self, DefinitionChanges};
+
+    async fn store() -> (Store, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        for account in ["acct_a", "acct_b"] {
+            sqlx::query(
+                "INSERT INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)",
+            )
+            .bind(account)
+            .bind(account)
+            .bind(format!("hash_{account}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+        (store, dir)
+    }
+
+    fn def(name: &str, source_id: Option<&str>) -> ToolDefinition {
+        definition::create(DefinitionChanges {
+            name: Some(name.into()),
+            source_id: Some(source_id.map(str::to_owned)),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn identity_counts_null_source_id_as_a_value() {
+        let (store, _dir) = store().await;
+        store
+            .create_definition("acct_a", def("t", None))
+            .await
+            .unwrap();
+        let err = store
+            .create_definition("acct_a", def("t", None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "tool_definition_conflict");
+        // The store itself keeps '' apart from NULL even though the API refuses ''.
+        let mut empty = def("t", Some("x"));
+        empty.source_id = Some(String::new());
+        store
+            .create_definition("acct_a", empty.clone())
+            .await
+            .unwrap();
+        assert!(store.create_definition("acct_a", empty).await.is_err());
+        store
+            .create_definition("acct_a", def("t", Some("x")))
+            .await
+            .unwrap();
+        store
+            .create_definition("acct_b", def("t", None))
+            .await
+            .unwrap();
+        let mut other_source = def("t", None);
+        other_source.source = DefinitionSource::Preset;
+        store
+            .create_definition("acct_a", other_source)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn round_trips_every_field() {
+        let (store, _dir) = store().await;
+        let mut input = def("lookup", Some("char_1"));
+        input.allowed_slots = vec![Slot::Narrator, Slot::Director];
+        input.side_effect_level = SideEffectLevel::Sandbox;
+        input.handler_type = Some(HandlerType::Script);
+        input.handler = Some(ScriptHandler {
+            script: "return 1;".into(),
+        });
+        input.enabled = false;
+        let created = store.create_definition("acct_a", input).await.unwrap();
+        let read = store.definition("acct_a", &created.id).await.unwrap();
+        assert_eq!(read, created);
+        assert_eq!(
+            store
+                .definition("acct_b", &created.id)
+                .await
+                .unwrap_err()
+                .code(),
+            "not_found"
+        );
+        assert!(
+            store
+                .enabled_definitions("acct_a")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

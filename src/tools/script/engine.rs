@@ -1,0 +1,269 @@
+//! One script run inside QuickJS: a fresh runtime and context per call, limits set
+//! before any user code runs, and the result brought back as JSON.
+//!
+//! Everything here is blocking and must run off the async runtime's worker threads
+//! (see [`super::ScriptRunner`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use rquickjs::context::intrinsic;
+use rquickjs::{Context, Ctx, Function, Runtime, Value};
+
+use super::memory::CappedAllocator;
+use super::{ScriptError, ScriptLimits};
+
+/// The intrinsics a script gets: the ECMAScript language and nothing of the host.
+/// QuickJS itself offers no file, network, process or timer API (those live in
+/// quickjs-libc, which is not linked); `Performance` is left out so scripts get no
+/// high-resolution clock, and no module loader is installed. `Eval` is needed to
+/// compile the script at all. `Atomics.wait`, the one blocking call, is refused
+/// because the runtime is never marked as allowed to block.
+type Intrinsics = (
+    intrinsic::Date,
+    intrinsic::Eval,
+    intrinsic::RegExpCompiler,
+    intrinsic::RegExp,
+    intrinsic::Json,
+    intrinsic::Proxy,
+    intrinsic::MapSet,
+    intrinsic::TypedArrays,
+    intrinsic::Promise,
+    intrinsic::WeakRef,
+);
+
+/// Longest description of a thrown value that goes into an error message.
+const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// A failure inside the engine, before it is told apart from a limit hit.
+enum Failure {
+    /// A JavaScript exception; the text describes the thrown value.
+    Thrown(String),
+    /// The script's promise was rejected with this value.
+    Rejected(String),
+    /// Anything that is not an exception, already phrased for the caller.
+    Other(ScriptError),
+}
+
+/// Runs `script` as the body of `function (args) { ... }` with `args`, and returns
+/// what it returned (or what its promise resolved to) as JSON.
+pub fn run(
+    script: &str,
+    args: &serde_json::Value,
+    limits: &ScriptLimits,
+) -> Result<serde_json::Value, ScriptError> {
+    let started = Instant::now();
+    let memory_hit = Arc::new(AtomicBool::new(false));
+    let allocator = CappedAllocator::new(limits.memory_bytes, memory_hit.clone());
+    let runtime =
+        Runtime::new_with_alloc(allocator).map_err(|err| ScriptError::Engine(err.to_string()))?;
+    runtime.set_max_stack_size(limits.stack_bytes);
+    let deadline = started + limits.time;
+    let expired = Arc::new(AtomicBool::new(false));
+    {
+        let expired = expired.clone();
+        // QuickJS calls this every few thousand operations (and from the regex
+        // engine); returning true raises an uncatchable error, so a script cannot
+        // outlast its deadline by catching it.
+        runtime.set_interrupt_handler(Some(Box::new(move || {
+            if Instant::now() >= deadline {
+                expired.store(true, Ordering::Relaxed);
+                true
+            } else {
+                false
+            }
+        })));
+    }
+    let context = Context::custom::<Intrinsics>(&runtime)
+        .map_err(|err| ScriptError::Engine(format!("could not create a script context: {err}")))?;
+    let outcome = context.with(|ctx| evaluate(&ctx, script, args, limits, deadline));
+    let timed_out = expired.load(Ordering::Relaxed) || Instant::now() >= deadline;
+    // Drop the context before the runtime so every object is freed inside it.
+    drop(context);
+    drop(runtime);
+    let out_of_memory = memory_hit.load(Ordering::Relaxed);
+    match outcome {
+        Ok(value) => Ok(value),
+        Err(_) if timed_out => Err(ScriptError::TimeLimit(limits.time)),
+        Err(_) if out_of_memory => Err(ScriptError::MemoryLimit(limits.memory_bytes)),
+        Err(Failure::Thrown(text)) if is_stack_overflow(&text) => {
+            Err(ScriptError::StackLimit(limits.stack_bytes))
+        }
+        Err(Failure::Thrown(text)) => Err(ScriptError::Thrown(text)),
+        Err(Failure::Rejected(text)) => Err(ScriptError::Rejected(text)),
+        Err(Failure::Other(err)) => Err(err),
+    }
+}
+
+fn is_stack_overflow(text: &str) -> bool {
+    text.contains("Maximum call stack size exceeded") || text.contains("stack overflow")
+}
+
+fn evaluate(
+    ctx: &Ctx<'_>,
+    script: &str,
+    args: &serde_json::Value,
+    limits: &ScriptLimits,
+    deadline: Instant,
+) -> Result<serde_json::Value, Failure> {
+    // The body goes between braces of a function expression, as `new Function`
+    // would place it. A body that closes the brace early only gets to run code at
+    // the top level of this same throwaway context, under the same limits.
+    let source = format!("(function (args) {{\n{script}\n}})");
+    let mut options = rquickjs::context::EvalOptions::default();
+    options.global = true;
+    options.strict = false;
+    options.filename = Some("tool-script".to_owned());
+    let function: Value = ctx
+        .eval_with_options(source, options)
+        .map_err(|err| caught(ctx, err))?;
+    let function: Function = function.into_function().ok_or_else(|| {
+        Failure::Other(ScriptError::Invalid(
+            "the script body does not form a function; check its braces".to_owned(),
+        ))
+    })?;
+    let args = ctx
+        .json_parse(args.to_string())
+        .map_err(|err| caught(ctx, err))?;
+    let returned: Value = function.call((args,)).map_err(|err| caught(ctx, err))?;
+    let value = match returned.as_promise() {
+        Some(promise) => settle(ctx, promise, deadline)?,
+        None => returned,
+    };
+    to_json(ctx, value, limits)
+}
+
+/// Runs queued jobs until the promise settles, the queue is empty (it never will
+/// settle) or the deadline passes.
+fn settle<'js>(
+    ctx: &Ctx<'js>,
+    promise: &rquickjs::Promise<'js>,
+    deadline: Instant,
+) -> Result<Value<'js>, Failure> {
+    loop {
+        match promise.result::<Value>() {
+            Some(Ok(value)) => return Ok(value),
+            // A rejection arrives as a pending exception holding the reason.
+            Some(Err(err)) => {
+                return Err(match caught(ctx, err) {
+                    Failure::Thrown(reason) => Failure::Rejected(reason),
+                    other => other,
+                });
+            }
+            None => {
+                if Instant::now() >= deadline {
+                    // Reported as the time limit by the caller.
+                    return Err(Failure::Other(ScriptError::NeverSettled));
+                }
+                if !ctx.execute_pending_job() {
+                    return Err(Failure::Other(ScriptError::NeverSettled));
+                }
+            }
+        }
+    }
+}
+
+/// Serialises the script's value as `JSON.stringify` would and parses it back.
+fn to_json<'js>(
+    ctx: &Ctx<'js>,
+    value: Value<'js>,
+    limits: &ScriptLimits,
+) -> Result<serde_json::Value, Failure> {
+    let kind = if value.is_function() {
+        "a function"
+    } else if value.is_symbol() {
+        "a symbol"
+    } else {
+        value.type_name()
+    };
+    let text = match ctx.json_stringify(value) {
+        Ok(Some(text)) => text,
+        Ok(None) => {
+            return Err(Failure::Other(ScriptError::NotSerializable(format!(
+                "the script returned {kind}, which has no JSON form; return an object, array, string, number, boolean or null"
+            ))));
+        }
+        Err(err) => {
+            return Err(match caught(ctx, err) {
+                Failure::Thrown(text) => Failure::Other(ScriptError::NotSerializable(format!(
+                    "the script's return value cannot be converted to JSON: {text}"
+                ))),
+                other => other,
+            });
+        }
+    };
+    // The copy below is bounded: the engine's memory limit already bounds `text`.
+    let text = text.to_string().map_err(|err| {
+        Failure::Other(ScriptError::NotSerializable(format!(
+            "the script's return value is not valid text: {err}"
+        )))
+    })?;
+    if text.len() > limits.output_bytes {
+        return Err(Failure::Other(ScriptError::OutputLimit {
+            limit: limits.output_bytes,
+            size: text.len(),
+        }));
+    }
+    serde_json::from_str(&text).map_err(|err| {
+        let problem = if err.to_string().contains("recursion limit") {
+            "it is nested more than 128 levels deep".to_owned()
+        } else {
+            err.to_string()
+        };
+        Failure::Other(ScriptError::NotSerializable(format!(
+            "the script's return value cannot be used as a tool result: {problem}"
+        )))
+    })
+}
+
+/// Turns an engine error into a failure, taking the pending exception if any.
+fn caught(ctx: &Ctx<'_>, err: rquickjs::Error) -> Failure {
+    match err {
+        rquickjs::Error::Exception => Failure::Thrown(describe(ctx, ctx.catch())),
+        rquickjs::Error::Allocation => Failure::Thrown("out of memory".to_owned()),
+        other => Failure::Other(ScriptError::Engine(other.to_string())),
+    }
+}
+
+/// A readable one-line description of a thrown value: `Name: message` for errors,
+/// the JSON form (or `String(value)`) for anything else.
+fn describe<'js>(ctx: &Ctx<'js>, value: Value<'js>) -> String {
+    let text = if let Some(exception) = value.as_exception() {
+        let name: Option<String> = exception.as_object().get("name").ok();
+        let message = exception.message().unwrap_or_default();
+        match name {
+            Some(name) if !name.is_empty() => format!("{name}: {message}"),
+            _ => message,
+        }
+    } else if value.is_undefined() {
+        "a non-Error value: undefined".to_owned()
+    } else {
+        let shown = ctx
+            .json_stringify(value.clone())
+            .ok()
+            .flatten()
+            .and_then(|s| s.to_string().ok())
+            .or_else(|| {
+                value
+                    .as_string()
+                    .and_then(|s| s.to_string().ok())
+                    .or_else(|| Some(format!("({})", value.type_name())))
+            })
+            .unwrap_or_default();
+        format!("a non-Error value: {shown}")
+    };
+    // Describing may itself have thrown (a hostile getter); leave nothing pending.
+    if ctx.has_exception() {
+        let _ = ctx.catch();
+    }
+    truncate(text)
+}
+
+fn truncate(mut text: String) -> String {
+    if let Some((cut, _)) = text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}

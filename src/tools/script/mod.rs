@@ -1,0 +1,329 @@
+//! The script handler's sandbox: user JavaScript runs in an embedded QuickJS engine
+//! with memory, time, stack and output limits, on blocking threads so that a busy
+//! script cannot stall the server's other requests.
+
+mod engine;
+mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+/// Resource limits of one script run.
+#[derive(Debug, Clone)]
+pub struct ScriptLimits {
+    /// Heap the engine may allocate, in bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock time from the start of the run, enforced by the interrupt handler.
+    pub time: Duration,
+    /// Native stack the engine may use, in bytes (bounds recursion).
+    pub stack_bytes: usize,
+    /// Largest serialised JSON result, in bytes.
+    pub output_bytes: usize,
+}
+
+impl ScriptLimits {
+    pub const DEFAULT_MEMORY_BYTES: usize = 16 * 1024 * 1024;
+    pub const DEFAULT_TIME: Duration = Duration::from_secs(1);
+    pub const DEFAULT_STACK_BYTES: usize = 512 * 1024;
+    pub const DEFAULT_OUTPUT_BYTES: usize = 1024 * 1024;
+}
+
+impl Default for ScriptLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: Self::DEFAULT_MEMORY_BYTES,
+            time: Self::DEFAULT_TIME,
+            stack_bytes: Self::DEFAULT_STACK_BYTES,
+            output_bytes: Self::DEFAULT_OUTPUT_BYTES,
+        }
+    }
+}
+
+/// Why a script produced no result. Every variant is a tool error the model sees;
+/// none of them is a server failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScriptError {
+    #[error("the script threw {0}")]
+    Thrown(String),
+    #[error("the script's promise was rejected with {0}")]
+    Rejected(String),
+    #[error("the script ran longer than its time limit of {} ms and was stopped", .0.as_millis())]
+    TimeLimit(Duration),
+    #[error("the script exceeded its memory limit of {} bytes and was stopped", .0)]
+    MemoryLimit(usize),
+    #[error("the script exceeded its stack limit of {} bytes (recursion too deep) and was stopped", .0)]
+    StackLimit(usize),
+    #[error("the script's result is {size} bytes of JSON, over the limit of {limit} bytes")]
+    OutputLimit { limit: usize, size: usize },
+    #[error("{0}")]
+    NotSerializable(String),
+    #[error(
+        "the script returned a promise that never settled (nothing was left to run that could resolve it)"
+    )]
+    NeverSettled,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the script sandbox is busy; try again shortly")]
+    Busy,
+    #[error("the script engine failed: {0}")]
+    Engine(String),
+}
+
+/// Runs `script` on the calling thread. Blocking: use [`ScriptRunner::run`] from
+/// async code. Exposed for benchmarks and tests of the engine itself.
+pub fn run_blocking(
+    script: &str,
+    args: &serde_json::Value,
+    limits: &ScriptLimits,
+) -> Result<serde_json::Value, ScriptError> {
+    engine::run(script, args, limits)
+}
+
+/// Runs scripts on tokio's blocking pool, at most `concurrency` at a time. Callers
+/// beyond that wait for a slot for at most [`ScriptRunner::QUEUE_WAIT_FACTOR`] times
+/// the time limit, so the wait is bounded as well as the run.
+#[derive(Debug, Clone)]
+pub struct ScriptRunner {
+    limits: ScriptLimits,
+    slots: Arc<Semaphore>,
+}
+
+impl ScriptRunner {
+    /// How many time limits a call may wait for a free slot before it is refused.
+    pub const QUEUE_WAIT_FACTOR: u32 = 4;
+
+    pub fn new(limits: ScriptLimits, concurrency: usize) -> Self {
+        Self {
+            limits,
+            slots: Arc::new(Semaphore::new(concurrency.max(1))),
+        }
+    }
+
+    /// One slot per core but one (at least one), so scripts never take every core
+    /// and the server always has one left for its other requests.
+    pub fn with_default_concurrency(limits: ScriptLimits) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self::new(limits, cores.saturating_sub(1).max(1))
+    }
+
+    pub fn limits(&self) -> &ScriptLimits {
+        &self.limits
+    }
+
+    /// Runs one script with `args` and returns its JSON result.
+    pub async fn run(
+        &self,
+        script: Arc<str>,
+        args: serde_json::Value,
+    ) -> Result<serde_json::Value, ScriptError> {
+        let queue_wait = self.limits.time * Self::QUEUE_WAIT_FACTOR;
+        let permit =
+            match tokio::time::timeout(queue_wait, self.slots.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => permit,
+                _ => {
+                    tracing::warn!(?queue_wait, "script sandbox busy: no free slot in time");
+                    return Err(ScriptError::Busy);
+                }
+            };
+        let limits = self.limits.clone();
+        let started = std::time::Instant::now();
+        let joined = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            engine::run(&script, &args, &limits)
+        })
+        .await;
+        let result = match joined {
+            Ok(result) => result,
+            Err(err) => {
+                tracing::error!(error = %err, "script thread failed");
+                Err(ScriptError::Engine("the script thread failed".to_owned()))
+            }
+        };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match &result {
+            Ok(_) => tracing::debug!(elapsed_ms, "script finished"),
+            Err(err) => tracing::info!(elapsed_ms, error = %err, "script failed"),
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(script: &str) -> Result<serde_json::Value, ScriptError> {
+        let limits = ScriptLimits {
+            time: Duration::from_millis(300),
+            ..ScriptLimits::default()
+        };
+        run_blocking(script, &json!({"name": "Aria"}), &limits)
+    }
+
+    #[test]
+    fn returns_json() {
+        assert_eq!(
+            run("return { found: true, info: args.name };").unwrap(),
+            json!({"found": true, "info": "Aria"})
+        );
+        assert_eq!(run("return null;").unwrap(), json!(null));
+        assert_eq!(run("return [1, 'a'];").unwrap(), json!([1, "a"]));
+    }
+
+    #[test]
+    fn promises_settle() {
+        assert_eq!(
+            run("return Promise.resolve(1).then(x => ({ x: x + 1 }));").unwrap(),
+            json!({"x": 2})
+        );
+        assert_eq!(
+            run("return (async () => { await null; return args.name; })();").unwrap(),
+            json!("Aria")
+        );
+        let err = run("return Promise.reject(new TypeError('nope'));").unwrap_err();
+        assert_eq!(err, ScriptError::Rejected("TypeError: nope".into()));
+        assert_eq!(
+            run("return new Promise(() => {});").unwrap_err(),
+            ScriptError::NeverSettled
+        );
+    }
+
+    #[test]
+    fn limits_stop_scripts() {
+        assert!(matches!(
+            run("while (true) {}").unwrap_err(),
+            ScriptError::TimeLimit(_)
+        ));
+        assert!(matches!(
+            run("try { while (true) {} } catch (e) { return 'caught'; }").unwrap_err(),
+            ScriptError::TimeLimit(_)
+        ));
+        assert!(matches!(
+            run("function f() { return f() + 1; } return f();").unwrap_err(),
+            ScriptError::StackLimit(_)
+        ));
+        for hog in [
+            "const a = []; while (true) a.push(new Array(1e5).fill(1));",
+            "return new ArrayBuffer(1024 * 1024 * 1024).byteLength;",
+            // Many small strings: the engine cannot even allocate its error object.
+            "const a = []; for (let i = 0; i < 1e9; i++) a.push('x' + i); return a.length;",
+            "try { new Array(2 ** 30).fill(0); } catch (e) { throw e; }",
+        ] {
+            let err = run(hog).unwrap_err();
+            assert!(matches!(err, ScriptError::MemoryLimit(_)), "{hog}: {err:?}");
+        }
+        let err = run("return /(a+)+$/.test('a'.repeat(40) + 'b');").unwrap_err();
+        assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
+        let err = run("function f() { try { return f(); } catch (e) { return f(); } } return f();")
+            .unwrap_err();
+        assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
+        let err = run("return 'x'.repeat(2 * 1024 * 1024);").unwrap_err();
+        assert!(matches!(err, ScriptError::OutputLimit { .. }), "{err:?}");
+        let err =
+            run("function f() { Promise.resolve().then(f); } f(); return new Promise(() => {});")
+                .unwrap_err();
+        assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
+    }
+
+    #[test]
+    fn throws_are_described() {
+        assert_eq!(
+            run("throw new Error('boom');").unwrap_err(),
+            ScriptError::Thrown("Error: boom".into())
+        );
+        assert_eq!(
+            run("throw 'plain';").unwrap_err(),
+            ScriptError::Thrown("a non-Error value: \"plain\"".into())
+        );
+        assert_eq!(
+            run("throw { code: 7 };").unwrap_err(),
+            ScriptError::Thrown("a non-Error value: {\"code\":7}".into())
+        );
+        assert_eq!(
+            run("throw undefined;").unwrap_err(),
+            ScriptError::Thrown("a non-Error value: undefined".into())
+        );
+        assert!(
+            matches!(run("return (").unwrap_err(), ScriptError::Thrown(m) if m.starts_with("SyntaxError"))
+        );
+    }
+
+    #[test]
+    fn host_apis_are_absent() {
+        for script in [
+            "return require('fs');",
+            "process.exit(1);",
+            "return fetch('http://127.0.0.1');",
+            "return Deno.readTextFileSync('/etc/passwd');",
+            "return setTimeout(() => {}, 10);",
+            "return performance.now();",
+        ] {
+            let err = run(script).unwrap_err();
+            assert!(
+                matches!(&err, ScriptError::Thrown(m) if m.starts_with("ReferenceError")),
+                "{script}: {err:?}"
+            );
+        }
+        let err = run("return import('x');").unwrap_err();
+        assert!(matches!(err, ScriptError::Rejected(_)), "{err:?}");
+    }
+
+    #[test]
+    fn values_without_json_form_are_errors() {
+        for script in [
+            "return undefined;",
+            "return;",
+            "return () => 1;",
+            "return Symbol('s');",
+            "const a = {}; a.self = a; return a;",
+            "return 10n;",
+        ] {
+            let err = run(script).unwrap_err();
+            assert!(
+                matches!(err, ScriptError::NotSerializable(_)),
+                "{script}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_run_gets_a_fresh_global() {
+        run("globalThis.leaked = 1; Object.prototype.polluted = 1; JSON.stringify = null; return 1;")
+            .unwrap();
+        assert_eq!(
+            run("return [typeof leaked, ({}).polluted === undefined, typeof JSON.stringify];")
+                .unwrap(),
+            json!(["undefined", true, "function"])
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runner_keeps_the_async_runtime_free() {
+        let runner = ScriptRunner::new(
+            ScriptLimits {
+                time: Duration::from_millis(500),
+                ..ScriptLimits::default()
+            },
+            2,
+        );
+        let busy = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run("while (true) {}".into(), json!({})).await }
+        });
+        let started = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(started.elapsed() < Duration::from_millis(200));
+        let ok = runner
+            .run("return args.n * 2;".into(), json!({"n": 21}))
+            .await
+            .unwrap();
+        assert_eq!(ok, json!(42));
+        assert!(matches!(
+            busy.await.unwrap().unwrap_err(),
+            ScriptError::TimeLimit(_)
+        ));
+    }
+}
