@@ -746,6 +746,37 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
         message.contains("ENABLE_UNSAFE_SCRIPT_HANDLER"),
         "{message}"
     );
+    // The runtime catalog keeps the stored script tool, marked unavailable.
+    let catalog = server
+        .get(&format!("/sessions/{session}/tools/runtime"))
+        .await;
+    let entry = catalog.body["data"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "lookup_npc")
+        .expect("script tool listed")
+        .clone();
+    assert_eq!(entry["availability"], "unavailable", "{entry}");
+    assert_eq!(entry["provider_type"], "preset");
+    assert!(
+        entry["availability_reason"]
+            .as_str()
+            .unwrap()
+            .contains("ENABLE_UNSAFE_SCRIPT_HANDLER")
+    );
+    // Both calls are in the journal: the one that ran and the refused one.
+    let journal = server
+        .get(&format!("/tool-executions?session_id={session}&tool_name=lookup_npc&sort_by=created_at&sort_order=asc"))
+        .await;
+    let statuses: Vec<&str> = journal.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["success", "denied"], "{journal:?}");
+    assert_eq!(journal.body["data"][0]["provider_type"], "preset");
 
     // Making things safer stays possible: disabling and deleting.
     let reply = server
