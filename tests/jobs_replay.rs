@@ -506,3 +506,54 @@ async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
     assert_eq!(row["status"], "success");
     assert_eq!(row["result"]["echo"]["n"], 1);
 }
+
+#[tokio::test]
+async fn sigterm_lets_an_in_flight_call_finish() {
+    let mut server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "slow", "callback_url": format!("{base}/hang"), "timeout_seconds": 60}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let url = server.url(&format!("/sessions/{session}/tool-calls"));
+    let client = server.client.clone();
+    let token = server.token.clone();
+    let pending = tokio::spawn(async move {
+        let response = client
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"name": "slow", "arguments": {}}))
+            .send()
+            .await
+            .expect("the in-flight call is answered");
+        read_reply(response).await
+    });
+    let hanging = callbacks.hanging.clone();
+    common::wait_until(Duration::from_secs(20), "the callback to be called", || {
+        let hanging = hanging.clone();
+        async move { hanging.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    let pid = server.pid();
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+    // The server keeps serving the in-flight call; release the callback now.
+    let release = callbacks.release.clone();
+    let releaser = tokio::spawn(async move {
+        loop {
+            release.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let reply = pending.await.unwrap();
+    releaser.abort();
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body["data"]["status"], "success");
+    assert_eq!(reply.body["data"]["output"], "late");
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
+}

@@ -200,11 +200,16 @@ impl TestServer {
         reply.body["data"]["id"].as_str().unwrap().to_owned()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().and_then(|c| c.id()).expect("running")
+    }
+
     /// Stops the server with SIGTERM and waits for it to exit.
     pub async fn stop(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
         if let Some(pid) = child.id() {
-            // SAFETY-free: plain kill(1) keeps the tests free of libc bindings.
+            // kill(1) keeps the tests free of libc bindings.
             let _ = std::process::Command::new("kill")
                 .arg("-TERM")
                 .arg(pid.to_string())
