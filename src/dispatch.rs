@@ -64,6 +64,9 @@ pub struct ToolCall {
     pub floor_id: Option<String>,
     /// The run (generation attempt) this call belongs to.
     pub run_id: Option<String>,
+    /// The model round trip (step) within the run that made this call; calls of
+    /// one step share it. Absent: the call is a step of its own.
+    pub step: Option<u32>,
 }
 
 /// What the model sees, plus the outcome status.
@@ -87,25 +90,39 @@ pub enum ToolOutcome {
 }
 
 impl ToolRuntime {
-    /// The session's permission rules in their fixed order, then the reservation
-    /// of one call from the floor's `max_calls_per_turn` budget. The reservation
-    /// is taken before the tool runs, so calls in flight count against it.
+    /// The session's permission rules in their fixed order, the run's step guard,
+    /// then the reservation of one call from the floor's `max_calls_per_turn`
+    /// budget. The reservation is taken before the tool runs, so calls in flight
+    /// count against it.
     async fn authorize(
         &self,
         session: &Session,
         entry: &crate::catalog::CatalogEntry,
         call: &ToolCall,
+        run: Option<&Run>,
         floor_id: Option<&str>,
-    ) -> Result<std::result::Result<(), Refusal>> {
+    ) -> Result<std::result::Result<(), Stop>> {
         let permissions = ToolPermissions::from_metadata(&session.metadata)?;
         if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
         {
-            return Ok(Err(refusal));
+            return Ok(Err(Stop::Denied(refusal)));
+        }
+        if let Some(run) = run {
+            let used = self.store.run_step_keys(&run.id).await?;
+            let this_step = call.step.map(step_key);
+            let opens_a_step = this_step.as_ref().is_none_or(|key| !used.contains(key));
+            let limit = permissions.max_steps_per_generation as usize;
+            if opens_a_step && used.len() >= limit {
+                return Ok(Err(Stop::Blocked(format!(
+                    "tool {:?} was not run: this generation has used all {limit} steps allowed by max_steps_per_generation",
+                    call.name
+                ))));
+            }
         }
         if let Some(floor_id) = floor_id {
             let limit = permissions.max_calls_per_turn;
             if !self.store.reserve_floor_call(floor_id, limit).await? {
-                return Ok(Err(Refusal::CallLimitReached { limit }));
+                return Ok(Err(Stop::Denied(Refusal::CallLimitReached { limit })));
             }
         }
         Ok(Ok(()))
@@ -173,24 +190,38 @@ impl ToolRuntime {
                     .await;
             }
         };
-        if let Err(refusal) = self
-            .authorize(&session, entry, &call, scope.floor_id.as_deref())
+        match self
+            .authorize(
+                &session,
+                entry,
+                &call,
+                scope.run.as_ref(),
+                scope.floor_id.as_deref(),
+            )
             .await?
         {
-            tracing::info!(
-                session = %session.id,
-                tool = %call.name,
-                slot = %call.caller_slot,
-                rule = refusal.rule(),
-                "tool call refused by permissions"
-            );
-            return journal
-                .refused(
-                    Some(entry),
-                    ExecutionStatus::Denied,
-                    refusal.message(&call.name),
-                )
-                .await;
+            Ok(()) => {}
+            Err(Stop::Denied(refusal)) => {
+                tracing::info!(
+                    session = %session.id,
+                    tool = %call.name,
+                    slot = %call.caller_slot,
+                    rule = refusal.rule(),
+                    "tool call refused by permissions"
+                );
+                return journal
+                    .refused(
+                        Some(entry),
+                        ExecutionStatus::Denied,
+                        refusal.message(&call.name),
+                    )
+                    .await;
+            }
+            Err(Stop::Blocked(message)) => {
+                return journal
+                    .refused(Some(entry), ExecutionStatus::Blocked, message)
+                    .await;
+            }
         }
         let args = match &call.arguments.parsed {
             Ok(args) => args.clone(),
@@ -301,6 +332,19 @@ impl ToolRuntime {
     }
 }
 
+/// Why a call was stopped before its provider ran.
+enum Stop {
+    /// A permission rule refused it (`denied`).
+    Denied(Refusal),
+    /// A runtime guard stopped it (`blocked`).
+    Blocked(String),
+}
+
+/// The step key of a named step (see `ToolCall::step`).
+fn step_key(step: u32) -> String {
+    format!("step:{step}")
+}
+
 /// The run, floor and page a call belongs to (all optional outside runs).
 #[derive(Debug, Default)]
 struct CallScope {
@@ -350,8 +394,14 @@ impl Journal<'_> {
                     "inline".to_owned(),
                 ),
             };
+        let id = new_id("texec");
+        let step_key = self.scope.run.as_ref().map(|_| match self.call.step {
+            Some(step) => step_key(step),
+            None => format!("call:{id}"),
+        });
         NewExecution {
-            id: new_id("texec"),
+            step_key,
+            id,
             account_id: self.account_id.to_owned(),
             session_id: self.session.id.clone(),
             run_id: self.scope.run.as_ref().map(|r| r.id.clone()),

@@ -246,6 +246,7 @@ impl ToolRuntime {
                     caller_slot: crate::domain::tool::Slot::Narrator,
                     floor_id: None,
                     run_id: None,
+                    step: None,
                 };
                 self.call_remote(&Arc::new(tool), &call, arguments).await
             }

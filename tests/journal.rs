@@ -382,3 +382,80 @@ async fn runs_open_commit_and_discard() {
         .await;
     assert_eq!(foreign.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_run_stops_at_max_steps_per_generation() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let patched = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"max_steps_per_generation": 2, "max_calls_per_turn": 50}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let floor_id = floor(&server, &session).await;
+    let run = server
+        .post(&format!("/floors/{floor_id}/runs"), json!({}))
+        .await
+        .body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dice = |step: Option<u32>| {
+        let mut body = json!({"name": "roll_dice", "arguments": {"sides": 6}, "run_id": run});
+        if let Some(step) = step {
+            body["step"] = json!(step);
+        }
+        body
+    };
+    // Step 0 with three parallel calls, then step 1: two steps used.
+    for _ in 0..3 {
+        assert_eq!(
+            call(&server, &session, dice(Some(0))).await["status"],
+            "success"
+        );
+    }
+    assert_eq!(
+        call(&server, &session, dice(Some(1))).await["status"],
+        "success"
+    );
+    // More calls of a step already used are fine; a third step is not.
+    assert_eq!(
+        call(&server, &session, dice(Some(1))).await["status"],
+        "success"
+    );
+    let third = call(&server, &session, dice(Some(2))).await;
+    assert_eq!(third["status"], "blocked", "{third}");
+    assert!(
+        third["output"]
+            .as_str()
+            .unwrap()
+            .contains("max_steps_per_generation")
+    );
+    let unnamed = call(&server, &session, dice(None)).await;
+    assert_eq!(
+        unnamed["status"], "blocked",
+        "an unnamed call is a step of its own"
+    );
+    let rows = server
+        .get(&format!("/tool-executions?run_id={run}&status=blocked"))
+        .await;
+    assert_eq!(rows.body["meta"]["total"], 2);
+    // A new run starts with a fresh step budget.
+    server.post(&format!("/runs/{run}/commit"), json!({})).await;
+    let next = server
+        .post(&format!("/floors/{floor_id}/runs"), json!({}))
+        .await
+        .body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fresh = call(
+        &server,
+        &session,
+        json!({"name": "roll_dice", "arguments": {}, "run_id": next}),
+    )
+    .await;
+    assert_eq!(fresh["status"], "success");
+}

@@ -32,6 +32,10 @@ pub struct ToolCallBody {
     pub floor_id: Option<String>,
     /// The run (generation attempt) this call belongs to; implies its floor.
     pub run_id: Option<String>,
+    /// Index of the model round trip within the run that made this call; the
+    /// parallel calls of one round trip share it. Each call without it counts
+    /// as a step of its own against `max_steps_per_generation`.
+    pub step: Option<u32>,
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -69,6 +73,7 @@ async fn create_tool_call(
         caller_slot,
         floor_id: body.floor_id,
         run_id: body.run_id,
+        step: body.step,
     };
     let result = state.runtime.call(&account.id, &session_id, call).await?;
     Ok(axum::Json(Data { data: result }))

@@ -41,6 +41,8 @@ pub struct NewExecution {
     pub result: Option<serde_json::Value>,
     pub error_message: Option<String>,
     pub started_at: i64,
+    /// The run step this call belongs to (max_steps_per_generation).
+    pub step_key: Option<String>,
 }
 
 /// The end of an execution.
@@ -150,6 +152,17 @@ impl Store {
         .await?
         .rows_affected();
         Ok(changed)
+    }
+
+    /// The distinct steps a run's calls have used (refused calls do not count).
+    pub async fn run_step_keys(&self, run_id: &str) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT step_key FROM tool_execution_record WHERE run_id = ? \
+             AND step_key IS NOT NULL AND status NOT IN ('denied', 'blocked')",
+        )
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await?)
     }
 
     /// One journal row of the account.
@@ -330,8 +343,8 @@ pub(super) async fn insert_execution_with<'e>(
         "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
          caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
          lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
-         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?)",
+         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at, step_key) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&row.id)
     .bind(&row.account_id)
@@ -360,6 +373,7 @@ pub(super) async fn insert_execution_with<'e>(
     .bind(&row.runtime_job_id)
     .bind(&row.replay_parent_execution_id)
     .bind(now)
+    .bind(&row.step_key)
     .execute(executor)
     .await?;
     Ok(())
