@@ -65,7 +65,9 @@ pub struct ToolCall {
     /// The run (generation attempt) this call belongs to.
     pub run_id: Option<String>,
     /// The model round trip (step) within the run that made this call; calls of
-    /// one step share it. Absent: the call is a step of its own.
+    /// one step share it. Only calls that name their step are held to
+    /// `max_steps_per_generation`: the step structure belongs to whoever runs the
+    /// model loop, and guessing it would refuse legitimate calls.
     pub step: Option<u32>,
 }
 
@@ -107,10 +109,9 @@ impl ToolRuntime {
         {
             return Ok(Err(Stop::Denied(refusal)));
         }
-        if let Some(run) = run {
+        if let (Some(run), Some(step)) = (run, call.step) {
             let used = self.store.run_step_keys(&run.id).await?;
-            let this_step = call.step.map(step_key);
-            let opens_a_step = this_step.as_ref().is_none_or(|key| !used.contains(key));
+            let opens_a_step = !used.contains(&step_key(step));
             let limit = permissions.max_steps_per_generation as usize;
             if opens_a_step && used.len() >= limit {
                 return Ok(Err(Stop::Blocked(format!(
@@ -395,10 +396,7 @@ impl Journal<'_> {
                 ),
             };
         let id = new_id("texec");
-        let step_key = self.scope.run.as_ref().map(|_| match self.call.step {
-            Some(step) => step_key(step),
-            None => format!("call:{id}"),
-        });
+        let step_key = self.scope.run.as_ref().and(self.call.step).map(step_key);
         NewExecution {
             step_key,
             id,

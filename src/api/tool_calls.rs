@@ -33,8 +33,8 @@ pub struct ToolCallBody {
     /// The run (generation attempt) this call belongs to; implies its floor.
     pub run_id: Option<String>,
     /// Index of the model round trip within the run that made this call; the
-    /// parallel calls of one round trip share it. Each call without it counts
-    /// as a step of its own against `max_steps_per_generation`.
+    /// parallel calls of one round trip share it. Calls that name a step are held
+    /// to `max_steps_per_generation` per run.
     pub step: Option<u32>,
 }
 
