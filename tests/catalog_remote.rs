@@ -4,22 +4,12 @@
 
 mod common;
 
-use common::{TestServer, read_reply, spawn_app};
+use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 async fn register(server: &TestServer, body: Value) {
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    common::register_remote(server, body).await;
 }
 
 async fn catalog(server: &TestServer, session: &str) -> Value {

@@ -50,18 +50,7 @@ async fn start_callbacks() -> (String, Callbacks) {
 }
 
 async fn register(server: &TestServer, body: Value) {
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    assert_eq!(reply.body["ok"], true, "{reply:?}");
+    common::register_remote(server, body).await;
 }
 
 async fn floor(server: &TestServer, session: &str) -> String {

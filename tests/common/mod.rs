@@ -250,6 +250,23 @@ impl TestServer {
     }
 }
 
+/// Registers a remote tool through the loopback-only `/api/tools/register`.
+pub async fn register_remote(server: &TestServer, body: Value) -> Reply {
+    let reply = read_reply(
+        server
+            .client
+            .post(server.url("/api/tools/register"))
+            .json(&body)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body["ok"], true, "{reply:?}");
+    reply
+}
+
 pub async fn read_reply(response: reqwest::Response) -> Reply {
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
