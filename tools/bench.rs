@@ -875,18 +875,20 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
         runs: Vec::new(),
     };
     let mut written = 0u64;
+    let mut planned = 0u64;
     let mut session_no = 0u64;
     let mut clock = toolgate::ids::now_ms() - 180 * 24 * 3600 * 1000;
     let mut batch: Vec<SeedRow> = Vec::with_capacity(BATCH_ROWS);
     let mut tx = conn.begin().await?;
     let mut in_tx = 0u64;
-    while written < rows {
+    while planned < rows {
         let size = match session_no {
             0 => rows / 10,
             1 | 2 => rows / 50,
             _ => rng.random_range(50..=1000),
         }
-        .clamp(1, rows - written);
+        .clamp(1, rows - planned);
+        planned += size;
         let session_id = format!("sess_seed_{session_no:06}");
         if session_no == 0 {
             plan.heavy_session = session_id.clone();
