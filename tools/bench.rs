@@ -49,6 +49,10 @@ struct Args {
     /// The toolgate binary; default: `toolgate` next to this executable.
     #[arg(long)]
     server: Option<PathBuf>,
+    /// Work in this (new or empty) directory and keep it afterwards, e.g. to
+    /// inspect the seeded database; default: a temporary directory.
+    #[arg(long)]
+    keep_dir: Option<PathBuf>,
     /// Only these phases (comma-separated: register, remote, builtin, journal).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
@@ -100,7 +104,7 @@ fn progress(message: &str) {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let work = WorkDir::new()?;
+    let work = WorkDir::new(args.keep_dir.clone())?;
     let binary = match &args.server {
         Some(path) => path.clone(),
         None => std::env::current_exe()?
@@ -167,23 +171,37 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// A temporary working directory, removed on drop.
 struct WorkDir {
     path: PathBuf,
+    keep: bool,
 }
 
 impl WorkDir {
-    fn new() -> anyhow::Result<Self> {
-        let path = std::env::temp_dir().join(format!(
-            "toolgate-bench-{}-{}",
-            std::process::id(),
-            toolgate::ids::now_ms()
-        ));
+    fn new(keep: Option<PathBuf>) -> anyhow::Result<Self> {
+        let (path, keep) = match keep {
+            Some(path) => (path, true),
+            None => (
+                std::env::temp_dir().join(format!(
+                    "toolgate-bench-{}-{}",
+                    std::process::id(),
+                    toolgate::ids::now_ms()
+                )),
+                false,
+            ),
+        };
         std::fs::create_dir_all(&path)?;
-        Ok(Self { path })
+        ensure!(
+            std::fs::read_dir(&path)?.next().is_none(),
+            "{} must be empty",
+            path.display()
+        );
+        Ok(Self { path, keep })
     }
 }
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
     }
 }
 
