@@ -260,7 +260,10 @@ fn journal(c: &mut Criterion) {
             let row = execution_row(&account, "sess_write", &format!("floor_{}", n / 10), n);
             fixture.rt.block_on(async {
                 store.insert_execution(&row).await.expect("insert");
-                store.finish_execution(&row.id, &finish).await.expect("finish");
+                store
+                    .finish_execution(&row.id, &finish)
+                    .await
+                    .expect("finish");
             })
         })
     });

@@ -129,7 +129,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         client: client.clone(),
         base: server.base_url.clone(),
     };
-    println!("machine_cpus {}", std::thread::available_parallelism()?.get());
+    println!(
+        "machine_cpus {}",
+        std::thread::available_parallelism()?.get()
+    );
     println!("concurrency {}", args.concurrency);
 
     // Characters with a live model session each, shared by the phases.
@@ -374,7 +377,8 @@ impl Roles {
                 .as_str()
                 .context("session id")?
                 .to_owned();
-            self.streams.push(open_event_stream(api, &session_id).await?);
+            self.streams
+                .push(open_event_stream(api, &session_id).await?);
             self.names.push(name);
             self.sessions.push(session_id);
         }
@@ -627,8 +631,14 @@ async fn register_phase(
         Stats::from(times, stats.elapsed, Vec::new())
     };
     let prefix = format!("register_all_roles_{characters}chars");
-    figure(&format!("{prefix}_p50_ms"), seq_register.percentile_ms(50.0));
-    figure(&format!("{prefix}_p99_ms"), seq_register.percentile_ms(99.0));
+    figure(
+        &format!("{prefix}_p50_ms"),
+        seq_register.percentile_ms(50.0),
+    );
+    figure(
+        &format!("{prefix}_p99_ms"),
+        seq_register.percentile_ms(99.0),
+    );
     // Throughput: each worker registers then unregisters its own names.
     let loaded = {
         let api = api.clone();
@@ -743,7 +753,11 @@ async fn remote_phase(
                 .body(direct_body);
             async move {
                 let response = request.send().await?;
-                ensure!(response.status().is_success(), "callback: HTTP {}", response.status());
+                ensure!(
+                    response.status().is_success(),
+                    "callback: HTTP {}",
+                    response.status()
+                );
                 response.bytes().await?;
                 Ok(())
             }
@@ -785,8 +799,14 @@ async fn remote_phase(
     let direct_seq = take(&direct_times);
     let toolgate_seq = take(&toolgate_times);
     figure("callback_direct_p50_ms", direct_seq.percentile_ms(50.0));
-    figure("remote_call_unloaded_p50_ms", toolgate_seq.percentile_ms(50.0));
-    figure("remote_call_unloaded_p99_ms", toolgate_seq.percentile_ms(99.0));
+    figure(
+        "remote_call_unloaded_p50_ms",
+        toolgate_seq.percentile_ms(50.0),
+    );
+    figure(
+        "remote_call_unloaded_p99_ms",
+        toolgate_seq.percentile_ms(99.0),
+    );
     figure(
         "remote_call_overhead_p50_ms",
         toolgate_seq.percentile_ms(50.0) - direct_seq.percentile_ms(50.0),
@@ -1097,7 +1117,10 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
     type Make = fn(&SeedPlan, &mut StdRng) -> String;
     let variants: Vec<(&str, Make)> = vec![
         ("session", |p, r| {
-            format!("session_id={}", p.sessions[r.random_range(0..p.sessions.len())])
+            format!(
+                "session_id={}",
+                p.sessions[r.random_range(0..p.sessions.len())]
+            )
         }),
         ("session_status", |p, r| {
             format!(
@@ -1105,7 +1128,9 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
                 p.sessions[r.random_range(0..p.sessions.len())]
             )
         }),
-        ("heavy_session", |p, _| format!("session_id={}", p.heavy_session)),
+        ("heavy_session", |p, _| {
+            format!("session_id={}", p.heavy_session)
+        }),
         ("heavy_session_status_error", |p, _| {
             format!("session_id={}&status=error", p.heavy_session)
         }),
