@@ -199,6 +199,10 @@ fn validation(c: &mut Criterion) {
     group.bench_function("valid", |b| {
         b.iter(|| toolgate::schema::validate_arguments(black_box(&schema), black_box(&valid)))
     });
+    // What every call paid before compiled validators were cached.
+    group.bench_function("compile_schema", |b| {
+        b.iter(|| jsonschema::validator_for(black_box(&schema)).expect("valid schema"))
+    });
     group.bench_function("invalid", |b| {
         b.iter(|| toolgate::schema::validate_arguments(black_box(&schema), black_box(&invalid)))
     });
