@@ -9,12 +9,9 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
-use crate::jobs::JobSignal;
-use crate::model_sessions::ModelSessionHub;
 use crate::runtime::ToolRuntime;
 use crate::state::AppState;
 use crate::store::Store;
-use crate::tools::remote::RemoteRegistry;
 
 /// A server that is bound to its address and ready to serve.
 pub struct App {
@@ -42,18 +39,7 @@ impl App {
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
         let settings = Arc::new(settings);
-        let runtime = ToolRuntime {
-            store: store.clone(),
-            settings: settings.clone(),
-            remote: Arc::new(
-                RemoteRegistry::new(&settings).context("building the callback client")?,
-            ),
-            model_sessions: Arc::new(ModelSessionHub::default()),
-            jobs: Arc::new(JobSignal::default()),
-            scripts: crate::tools::script::ScriptRunner::with_default_concurrency(
-                settings.script_limits(),
-            ),
-        };
+        let runtime = ToolRuntime::new(store.clone(), settings.clone())?;
         let state = AppState {
             store,
             settings,

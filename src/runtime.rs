@@ -22,3 +22,22 @@ pub struct ToolRuntime {
     /// Runs script-handler tools in the sandbox.
     pub scripts: crate::tools::script::ScriptRunner,
 }
+
+impl ToolRuntime {
+    /// A runtime with empty registries and no live model sessions.
+    pub fn new(store: Store, settings: Arc<Settings>) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        Ok(Self {
+            remote: Arc::new(
+                RemoteRegistry::new(&settings).context("building the callback client")?,
+            ),
+            model_sessions: Arc::new(ModelSessionHub::default()),
+            jobs: Arc::new(JobSignal::default()),
+            scripts: crate::tools::script::ScriptRunner::with_default_concurrency(
+                settings.script_limits(),
+            ),
+            store,
+            settings,
+        })
+    }
+}

@@ -1,6 +1,9 @@
 //! JSON Schema checks: that a declared parameter schema is a valid schema, and
 //! that call arguments satisfy it (draft 2020-12 unless the schema says otherwise).
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use serde_json::Value;
 
 /// Largest accepted parameter schema, serialized, in bytes.
@@ -29,10 +32,51 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
         .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))
 }
 
+/// Compiled validators by schema text. Compiling a schema costs far more than
+/// validating against it (BENCHMARKS.md), and a tool's schema is the same on
+/// every call, so each distinct schema is compiled once.
+struct ValidatorCache {
+    by_schema: HashMap<String, Arc<jsonschema::Validator>>,
+    bytes: usize,
+}
+
+impl ValidatorCache {
+    /// Schema text kept at most; past it the cache starts over.
+    const MAX_BYTES: usize = 16 * 1024 * 1024;
+}
+
+static VALIDATORS: LazyLock<Mutex<ValidatorCache>> = LazyLock::new(|| {
+    Mutex::new(ValidatorCache {
+        by_schema: HashMap::new(),
+        bytes: 0,
+    })
+});
+
+/// The compiled validator of `schema`, from the cache when it was seen before.
+fn validator(schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+    let key = schema.to_string();
+    // Each update is a single insert or clear: a poisoned cache is still whole.
+    let cache = || VALIDATORS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(validator) = cache().by_schema.get(&key) {
+        return Ok(validator.clone());
+    }
+    let validator = Arc::new(
+        jsonschema::validator_for(schema)
+            .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))?,
+    );
+    let mut cache = cache();
+    if cache.bytes + key.len() > ValidatorCache::MAX_BYTES {
+        cache.by_schema.clear();
+        cache.bytes = 0;
+    }
+    cache.bytes += key.len();
+    cache.by_schema.insert(key, validator.clone());
+    Ok(validator)
+}
+
 /// Validates call arguments against a tool's parameter schema.
 pub fn validate_arguments(schema: &Value, args: &Value) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema)
-        .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))?;
+    let validator = validator(schema)?;
     let problems: Vec<String> = validator
         .iter_errors(args)
         .take(5)

@@ -1,5 +1,9 @@
 //! Accounts (tenants) and their API keys, stored as SHA-256 hashes.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use rand::Rng;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -35,6 +39,45 @@ pub fn generate_api_key() -> String {
 /// for a slow password hash to protect against brute force.
 fn hash_key(api_key: &str) -> String {
     hex::encode(Sha256::digest(api_key.as_bytes()))
+}
+
+/// Recently authenticated accounts by key hash. Accounts are never deleted and
+/// keys never change today; the TTL bounds how long a change made behind the
+/// server's back (directly in the database) could go unnoticed.
+#[derive(Debug, Default)]
+pub(super) struct KeyCache {
+    entries: Mutex<HashMap<String, (Account, Instant)>>,
+}
+
+impl KeyCache {
+    const TTL: Duration = Duration::from_secs(30);
+    const MAX_ENTRIES: usize = 10_000;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Account, Instant)>> {
+        // Every update is a single insert or clear: a poisoned map is still whole.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, hash: &str) -> Option<Account> {
+        let entries = self.lock();
+        let (account, at) = entries.get(hash)?;
+        (at.elapsed() < Self::TTL).then(|| account.clone())
+    }
+
+    fn insert(&self, hash: String, account: Account) {
+        let mut entries = self.lock();
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.retain(|_, (_, at)| at.elapsed() < Self::TTL);
+            if entries.len() >= Self::MAX_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(hash, (account, Instant::now()));
+    }
+
+    fn clear(&self) {
+        self.lock().clear();
+    }
 }
 
 fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Account {
@@ -85,15 +128,31 @@ impl Store {
         }
     }
 
-    /// The account owning `api_key`, if any.
+    /// The account owning `api_key`, if any. Known keys are answered from memory
+    /// for up to [`KeyCache::TTL`]; unknown keys always ask the database, so a new
+    /// account's key works at once.
     pub async fn account_by_api_key(&self, api_key: &str) -> Result<Option<Account>> {
+        let hash = hash_key(api_key);
+        if let Some(account) = self.api_keys.get(&hash) {
+            return Ok(Some(account));
+        }
         let row = sqlx::query(
             "SELECT id, name, is_admin, created_at FROM accounts WHERE api_key_hash = ?",
         )
-        .bind(hash_key(api_key))
+        .bind(&hash)
         .fetch_optional(self.pool())
         .await?;
-        Ok(row.as_ref().map(account_from_row))
+        let account = row.as_ref().map(account_from_row);
+        if let Some(account) = &account {
+            self.api_keys.insert(hash, account.clone());
+        }
+        Ok(account)
+    }
+
+    /// Forgets every cached key; whatever deletes an account or changes a key
+    /// must call it.
+    pub fn forget_api_keys(&self) {
+        self.api_keys.clear();
     }
 
     pub async fn count_accounts(&self) -> Result<i64> {

@@ -11,6 +11,7 @@ impl Store {
         if limit == 0 {
             return Ok(false);
         }
+        let _turn = self.write_turn().await;
         let reserved = sqlx::query(
             "INSERT INTO floor_tool_call_counts (floor_id, calls) VALUES (?, 1) \
              ON CONFLICT (floor_id) DO UPDATE SET calls = calls + 1 WHERE calls < ?",

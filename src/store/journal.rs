@@ -113,12 +113,14 @@ const LEGACY_STATUS_SQL: &str = "CASE status \
 impl Store {
     /// Writes a journal row. Rows for refused calls are written already finished.
     pub async fn insert_execution(&self, row: &NewExecution) -> Result<()> {
+        let _turn = self.write_turn().await;
         insert_execution_with(self.pool(), row).await
     }
 
     /// Finishes an opened row with its outcome.
     pub async fn finish_execution(&self, id: &str, finish: &ExecutionFinish) -> Result<()> {
         let now = now_ms();
+        let _turn = self.write_turn().await;
         sqlx::query(
             "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
              lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
