@@ -623,3 +623,49 @@ async fn sigterm_shuts_down_cleanly() {
     server.restart().await;
     assert_eq!(server.get("/characters/Keep").await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn sessions_follow_their_characters_rename_and_deletion() {
+    let server = spawn_app().await;
+    assert_eq!(
+        server
+            .post("/characters", json!({"name": "Rin"}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let created = server.post("/sessions", json!({"character": "Rin"})).await;
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    // Read it (and any cache) before the character changes.
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.body["data"]["character"],
+        "Rin"
+    );
+    let renamed = server
+        .patch("/characters/Rin", json!({"name": "Rin2"}))
+        .await;
+    assert_eq!(renamed.status, StatusCode::OK);
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.body["data"]["character"],
+        "Rin2"
+    );
+    let patched = server
+        .patch(
+            &format!("/sessions/{id}/tool-permissions"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK);
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.body["data"]["metadata"]["tool_permissions"]["enabled"],
+        false
+    );
+    assert_eq!(
+        server.delete("/characters/Rin2").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        server.get(&format!("/sessions/{id}")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}

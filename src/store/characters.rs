@@ -175,6 +175,7 @@ impl Store {
         .bind(&character.id)
         .execute(self.pool())
         .await;
+        self.sessions_changed();
         match result {
             Ok(_) => Ok(character),
             Err(err) if super::is_unique_violation(&err) => Err(name_conflict(&character.name)),
@@ -189,6 +190,7 @@ impl Store {
             .bind(&character.id)
             .execute(self.pool())
             .await?;
+        self.sessions_changed();
         Ok(character)
     }
 }

@@ -162,6 +162,7 @@ impl Store {
         .bind(definition.updated_at)
         .execute(self.pool())
         .await;
+        self.definition_cache.invalidate(account_id);
         match result {
             Ok(_) => Ok(definition),
             Err(err) if super::is_unique_violation(&err) => Err(conflict(&definition)),
@@ -226,7 +227,14 @@ impl Store {
     }
 
     /// Every enabled definition of the account, by name: what its sessions see.
-    pub async fn enabled_definitions(&self, account_id: &str) -> Result<Vec<ToolDefinition>> {
+    pub async fn enabled_definitions(
+        &self,
+        account_id: &str,
+    ) -> Result<std::sync::Arc<Vec<ToolDefinition>>> {
+        if let Some(cached) = self.definition_cache.get(account_id) {
+            return Ok(cached);
+        }
+        let generation = self.definition_cache.generation();
         let sql = format!(
             "SELECT {COLUMNS} FROM tool_definitions WHERE account_id = ? AND enabled = 1 ORDER BY name, id"
         );
@@ -234,7 +242,11 @@ impl Store {
             .bind(account_id)
             .fetch_all(self.pool())
             .await?;
-        rows.iter().map(from_row).collect()
+        let definitions =
+            std::sync::Arc::new(rows.iter().map(from_row).collect::<Result<Vec<_>>>()?);
+        self.definition_cache
+            .put(account_id, generation, definitions.clone());
+        Ok(definitions)
     }
 
     /// Writes every field of an existing definition back, bumping `updated_at`.
@@ -260,6 +272,7 @@ impl Store {
         .bind(&definition.account_id)
         .execute(self.pool())
         .await;
+        self.definition_cache.invalidate(&definition.account_id);
         match result {
             Ok(done) if done.rows_affected() == 0 => Err(Error::not_found(format!(
                 "tool definition {:?}",
@@ -278,6 +291,7 @@ impl Store {
             .bind(account_id)
             .execute(self.pool())
             .await?;
+        self.definition_cache.invalidate(account_id);
         if done.rows_affected() == 0 {
             return Err(Error::not_found(format!("tool definition {id:?}")));
         }

@@ -4,6 +4,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row};
 
 use super::Store;
+use super::journal_writer::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -111,31 +112,23 @@ const LEGACY_STATUS_SQL: &str = "CASE status \
     WHEN 'denied' THEN 'denied' WHEN 'blocked' THEN 'denied' ELSE 'error' END";
 
 impl Store {
-    /// Writes a journal row. Rows for refused calls are written already finished.
+    /// Writes a journal row (group-committed with concurrent journal writes).
+    /// Rows for refused calls are written already finished.
     pub async fn insert_execution(&self, row: &NewExecution) -> Result<()> {
-        let _turn = self.write_turn().await;
-        insert_execution_with(self.pool(), row).await
+        self.journal_writer
+            .write(JournalWrite::Insert(Box::new(row.clone())))
+            .await
     }
 
-    /// Finishes an opened row with its outcome.
+    /// Finishes an opened row with its outcome (group-committed).
     pub async fn finish_execution(&self, id: &str, finish: &ExecutionFinish) -> Result<()> {
-        let now = now_ms();
-        let _turn = self.write_turn().await;
-        sqlx::query(
-            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
-             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
-             commit_outcome = COALESCE(?, commit_outcome) WHERE id = ?",
-        )
-        .bind(finish.status.as_str())
-        .bind(finish.result.to_string())
-        .bind(&finish.error_message)
-        .bind(now)
-        .bind(now)
-        .bind(finish.commit_outcome.map(CommitOutcome::as_str))
-        .bind(id)
-        .execute(self.pool())
-        .await?;
-        Ok(())
+        self.journal_writer
+            .write(JournalWrite::Finish {
+                id: id.to_owned(),
+                finish: finish.clone(),
+                at: now_ms(),
+            })
+            .await
     }
 
     /// At start-up: rows a crash left running cannot be known; they become
@@ -376,6 +369,30 @@ pub(super) async fn insert_execution_with<'e>(
     .bind(&row.replay_parent_execution_id)
     .bind(now)
     .bind(&row.step_key)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Finishes an opened row at `now` through any executor.
+pub(super) async fn finish_execution_with<'e>(
+    executor: impl sqlx::SqliteExecutor<'e>,
+    id: &str,
+    finish: &ExecutionFinish,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
+         lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
+         commit_outcome = COALESCE(?, commit_outcome) WHERE id = ?",
+    )
+    .bind(finish.status.as_str())
+    .bind(finish.result.to_string())
+    .bind(&finish.error_message)
+    .bind(now)
+    .bind(now)
+    .bind(finish.commit_outcome.map(CommitOutcome::as_str))
+    .bind(id)
     .execute(executor)
     .await?;
     Ok(())

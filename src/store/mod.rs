@@ -2,12 +2,14 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
+mod cache;
 mod call_budget;
 mod characters;
 mod definitions;
 mod floors;
 mod jobs;
 mod journal;
+mod journal_writer;
 pub mod memory;
 pub mod resources;
 pub mod run_effects;
@@ -50,6 +52,13 @@ pub struct Store {
     writes: Arc<tokio::sync::Mutex<()>>,
     /// Accounts by API-key hash, so that authenticating a request costs no query.
     api_keys: Arc<accounts::KeyCache>,
+    /// Group-commits journal writes.
+    journal_writer: journal_writer::JournalWriter,
+    /// Enabled definitions by account: read on every call's catalog.
+    definition_cache:
+        Arc<cache::GenerationCache<Arc<Vec<crate::domain::definition::ToolDefinition>>>>,
+    /// Sessions by id: read on every call.
+    session_cache: Arc<cache::GenerationCache<Session>>,
 }
 
 impl Store {
@@ -90,10 +99,14 @@ impl Store {
             .run(&pool)
             .await
             .context("applying database migrations")?;
+        let writes: Arc<tokio::sync::Mutex<()>> = Arc::default();
         Ok(Self {
+            journal_writer: journal_writer::JournalWriter::spawn(pool.clone(), writes.clone()),
             pool,
-            writes: Arc::default(),
+            writes,
             api_keys: Arc::default(),
+            definition_cache: Arc::default(),
+            session_cache: Arc::default(),
         })
     }
 

@@ -40,6 +40,8 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        // After the commit, so no reader can cache the value it replaced.
+        self.sessions_changed();
         Ok(value)
     }
 }

@@ -69,14 +69,36 @@ impl Store {
 
     /// The account's session; another account's is "not found".
     pub async fn session(&self, account_id: &str, id: &str) -> Result<Session> {
-        let sql = format!("{SELECT} WHERE s.id = ? AND s.account_id = ?");
-        sqlx::query(AssertSqlSafe(sql))
+        if let Some(session) = self.session_cache.get(id) {
+            if session.account_id == account_id {
+                return Ok(session);
+            }
+            return Err(Error::not_found(format!("session {id:?}")));
+        }
+        let generation = self.session_cache.generation();
+        let sql = format!("{SELECT} WHERE s.id = ?");
+        let session = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
-            .bind(account_id)
             .fetch_optional(self.pool())
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("session {id:?}")))
+            .map(|row| from_row(&row));
+        match session {
+            Some(session) => {
+                self.session_cache.put(id, generation, session.clone());
+                if session.account_id == account_id {
+                    Ok(session)
+                } else {
+                    Err(Error::not_found(format!("session {id:?}")))
+                }
+            }
+            None => Err(Error::not_found(format!("session {id:?}"))),
+        }
+    }
+
+    /// Forgets cached sessions after a write to sessions or characters (a
+    /// character's rename or deletion changes its sessions too).
+    pub(crate) fn sessions_changed(&self) {
+        self.session_cache.invalidate_all();
     }
 
     pub async fn list_sessions(
@@ -122,6 +144,7 @@ impl Store {
             .bind(&session.id)
             .execute(self.pool())
             .await?;
+        self.sessions_changed();
         Ok(session)
     }
 
@@ -145,6 +168,7 @@ impl Store {
         .execute(self.pool())
         .await?
         .rows_affected();
+        self.sessions_changed();
         if changed == 0 {
             return Err(Error::not_found(format!("session {id:?}")));
         }

@@ -43,8 +43,8 @@ pub async fn catalog_entries(
         .await?;
     let scripts_enabled = runtime.settings.enable_unsafe_script_handler;
     Ok(definitions
-        .into_iter()
-        .map(|definition| entry(definition, scripts_enabled))
+        .iter()
+        .map(|definition| entry(definition.clone(), scripts_enabled))
         .collect())
 }
 

@@ -1,0 +1,128 @@
+//! Group commit for the journal. Every tool call writes its row twice (opened,
+//! then finished), and SQLite has one writer: committing each write on its own
+//! makes the write path the server's bottleneck. Concurrent journal writes are
+//! queued to one task that commits whatever has gathered in a single
+//! transaction; each caller is answered only after that commit, so a row a
+//! caller was told about is as durable as with its own transaction.
+
+use std::sync::Arc;
+
+use sqlx::SqlitePool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use super::journal::{ExecutionFinish, NewExecution, finish_execution_with, insert_execution_with};
+use crate::error::{Error, Result};
+
+/// Most writes committed in one transaction.
+const MAX_BATCH: usize = 256;
+/// Writes that may wait for the writer before submitters wait for room.
+const QUEUE: usize = 4096;
+
+/// One journal write.
+#[derive(Debug)]
+pub(super) enum JournalWrite {
+    Insert(Box<NewExecution>),
+    Finish {
+        id: String,
+        finish: ExecutionFinish,
+        at: i64,
+    },
+}
+
+struct Request {
+    write: JournalWrite,
+    done: oneshot::Sender<Result<()>>,
+}
+
+/// Handle to the journal's writer task.
+#[derive(Debug, Clone)]
+pub(super) struct JournalWriter {
+    queue: mpsc::Sender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.write.fmt(f)
+    }
+}
+
+impl JournalWriter {
+    /// Starts the writer task; it ends when every handle is dropped. `turn` is the
+    /// store's write lock, shared with its other writers.
+    pub(super) fn spawn(pool: SqlitePool, turn: Arc<Mutex<()>>) -> Self {
+        let (queue, receiver) = mpsc::channel(QUEUE);
+        tokio::spawn(run(pool, turn, receiver));
+        Self { queue }
+    }
+
+    /// Queues a write and waits until it is committed.
+    pub(super) async fn write(&self, write: JournalWrite) -> Result<()> {
+        let (done, answer) = oneshot::channel();
+        self.queue
+            .send(Request { write, done })
+            .await
+            .map_err(|_| writer_gone())?;
+        answer.await.map_err(|_| writer_gone())?
+    }
+}
+
+fn writer_gone() -> Error {
+    Error::Internal(anyhow::anyhow!("the journal writer has stopped"))
+}
+
+async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receiver<Request>) {
+    while let Some(first) = receiver.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let _turn = turn.lock().await;
+        match commit_batch(&pool, &batch).await {
+            Ok(()) => {
+                for request in batch {
+                    let _ = request.done.send(Ok(()));
+                }
+            }
+            Err(err) => {
+                // One bad write must not fail its neighbours: retry each on its own
+                // so every caller gets its own answer.
+                tracing::warn!(error = %err, writes = batch.len(), "journal batch failed; retrying one by one");
+                for request in batch {
+                    let result = apply(&pool, &request.write).await;
+                    let _ = request.done.send(result);
+                }
+            }
+        }
+    }
+}
+
+async fn commit_batch(pool: &SqlitePool, batch: &[Request]) -> Result<()> {
+    // A lone write commits by itself: an explicit transaction would add two
+    // round trips (BEGIN, COMMIT) to the connection's thread for nothing.
+    if let [single] = batch {
+        return apply(pool, &single.write).await;
+    }
+    let mut tx = pool.begin().await?;
+    for request in batch {
+        match &request.write {
+            JournalWrite::Insert(row) => insert_execution_with(&mut *tx, row).await?,
+            JournalWrite::Finish { id, finish, at } => {
+                finish_execution_with(&mut *tx, id, finish, *at).await?
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn apply(pool: &SqlitePool, write: &JournalWrite) -> Result<()> {
+    match write {
+        JournalWrite::Insert(row) => insert_execution_with(pool, row).await,
+        JournalWrite::Finish { id, finish, at } => {
+            finish_execution_with(pool, id, finish, *at).await
+        }
+    }
+}
