@@ -71,6 +71,9 @@ fn writer_gone() -> Error {
 }
 
 async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receiver<Request>) {
+    // The writer keeps one connection while writes keep coming, instead of taking
+    // one from the pool for every batch.
+    let mut connection: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>> = None;
     while let Some(first) = receiver.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -80,7 +83,23 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
             }
         }
         let _turn = turn.lock().await;
-        match commit_batch(&pool, &batch).await {
+        if connection.is_none() {
+            connection = pool.acquire().await.ok();
+        }
+        let Some(conn) = connection.as_mut() else {
+            for request in batch {
+                let _ = request.done.send(Err(Error::Internal(anyhow::anyhow!(
+                    "no database connection for the journal"
+                ))));
+            }
+            continue;
+        };
+        let committed = commit_batch(conn, &batch).await;
+        if committed.is_err() {
+            // Start the fallback on a fresh connection in case this one is broken.
+            connection = None;
+        }
+        match committed {
             Ok(()) => {
                 for request in batch {
                     let _ = request.done.send(Ok(()));
@@ -99,13 +118,13 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
     }
 }
 
-async fn commit_batch(pool: &SqlitePool, batch: &[Request]) -> Result<()> {
+async fn commit_batch(conn: &mut sqlx::SqliteConnection, batch: &[Request]) -> Result<()> {
     // A lone write commits by itself: an explicit transaction would add two
     // round trips (BEGIN, COMMIT) to the connection's thread for nothing.
     if let [single] = batch {
-        return apply(pool, &single.write).await;
+        return apply(&mut *conn, &single.write).await;
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     for request in batch {
         match &request.write {
             JournalWrite::Insert(row) => insert_execution_with(&mut *tx, row).await?,
@@ -118,11 +137,11 @@ async fn commit_batch(pool: &SqlitePool, batch: &[Request]) -> Result<()> {
     Ok(())
 }
 
-async fn apply(pool: &SqlitePool, write: &JournalWrite) -> Result<()> {
+async fn apply<'e>(executor: impl sqlx::SqliteExecutor<'e>, write: &JournalWrite) -> Result<()> {
     match write {
-        JournalWrite::Insert(row) => insert_execution_with(pool, row).await,
+        JournalWrite::Insert(row) => insert_execution_with(executor, row).await,
         JournalWrite::Finish { id, finish, at } => {
-            finish_execution_with(pool, id, finish, *at).await
+            finish_execution_with(executor, id, finish, *at).await
         }
     }
 }
