@@ -34,10 +34,18 @@ struct Request {
     done: oneshot::Sender<Result<()>>,
 }
 
+/// What the writer task receives.
+enum Message {
+    Write(Request),
+    /// Finish what is queued, give the connection back and stop (at shutdown, so
+    /// the pool can close).
+    Close(oneshot::Sender<()>),
+}
+
 /// Handle to the journal's writer task.
 #[derive(Debug, Clone)]
 pub(super) struct JournalWriter {
-    queue: mpsc::Sender<Request>,
+    queue: mpsc::Sender<Message>,
 }
 
 impl std::fmt::Debug for Request {
@@ -59,10 +67,20 @@ impl JournalWriter {
     pub(super) async fn write(&self, write: JournalWrite) -> Result<()> {
         let (done, answer) = oneshot::channel();
         self.queue
-            .send(Request { write, done })
+            .send(Message::Write(Request { write, done }))
             .await
             .map_err(|_| writer_gone())?;
         answer.await.map_err(|_| writer_gone())?
+    }
+}
+
+impl JournalWriter {
+    /// Commits what is queued and stops the writer; later writes fail.
+    pub(super) async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self.queue.send(Message::Close(done)).await.is_ok() {
+            let _ = closed.await;
+        }
     }
 }
 
@@ -70,15 +88,27 @@ fn writer_gone() -> Error {
     Error::Internal(anyhow::anyhow!("the journal writer has stopped"))
 }
 
-async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receiver<Request>) {
+async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receiver<Message>) {
     // The writer keeps one connection while writes keep coming, instead of taking
     // one from the pool for every batch.
     let mut connection: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>> = None;
-    while let Some(first) = receiver.recv().await {
+    let mut closing = None;
+    while let Some(message) = receiver.recv().await {
+        let first = match message {
+            Message::Write(request) => request,
+            Message::Close(done) => {
+                closing = Some(done);
+                break;
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match receiver.try_recv() {
-                Ok(request) => batch.push(request),
+                Ok(Message::Write(request)) => batch.push(request),
+                Ok(Message::Close(done)) => {
+                    closing = Some(done);
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -91,6 +121,9 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
                 let _ = request.done.send(Err(Error::Internal(anyhow::anyhow!(
                     "no database connection for the journal"
                 ))));
+            }
+            if closing.is_some() {
+                break;
             }
             continue;
         };
@@ -115,6 +148,13 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
                 }
             }
         }
+        if closing.is_some() {
+            break;
+        }
+    }
+    drop(connection);
+    if let Some(done) = closing {
+        let _ = done.send(());
     }
 }
 

@@ -112,6 +112,8 @@ impl Store {
 
     /// Closes every connection, checkpointing the write-ahead log.
     pub async fn close(&self) {
+        // The journal writer holds a connection; the pool waits for it.
+        self.journal_writer.close().await;
         self.pool.close().await;
     }
 
