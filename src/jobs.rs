@@ -19,6 +19,8 @@ use crate::store::RuntimeJob;
 const LEASE: Duration = Duration::from_secs(30);
 /// How often a running job renews its lease.
 const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for running jobs.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How often an idle worker looks for work it was not told about (e.g. jobs
 /// queued by another process, or leases that ran out).
 const IDLE_POLL: Duration = Duration::from_secs(1);
@@ -101,8 +103,16 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
             _ = shutdown.cancelled() => break,
         }
     }
-    // Let running jobs finish within their own timeouts before the database closes.
-    let _ = permits.acquire_many(concurrency.max(1) as u32).await;
+    // Give running jobs a moment to finish before the database closes; one still
+    // running after that is found `running` at the next start and becomes
+    // `uncertain` (never re-run), which is the honest outcome.
+    let all = concurrency.max(1) as u32;
+    if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(%owner, "jobs still running at shutdown; they will be marked uncertain at the next start");
+    }
     tracing::info!(%owner, "job worker stopped");
 }
 
