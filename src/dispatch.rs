@@ -295,7 +295,7 @@ impl ToolRuntime {
             });
         }
         if let Some(floor_id) = &call.floor_id {
-            let floor = self.store.floor(account_id, floor_id).await?;
+            let floor = self.store.floor_ref(account_id, floor_id).await?;
             if floor.session_id != session.id {
                 return Err(Error::not_found(format!("floor {floor_id:?}")));
             }
@@ -375,26 +375,23 @@ impl Journal<'_> {
         args: &Value,
         status: ExecutionStatus,
     ) -> NewExecution {
-        let (provider_id, provider_type, side_effect_level, replay_safety, delivery_mode) =
-            match entry {
-                Some(entry) => {
-                    let meta = &entry.spec.metadata;
-                    (
-                        entry.spec.provider_id.clone(),
-                        entry.spec.provider_type.as_str().to_owned(),
-                        enum_text(&meta.side_effect_level),
-                        enum_text(&meta.replay_safety),
-                        enum_text(&meta.default_delivery_mode),
-                    )
-                }
-                None => (
-                    "unknown".to_owned(),
-                    "unknown".to_owned(),
-                    "none".to_owned(),
-                    "safe".to_owned(),
-                    "inline".to_owned(),
-                ),
-            };
+        let (provider_id, provider_type, side_effect_level, replay_safety) = match entry {
+            Some(entry) => {
+                let meta = &entry.spec.metadata;
+                (
+                    entry.spec.provider_id.clone(),
+                    entry.spec.provider_type.as_str().to_owned(),
+                    enum_text(&meta.side_effect_level),
+                    enum_text(&meta.replay_safety),
+                )
+            }
+            None => (
+                "unknown".to_owned(),
+                "unknown".to_owned(),
+                "none".to_owned(),
+                "safe".to_owned(),
+            ),
+        };
         let id = new_id("texec");
         let step_key = self.scope.run.as_ref().and(self.call.step).map(step_key);
         NewExecution {
@@ -417,11 +414,9 @@ impl Journal<'_> {
             commit_outcome: CommitOutcome::Pending,
             side_effect_level,
             replay_safety,
-            delivery_mode: if status == ExecutionStatus::Running {
-                delivery_mode
-            } else {
-                "inline".to_owned()
-            },
+            // How the call is delivered, not the tool's default: `defer` marks
+            // the async-job rows.
+            delivery_mode: "inline".to_owned(),
             attempt_no: 1,
             runtime_job_id: None,
             replay_parent_execution_id: None,

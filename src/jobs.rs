@@ -68,13 +68,19 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
     let owner = new_id("worker");
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     tracing::info!(%owner, concurrency, "job worker started");
+    // Leases run out in LEASE, so looking for lost ones once per heartbeat is
+    // enough; doing it before every claim would add a write to every job.
+    let mut last_lease_check: Option<tokio::time::Instant> = None;
     loop {
-        match runtime.store.expire_lost_jobs(false).await {
-            Ok(lost) if !lost.is_empty() => {
-                tracing::warn!(executions = ?lost, "jobs lost their lease and are now uncertain")
+        if last_lease_check.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
+            last_lease_check = Some(tokio::time::Instant::now());
+            match runtime.store.expire_lost_jobs(false).await {
+                Ok(lost) if !lost.is_empty() => {
+                    tracing::warn!(executions = ?lost, "jobs lost their lease and are now uncertain")
+                }
+                Ok(_) => {}
+                Err(err) => tracing::error!(error = %err, "checking job leases failed"),
             }
-            Ok(_) => {}
-            Err(err) => tracing::error!(error = %err, "checking job leases failed"),
         }
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => permit.expect("semaphore is never closed"),

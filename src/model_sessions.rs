@@ -310,14 +310,6 @@ impl ModelSessionHub {
             .count()
     }
 
-    /// Number of live model sessions of a character.
-    pub fn live_count(&self, character_id: &str) -> usize {
-        self.live()
-            .get(character_id)
-            .map(|sessions| sessions.iter().filter(|s| !s.events.is_closed()).count())
-            .unwrap_or(0)
-    }
-
     fn remove(&self, character_id: &str, id: &str) {
         let mut live = self.live();
         if let Some(sessions) = live.get_mut(character_id) {

@@ -18,7 +18,7 @@ impl ToolRuntime {
                 "confirmed_execution_ids may list at most 1000 ids",
             ));
         }
-        let floor = self.store.floor(account_id, floor_id).await?;
+        let floor = self.store.floor_ref(account_id, floor_id).await?;
         let blocking = self
             .store
             .blocking_executions(account_id, &floor.id)
@@ -35,10 +35,7 @@ impl ToolRuntime {
             );
             return Err(Error::ReplayConfirmationRequired(unconfirmed));
         }
-        let run = self
-            .store
-            .open_run(account_id, &floor.id, &confirmed)
-            .await?;
+        let run = self.store.open_run(account_id, &floor, &confirmed).await?;
         tracing::info!(run_id = %run.id, floor_id, "run opened");
         Ok(run)
     }

@@ -546,3 +546,75 @@ async fn sigterm_lets_an_in_flight_call_finish() {
     let status = server.stop().await;
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
+    let mut server = spawn_app().await;
+    let (base, callbacks) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "publish", "callback_url": format!("{base}/hang"), "timeout_seconds": 300,
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let receipt = call(
+        &server,
+        &session,
+        json!({"name": "publish", "arguments": {}}),
+    )
+    .await;
+    let job = receipt["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let execution_id = receipt["output"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hanging = callbacks.hanging.clone();
+    common::wait_until(
+        Duration::from_secs(20),
+        "the job to call its callback",
+        || {
+            let hanging = hanging.clone();
+            async move { hanging.load(Ordering::SeqCst) == 1 }
+        },
+    )
+    .await;
+    assert_eq!(job_state(&server, &job).await, "running");
+    server.kill().await;
+
+    server.restart().await;
+    assert_eq!(job_state(&server, &job).await, "uncertain");
+    let row = execution(&server, &execution_id).await;
+    assert_eq!(row["status"], "uncertain", "{row}");
+    assert_eq!(row["lifecycle_state"], "finished");
+    // The restarted server's worker polls the queue; the lost job must not be
+    // picked up again. A later job runs, so the worker is alive.
+    register(
+        &server,
+        json!({"name": "ping", "callback_url": format!("{base}/ok"),
+        "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let later = call(&server, &session, json!({"name": "ping", "arguments": {}})).await;
+    let later_job = later["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server_ref = &server;
+    common::wait_until(
+        Duration::from_secs(30),
+        "the later job to finish",
+        || async { job_state(server_ref, &later_job).await == "succeeded" },
+    )
+    .await;
+    assert_eq!(
+        callbacks.hanging.load(Ordering::SeqCst),
+        1,
+        "the lost job was re-run"
+    );
+    assert_eq!(job_state(&server, &job).await, "uncertain");
+    callbacks.release.notify_waiters();
+}

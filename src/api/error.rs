@@ -103,3 +103,54 @@ pub struct ErrorDetail {
     pub code: String,
     pub message: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_answer_500_without_their_cause() {
+        let cause = anyhow::anyhow!("disk I/O error at /secret/path/toolgate.db");
+        let api = ApiError::from(Error::Internal(cause.context("inserting a row")));
+        assert_eq!(api.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(api.code, "internal_error");
+        assert!(!api.message.contains("secret"), "{}", api.message);
+        assert!(!api.message.contains("inserting"), "{}", api.message);
+    }
+
+    #[test]
+    fn domain_codes_keep_their_status() {
+        let cases = [
+            (
+                Error::validation("x"),
+                StatusCode::BAD_REQUEST,
+                "validation_error",
+            ),
+            (
+                Error::not_found("session"),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                Error::Conflict {
+                    code: "character_conflict",
+                    message: "dup".into(),
+                },
+                StatusCode::CONFLICT,
+                "character_conflict",
+            ),
+            (
+                Error::Forbidden {
+                    code: "tool_script_handler_disabled",
+                    message: "off".into(),
+                },
+                StatusCode::FORBIDDEN,
+                "tool_script_handler_disabled",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let api = ApiError::from(error);
+            assert_eq!((api.status, api.code), (status, code));
+        }
+    }
+}

@@ -67,7 +67,7 @@ async fn list_floor_executions(
     Path(floor_id): Path<String>,
     Query(params): Query<FloorExecutionQueryParams>,
 ) -> ApiResult<axum::Json<List<ExecutionRecord>>> {
-    let floor = state.store.floor(&account.id, &floor_id).await?;
+    let floor = state.store.floor_ref(&account.id, &floor_id).await?;
     let query = ExecutionQuery::parse(params.with_floor(floor.id))?;
     Ok(axum::Json(
         state

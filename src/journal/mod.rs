@@ -85,6 +85,23 @@ string_enum!(LegacyStatus {
 });
 
 impl ExecutionStatus {
+    pub const ALL: [ExecutionStatus; 8] = [
+        ExecutionStatus::Running,
+        ExecutionStatus::Queued,
+        ExecutionStatus::Success,
+        ExecutionStatus::Error,
+        ExecutionStatus::Denied,
+        ExecutionStatus::Timeout,
+        ExecutionStatus::Uncertain,
+        ExecutionStatus::Blocked,
+    ];
+
+    /// Whether the provider was (or may have been) started: everything but a
+    /// refusal. Such executions count as steps and as replay parents.
+    pub fn provider_started(self) -> bool {
+        !matches!(self, ExecutionStatus::Denied | ExecutionStatus::Blocked)
+    }
+
     /// The seed's folding: timeout/uncertain become error, blocked merges into denied.
     pub fn legacy(self) -> LegacyStatus {
         match self {

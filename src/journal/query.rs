@@ -100,6 +100,10 @@ impl ExecutionQuery {
 }
 
 /// Raw `GET /floors/{id}/tool-executions` query parameters (the floor is the path).
+/// A separate struct rather than `#[serde(flatten)]`: flattening makes
+/// serde_urlencoded hand every value over as a string, so `limit=5` would no
+/// longer parse as a number; and `deny_unknown_fields` must refuse `session_id`
+/// and `floor_id` here.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]

@@ -74,10 +74,6 @@ impl KeyCache {
         }
         entries.insert(hash, (account, Instant::now()));
     }
-
-    fn clear(&self) {
-        self.lock().clear();
-    }
 }
 
 fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Account {
@@ -147,12 +143,6 @@ impl Store {
             self.api_keys.insert(hash, account.clone());
         }
         Ok(account)
-    }
-
-    /// Forgets every cached key; whatever deletes an account or changes a key
-    /// must call it.
-    pub fn forget_api_keys(&self) {
-        self.api_keys.clear();
     }
 
     pub async fn count_accounts(&self) -> Result<i64> {

@@ -28,6 +28,14 @@ pub struct Floor {
     pub created_at: i64,
 }
 
+/// What the call path needs of a floor: who owns it and its active page.
+#[derive(Debug, Clone)]
+pub struct FloorRef {
+    pub id: String,
+    pub session_id: String,
+    pub active_page_id: Option<String>,
+}
+
 /// Largest user message a floor accepts, in bytes.
 pub const MAX_FLOOR_CONTENT_BYTES: usize = 256 * 1024;
 
@@ -60,13 +68,25 @@ impl Store {
         .bind(now)
         .execute(self.pool())
         .await?;
-        self.floor(account_id, &id).await
+        let seq: i64 = sqlx::query_scalar("SELECT seq FROM floors WHERE id = ?")
+            .bind(&id)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(Floor {
+            id,
+            session_id: session.id,
+            seq,
+            content: content.to_owned(),
+            active_page_id: None,
+            pages: Vec::new(),
+            created_at: now,
+        })
     }
 
-    /// The account's floor with its pages.
-    pub async fn floor(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
+    /// The account's floor (without its pages); another account's is "not found".
+    pub async fn floor_ref(&self, account_id: &str, floor_id: &str) -> Result<FloorRef> {
         let row = sqlx::query(
-            "SELECT f.id, f.session_id, f.seq, f.user_content, f.active_page_id, f.created_at \
+            "SELECT f.id, f.session_id, f.active_page_id \
              FROM floors f JOIN sessions s ON s.id = f.session_id WHERE f.id = ? AND s.account_id = ?",
         )
         .bind(floor_id)
@@ -74,8 +94,11 @@ impl Store {
         .fetch_optional(self.pool())
         .await?
         .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
-        let mut floors = self.attach_pages(vec![floor_from_row(&row)]).await?;
-        Ok(floors.remove(0))
+        Ok(FloorRef {
+            id: row.get("id"),
+            session_id: row.get("session_id"),
+            active_page_id: row.get("active_page_id"),
+        })
     }
 
     /// Every floor of the account's session, oldest first, with pages.
@@ -91,23 +114,32 @@ impl Store {
             .await
     }
 
+    /// Fills in the pages of `floors` with one query.
     async fn attach_pages(&self, mut floors: Vec<Floor>) -> Result<Vec<Floor>> {
-        for floor in &mut floors {
-            let rows = sqlx::query(
-                "SELECT id, page_no, content, created_at FROM pages WHERE floor_id = ? ORDER BY page_no",
-            )
-            .bind(&floor.id)
-            .fetch_all(self.pool())
-            .await?;
-            floor.pages = rows
-                .iter()
-                .map(|row| FloorPage {
+        let Some(first) = floors.first() else {
+            return Ok(floors);
+        };
+        let rows = sqlx::query(
+            "SELECT p.floor_id, p.id, p.page_no, p.content, p.created_at FROM pages p \
+             JOIN floors f ON f.id = p.floor_id WHERE f.session_id = ? ORDER BY p.floor_id, p.page_no",
+        )
+        .bind(&first.session_id)
+        .fetch_all(self.pool())
+        .await?;
+        let mut by_floor: std::collections::HashMap<String, Vec<FloorPage>> = Default::default();
+        for row in &rows {
+            by_floor
+                .entry(row.get("floor_id"))
+                .or_default()
+                .push(FloorPage {
                     id: row.get("id"),
                     page_no: row.get("page_no"),
                     content: row.get("content"),
                     created_at: row.get("created_at"),
-                })
-                .collect();
+                });
+        }
+        for floor in &mut floors {
+            floor.pages = by_floor.remove(&floor.id).unwrap_or_default();
         }
         Ok(floors)
     }

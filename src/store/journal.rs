@@ -106,10 +106,31 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
     }
 }
 
-/// SQL for the legacy status of a row (the seed's folding, in SQL so it can filter).
-const LEGACY_STATUS_SQL: &str = "CASE status \
-    WHEN 'success' THEN 'success' WHEN 'queued' THEN 'queued' WHEN 'running' THEN 'running' \
-    WHEN 'denied' THEN 'denied' WHEN 'blocked' THEN 'denied' ELSE 'error' END";
+/// SQL for the legacy status of a row: `ExecutionStatus::legacy` written as a
+/// CASE so that the projection can filter on it.
+fn legacy_status_sql() -> String {
+    let arms: String = ExecutionStatus::ALL
+        .iter()
+        .map(|status| {
+            format!(
+                "WHEN '{}' THEN '{}' ",
+                status.as_str(),
+                status.legacy().as_str()
+            )
+        })
+        .collect();
+    format!("CASE status {arms}END")
+}
+
+/// SQL list of the statuses whose provider was started (`provider_started`).
+pub(super) fn started_statuses_sql() -> String {
+    let quoted: Vec<String> = ExecutionStatus::ALL
+        .iter()
+        .filter(|status| status.provider_started())
+        .map(|status| format!("'{}'", status.as_str()))
+        .collect();
+    format!("({})", quoted.join(", "))
+}
 
 impl Store {
     /// Writes a journal row (group-committed with concurrent journal writes).
@@ -151,13 +172,15 @@ impl Store {
 
     /// The distinct steps a run's calls have used (refused calls do not count).
     pub async fn run_step_keys(&self, run_id: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
+        let sql = format!(
             "SELECT DISTINCT step_key FROM tool_execution_record WHERE run_id = ? \
-             AND step_key IS NOT NULL AND status NOT IN ('denied', 'blocked')",
-        )
-        .bind(run_id)
-        .fetch_all(self.pool())
-        .await?)
+             AND step_key IS NOT NULL AND status IN {}",
+            started_statuses_sql()
+        );
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(run_id)
+            .fetch_all(self.pool())
+            .await?)
     }
 
     /// One journal row of the account.
@@ -270,9 +293,10 @@ impl Store {
         // any filter, so a record keeps its seq whatever the query.
         let base = format!(
             "SELECT id, page_id, caller_slot, tool_name, args_json, result_json, duration_ms, created_at, \
-             {LEGACY_STATUS_SQL} AS legacy_status, \
+             {} AS legacy_status, \
              ROW_NUMBER() OVER (PARTITION BY page_id ORDER BY created_at, id) - 1 AS seq \
              FROM tool_execution_record WHERE {}",
+            legacy_status_sql(),
             conditions.join(" AND ")
         );
         let total_sql = format!("SELECT COUNT(*) FROM ({base}) {outer_sql}");

@@ -32,7 +32,7 @@ use sqlx::sqlite::{
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
 pub use definitions::DefinitionFilter;
-pub use floors::{Floor, FloorPage, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
+pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{ExecutionFinish, NewExecution};
 pub use memory::{Memory, MemoryHit};

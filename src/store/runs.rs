@@ -57,9 +57,6 @@ fn from_row(row: &SqliteRow) -> Run {
     }
 }
 
-/// Statuses of executions whose provider was (or may have been) started.
-const RAN_STATUSES: &str = "('success', 'error', 'timeout', 'uncertain', 'queued', 'running')";
-
 impl Store {
     /// Executions of earlier attempts on the floor that are not replay-safe.
     pub async fn blocking_executions(
@@ -70,7 +67,8 @@ impl Store {
         let sql = format!(
             "SELECT id, tool_name, replay_safety, run_id, status FROM tool_execution_record \
              WHERE account_id = ? AND floor_id = ? AND run_id IS NOT NULL AND replay_safety <> 'safe' \
-             AND status IN {RAN_STATUSES} ORDER BY created_at, id"
+             AND status IN {} ORDER BY created_at, id",
+            super::journal::started_statuses_sql()
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(account_id)
@@ -93,10 +91,9 @@ impl Store {
     pub async fn open_run(
         &self,
         account_id: &str,
-        floor_id: &str,
+        floor: &super::FloorRef,
         confirmed: &[String],
     ) -> Result<Run> {
-        let floor = self.floor(account_id, floor_id).await?;
         let now = now_ms();
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
@@ -150,19 +147,8 @@ impl Store {
         content: Option<&str>,
     ) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let now = now_ms();
         let mut tx = self.pool().begin().await?;
-        let changed = sqlx::query(
-            "UPDATE floor_runs SET state = 'committed', finished_at = ? WHERE id = ? AND state = 'open'",
-        )
-        .bind(now)
-        .bind(&run.id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed == 0 {
-            return Err(run_not_open(&run));
-        }
+        close_run(&mut tx, &run, "committed").await?;
         if let Some(content) = content {
             sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
                 .bind(content)
@@ -175,12 +161,6 @@ impl Store {
             .bind(&run.floor_id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "UPDATE tool_execution_record SET commit_outcome = 'committed' WHERE run_id = ? AND commit_outcome = 'pending'",
-        )
-        .bind(&run.id)
-        .execute(&mut *tx)
-        .await?;
         self.apply_run_effects(&mut tx, &run).await?;
         tx.commit().await?;
         self.run(account_id, run_id).await
@@ -190,25 +170,8 @@ impl Store {
     /// its buffered effects are dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let now = now_ms();
         let mut tx = self.pool().begin().await?;
-        let changed = sqlx::query(
-            "UPDATE floor_runs SET state = 'discarded', finished_at = ? WHERE id = ? AND state = 'open'",
-        )
-        .bind(now)
-        .bind(&run.id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed == 0 {
-            return Err(run_not_open(&run));
-        }
-        sqlx::query(
-            "UPDATE tool_execution_record SET commit_outcome = 'discarded' WHERE run_id = ? AND commit_outcome = 'pending'",
-        )
-        .bind(&run.id)
-        .execute(&mut *tx)
-        .await?;
+        close_run(&mut tx, &run, "discarded").await?;
         sqlx::query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
             .execute(&mut *tx)
@@ -227,17 +190,19 @@ impl Store {
         tool_name: &str,
         args_canonical: &str,
     ) -> Result<Option<ReplayParent>> {
-        let row = sqlx::query(
+        let sql = format!(
             "SELECT id, attempt_no, replay_safety FROM tool_execution_record \
              WHERE floor_id = ? AND run_id IS NOT NULL AND run_id <> ? AND tool_name = ? AND args_canonical = ? \
-             AND status NOT IN ('denied', 'blocked') ORDER BY created_at DESC, id DESC LIMIT 1",
-        )
-        .bind(floor_id)
-        .bind(run_id)
-        .bind(tool_name)
-        .bind(args_canonical)
-        .fetch_optional(self.pool())
-        .await?;
+             AND status IN {} ORDER BY created_at DESC, id DESC LIMIT 1",
+            super::journal::started_statuses_sql()
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(floor_id)
+            .bind(run_id)
+            .bind(tool_name)
+            .bind(args_canonical)
+            .fetch_optional(self.pool())
+            .await?;
         Ok(row.map(|row| ReplayParent {
             id: row.get("id"),
             attempt_no: row.get("attempt_no"),
@@ -295,6 +260,35 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// Moves an open run to `outcome` (`committed` | `discarded`) together with its
+/// pending executions, or refuses when another request already closed it.
+async fn close_run(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: &Run,
+    outcome: &'static str,
+) -> Result<()> {
+    let changed = sqlx::query(
+        "UPDATE floor_runs SET state = ?, finished_at = ? WHERE id = ? AND state = 'open'",
+    )
+    .bind(outcome)
+    .bind(now_ms())
+    .bind(&run.id)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if changed == 0 {
+        return Err(run_not_open(run));
+    }
+    sqlx::query(
+        "UPDATE tool_execution_record SET commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
+    )
+    .bind(outcome)
+    .bind(&run.id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn run_not_open(run: &Run) -> Error {

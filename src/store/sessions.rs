@@ -147,31 +147,4 @@ impl Store {
         self.sessions_changed();
         Ok(session)
     }
-
-    /// Replaces one top-level key of the session's `metadata_json`.
-    pub async fn set_session_metadata_key(
-        &self,
-        account_id: &str,
-        id: &str,
-        key: &str,
-        value: &serde_json::Value,
-    ) -> Result<Session> {
-        let path = format!("$.{key}");
-        let changed = sqlx::query(
-            "UPDATE sessions SET metadata_json = json_set(metadata_json, ?, json(?)), updated_at = ? WHERE id = ? AND account_id = ?",
-        )
-        .bind(path)
-        .bind(value.to_string())
-        .bind(now_ms())
-        .bind(id)
-        .bind(account_id)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
-        self.sessions_changed();
-        if changed == 0 {
-            return Err(Error::not_found(format!("session {id:?}")));
-        }
-        self.session(account_id, id).await
-    }
 }
