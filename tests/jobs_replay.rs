@@ -24,6 +24,22 @@ struct Callbacks {
     release: Arc<Notify>,
 }
 
+impl Callbacks {
+    /// Waits until the `/hang` callback has been called (once).
+    async fn wait_for_hanging_call(&self) {
+        let hanging = self.hanging.clone();
+        common::wait_until(
+            Duration::from_secs(20),
+            "the hanging callback to be called",
+            || {
+                let hanging = hanging.clone();
+                async move { hanging.load(Ordering::SeqCst) == 1 }
+            },
+        )
+        .await;
+    }
+}
+
 async fn start_callbacks() -> (String, Callbacks) {
     let state = Callbacks::default();
     let app = axum::Router::new()
@@ -424,12 +440,7 @@ async fn a_call_hanging_at_sigkill_is_uncertain_after_restart() {
             .send()
             .await
     });
-    let hanging = callbacks.hanging.clone();
-    common::wait_until(Duration::from_secs(20), "the callback to be called", || {
-        let hanging = hanging.clone();
-        async move { hanging.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    callbacks.wait_for_hanging_call().await;
     let running = server
         .get(&format!("/tool-executions?session_id={session}"))
         .await;
@@ -519,12 +530,7 @@ async fn sigterm_lets_an_in_flight_call_finish() {
             .expect("the in-flight call is answered");
         read_reply(response).await
     });
-    let hanging = callbacks.hanging.clone();
-    common::wait_until(Duration::from_secs(20), "the callback to be called", || {
-        let hanging = hanging.clone();
-        async move { hanging.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    callbacks.wait_for_hanging_call().await;
     let pid = server.pid();
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
@@ -572,16 +578,7 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
         .as_str()
         .unwrap()
         .to_owned();
-    let hanging = callbacks.hanging.clone();
-    common::wait_until(
-        Duration::from_secs(20),
-        "the job to call its callback",
-        || {
-            let hanging = hanging.clone();
-            async move { hanging.load(Ordering::SeqCst) == 1 }
-        },
-    )
-    .await;
+    callbacks.wait_for_hanging_call().await;
     assert_eq!(job_state(&server, &job).await, "running");
     server.kill().await;
 
