@@ -230,6 +230,11 @@ fn execution_row(account_id: &str, session_id: &str, floor_id: &str, n: usize) -
         error_message: None,
         started_at: now_ms(),
         step_key: None,
+        provider_started: true,
+        admission: toolgate::store::Admission {
+            step_limit: None,
+            call_limit: Some(1000),
+        },
     }
 }
 
@@ -246,6 +251,7 @@ fn journal(c: &mut Criterion) {
         .sample_size(30);
     let finish = ExecutionFinish {
         status: ExecutionStatus::Success,
+        provider_started: true,
         result: json!({"rolls": [4, 17], "total": 21}),
         error_message: None,
         commit_outcome: None,

@@ -39,12 +39,8 @@ impl App {
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
         let settings = Arc::new(settings);
-        let runtime = ToolRuntime::new(store.clone(), settings.clone())?;
-        let state = AppState {
-            store,
-            settings,
-            runtime,
-        };
+        let runtime = ToolRuntime::new(store, settings)?;
+        let state = AppState { runtime };
         Ok(Self {
             listener,
             state,
@@ -64,7 +60,8 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let store = self.state.store.clone();
+        let runtime = self.state.runtime.clone();
+        let store = runtime.store.clone();
         // The embedded database has one instance: a job still marked running was
         // lost with the previous process.
         let lost = store.expire_lost_jobs(true).await?;
@@ -72,10 +69,10 @@ impl App {
             tracing::warn!(executions = ?lost, "jobs interrupted by the previous stop are now uncertain");
         }
         let workers = tokio_util::sync::CancellationToken::new();
-        let worker = (self.state.settings.job_workers > 0).then(|| {
-            tokio::spawn(crate::jobs::run_worker(
-                self.state.runtime.clone(),
-                self.state.settings.job_workers,
+        let worker = (runtime.settings.job_workers > 0).then(|| {
+            tokio::spawn(crate::runtime::jobs::run_worker(
+                runtime.clone(),
+                runtime.settings.job_workers,
                 workers.clone(),
             ))
         });
@@ -94,6 +91,9 @@ impl App {
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")?;
+        // A call whose client hung up is no longer an in-flight request, but it
+        // has started and must be journalled to its end.
+        runtime.finish_started_calls().await;
         workers.cancel();
         if let Some(worker) = worker {
             let _ = worker.await;

@@ -2,11 +2,16 @@
 //! the metadata basis of each governance value, and name conflicts between providers.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::domain::tool::ToolSpec;
+use crate::error::Result;
+use crate::store::{Run, Session};
 
 /// Whether a catalog entry can be called now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,32 +49,109 @@ impl CatalogSource {
     }
 }
 
-/// How to run a tool: a closed set, one variant per provider kind.
-#[derive(Debug, Clone)]
-pub enum Invoker {
-    /// A builtin, by name (context-free, session-context or resource tool).
-    Builtin(&'static str),
-    /// A callback registered through `/api/tools`.
-    Remote(Arc<crate::tools::remote::RemoteTool>),
-    /// A custom definition of the account (`/tools/definitions`).
-    Preset(Arc<crate::tools::preset::PresetTool>),
+/// Runs calls of one catalog entry; each provider supplies its own.
+pub trait ToolHandler: Send + Sync + fmt::Debug {
+    /// Runs one call whose arguments already passed the tool's schema.
+    fn invoke<'a>(&'a self, cx: &'a CallContext<'a>, args: &'a Value)
+    -> BoxFuture<'a, ToolOutcome>;
+
+    /// A snapshot to run the call later as a runtime job; `None` when this tool
+    /// only runs inline.
+    fn snapshot(&self, _call: &ToolCall, _args: &Value) -> Option<JobInvocation> {
+        None
+    }
+}
+
+/// One kind of tool provider (builtin, remote callback, script definition, …):
+/// it offers catalog entries and, for deferred calls, rebuilds a tool from its
+/// job snapshot. The dispatcher owns everything common to all of them.
+pub trait ToolProvider: Send + Sync {
+    /// The name job snapshots carry as `kind`.
+    fn kind(&self) -> &'static str;
+
+    /// This provider's entries in `session`'s catalog.
+    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>>;
+
+    /// The handler that runs a deferred call of this provider.
+    fn restore(
+        &self,
+        invocation: &JobInvocation,
+    ) -> std::result::Result<Arc<dyn ToolHandler>, String> {
+        Err(format!(
+            "the {} provider does not run deferred calls ({:?})",
+            self.kind(),
+            invocation.call_id
+        ))
+    }
+}
+
+/// What a handler may reach while it runs a call.
+pub struct CallContext<'a> {
+    pub session: &'a Session,
+    /// The open run the call belongs to; sandbox writes are buffered in it.
+    pub run: Option<&'a Run>,
+    pub call: &'a ToolCall,
+    /// Where a provider reports catalog changes it makes while running a call
+    /// (a plugin evicted after repeated connection failures).
+    pub catalog_events: &'a dyn CatalogEvents,
+}
+
+/// Which sessions a catalog change concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogScope {
+    /// Every session of a character (runtime registrations are per role).
+    Character(String),
+    /// Every session of an account (its tool definitions).
+    Account(String),
+    /// One session (its permissions).
+    Session(String),
+}
+
+impl Default for CatalogScope {
+    fn default() -> Self {
+        CatalogScope::Character(String::new())
+    }
+}
+
+/// A change to the catalogs of one scope, as the provider saw it.
+#[derive(Debug, Clone, Default)]
+pub struct CatalogChange {
+    pub scope: CatalogScope,
+    pub added: Vec<String>,
+    pub updated: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// A catalog mutation: runs (is first polled) under the catalog mutation lock
+/// and says which catalogs it changed.
+pub type CatalogMutation<'a> = BoxFuture<'a, Vec<CatalogChange>>;
+
+/// Synchronises live model sessions with catalog changes.
+pub trait CatalogEvents: Send + Sync {
+    /// Runs `mutation` under the catalog mutation lock, then offers each changed
+    /// catalog to the live model sessions concerned before returning: one result
+    /// per change, in order, `Err` naming the sessions that refused it.
+    fn mutate<'a>(
+        &'a self,
+        mutation: CatalogMutation<'a>,
+    ) -> BoxFuture<'a, Vec<std::result::Result<(), String>>>;
 }
 
 /// One tool in a catalog.
 #[derive(Debug, Clone)]
 pub struct CatalogEntry {
     pub spec: ToolSpec,
-    pub invoker: Invoker,
+    pub handler: Arc<dyn ToolHandler>,
     pub availability: Availability,
     pub availability_reason: Option<String>,
     pub catalog_source: Option<CatalogSource>,
 }
 
 impl CatalogEntry {
-    pub fn available(spec: ToolSpec, invoker: Invoker) -> Self {
+    pub fn available(spec: ToolSpec, handler: Arc<dyn ToolHandler>) -> Self {
         Self {
             spec,
-            invoker,
+            handler,
             availability: Availability::Available,
             availability_reason: None,
             catalog_source: None,
@@ -77,6 +159,13 @@ impl CatalogEntry {
     }
 
     /// The entry as the seed's runtime-catalog JSON shows it.
+    /// Marks the entry as not callable, with the reason shown in the catalog.
+    pub fn unavailable(mut self, reason: impl Into<String>) -> Self {
+        self.availability = Availability::Unavailable;
+        self.availability_reason = Some(reason.into());
+        self
+    }
+
     pub fn to_json(&self) -> Value {
         let meta = &self.spec.metadata;
         let detail =
@@ -151,6 +240,16 @@ pub enum Lookup<'a> {
 }
 
 impl Catalog {
+    /// The catalog of `session` right now: every provider's entries, in the
+    /// providers' order.
+    pub async fn build(session: &Session, providers: &[Arc<dyn ToolProvider>]) -> Result<Self> {
+        let mut entries = Vec::new();
+        for provider in providers {
+            entries.extend(provider.entries(session).await?);
+        }
+        Ok(Self::assemble(&session.id, entries))
+    }
+
     /// Builds a catalog from every provider's entries, marking shared names as conflicts.
     pub fn assemble(session_id: &str, mut entries: Vec<CatalogEntry>) -> Self {
         let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();

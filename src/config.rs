@@ -8,8 +8,6 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::tools::script::ScriptLimits;
-
 /// The `toolgate` command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -121,6 +119,10 @@ pub struct Settings {
 impl Settings {
     pub const DEFAULT_LISTEN: &'static str = "127.0.0.1:8700";
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+    /// Time limit of one script-handler call.
+    pub const DEFAULT_SCRIPT_TIMEOUT_MS: u64 = 1000;
+    /// Heap limit of one script-handler call.
+    pub const DEFAULT_SCRIPT_MEMORY_BYTES: usize = 16 * 1024 * 1024;
 
     /// Settings for tests and embedding: port 0 and the given data directory.
     pub fn for_data_dir(data_dir: &Path) -> Self {
@@ -152,15 +154,6 @@ impl Settings {
             );
         }
         Ok(settings)
-    }
-
-    /// Limits of one script-handler call.
-    pub fn script_limits(&self) -> ScriptLimits {
-        ScriptLimits {
-            memory_bytes: self.script_memory_limit_bytes,
-            time: std::time::Duration::from_millis(self.script_timeout_ms),
-            ..ScriptLimits::default()
-        }
     }
 
     fn from_parts(args: ServeArgs, file: FileSettings) -> Self {
@@ -199,11 +192,11 @@ impl Settings {
             script_timeout_ms: args
                 .script_timeout_ms
                 .or(file.script_timeout_ms)
-                .unwrap_or(ScriptLimits::DEFAULT_TIME.as_millis() as u64),
+                .unwrap_or(Self::DEFAULT_SCRIPT_TIMEOUT_MS),
             script_memory_limit_bytes: args
                 .script_memory_limit_bytes
                 .or(file.script_memory_limit_bytes)
-                .unwrap_or(ScriptLimits::DEFAULT_MEMORY_BYTES),
+                .unwrap_or(Self::DEFAULT_SCRIPT_MEMORY_BYTES),
         }
     }
 }

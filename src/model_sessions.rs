@@ -21,9 +21,11 @@ use regex::Regex;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::catalog::{Availability, Catalog};
+use futures::future::BoxFuture;
+
+use crate::catalog::{Availability, Catalog, CatalogChange, CatalogScope};
+use crate::domain::tool::Slot;
 use crate::error::{Error, Result};
-use crate::runtime::ToolRuntime;
 use crate::store::Session;
 
 /// Events a model session's stream may hold before the session counts as stuck.
@@ -99,13 +101,10 @@ impl ModelProvider {
     }
 }
 
-/// A change to one character's catalog, as the registry saw it.
-#[derive(Debug, Clone, Default)]
-pub struct CatalogChange {
-    pub character_id: String,
-    pub added: Vec<String>,
-    pub updated: Vec<String>,
-    pub removed: Vec<String>,
+/// Builds what a live model session is offered: the session's catalog with its
+/// permissions applied for the model session's slot (the runtime implements it).
+pub trait OfferedCatalogs: Send + Sync {
+    fn offered<'a>(&'a self, session: &'a Session, slot: Slot) -> BoxFuture<'a, Result<Catalog>>;
 }
 
 /// One live model session.
@@ -113,6 +112,8 @@ pub struct CatalogChange {
 struct ModelSession {
     id: String,
     session: Session,
+    /// The slot whose permissions decide what this model session is offered.
+    slot: Slot,
     provider: ModelProvider,
     events: mpsc::Sender<ModelSessionEvent>,
     /// Names of the catalog this session took last; what its next model request uses.
@@ -165,8 +166,9 @@ impl ModelSessionHub {
     /// The first event is `ready`, carrying the catalog the session took.
     pub async fn open(
         self: &Arc<Self>,
-        runtime: &ToolRuntime,
+        catalogs: &dyn OfferedCatalogs,
         session: Session,
+        slot: Slot,
         provider: ModelProvider,
     ) -> Result<Subscription> {
         let _guard = self.mutation_lock().await;
@@ -176,7 +178,7 @@ impl ModelSessionHub {
                 message: "the server is shutting down".into(),
             });
         }
-        let catalog = runtime.catalog(&session).await?;
+        let catalog = catalogs.offered(&session, slot).await?;
         let (accepted, error) = match provider.accept(&catalog) {
             Ok(names) => (names, None),
             Err(reason) => (Vec::new(), Some(reason)),
@@ -185,6 +187,7 @@ impl ModelSessionHub {
         let model_session = Arc::new(ModelSession {
             id: crate::ids::new_id("msess"),
             session,
+            slot,
             provider,
             events: sender,
             accepted: Mutex::new(accepted.clone()),
@@ -195,6 +198,7 @@ impl ModelSessionHub {
                 "model_session_id": model_session.id,
                 "session_id": model_session.session.id,
                 "role": model_session.session.character,
+                "slot": slot,
                 "provider": provider.as_str(),
                 "accepted": error.is_none(),
                 "error": error,
@@ -218,22 +222,41 @@ impl ModelSessionHub {
         })
     }
 
-    /// Offers the character's new catalog to each of its live model sessions.
+    /// The live model sessions a change concerns.
+    fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
+        let live = self.live();
+        match scope {
+            CatalogScope::Character(id) => live.get(id).cloned().unwrap_or_default(),
+            CatalogScope::Account(id) => live
+                .values()
+                .flatten()
+                .filter(|model_session| model_session.session.account_id == *id)
+                .cloned()
+                .collect(),
+            CatalogScope::Session(id) => live
+                .values()
+                .flatten()
+                .filter(|model_session| model_session.session.id == *id)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Offers the new catalog to each live model session the change concerns.
     /// Err names every session that refused it, and why.
     pub async fn sync(
         &self,
         _guard: &MutationGuard<'_>,
-        runtime: &ToolRuntime,
+        catalogs: &dyn OfferedCatalogs,
         change: &CatalogChange,
     ) -> std::result::Result<(), String> {
-        let sessions: Vec<Arc<ModelSession>> = self
-            .live()
-            .get(&change.character_id)
-            .cloned()
-            .unwrap_or_default();
+        let sessions = self.concerned(&change.scope);
         let mut refusals = Vec::new();
         for model_session in sessions {
-            let verdict = match runtime.catalog(&model_session.session).await {
+            let verdict = match catalogs
+                .offered(&model_session.session, model_session.slot)
+                .await
+            {
                 Ok(catalog) => model_session.provider.accept(&catalog),
                 Err(err) => Err(format!("the catalog could not be assembled: {err}")),
             };
@@ -263,13 +286,13 @@ impl ModelSessionHub {
             match model_session.deliver(event) {
                 Delivery::Queued => {}
                 Delivery::Gone => {
-                    self.remove(&change.character_id, &model_session.id);
+                    self.remove(&model_session.session.character_id, &model_session.id);
                     continue;
                 }
                 Delivery::Stuck => {
                     // A subscriber that stopped reading cannot be synchronised;
                     // closing it makes the client reconnect and start fresh.
-                    self.remove(&change.character_id, &model_session.id);
+                    self.remove(&model_session.session.character_id, &model_session.id);
                     refusals.push(format!(
                         "model session {} was closed: its event stream is not being read",
                         model_session.id

@@ -411,7 +411,22 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{CatalogEntry, Invoker, Lookup};
+    use crate::call::ToolOutcome;
+    use crate::catalog::{CallContext, CatalogEntry, Lookup, ToolHandler};
+
+    /// A handler these catalog tests never run.
+    #[derive(Debug)]
+    struct Unused;
+
+    impl ToolHandler for Unused {
+        fn invoke<'a>(
+            &'a self,
+            _cx: &'a CallContext<'a>,
+            _args: &'a Value,
+        ) -> futures::future::BoxFuture<'a, ToolOutcome> {
+            Box::pin(std::future::ready(ToolOutcome::Error("unused".into())))
+        }
+    }
     use crate::domain::tool::{Basis, ProviderType, SideEffectLevel, ToolSpec};
 
     fn meta(level: SideEffectLevel, slots: Vec<Slot>) -> ToolMetadata {
@@ -522,7 +537,7 @@ mod tests {
                 source: "plugin:test".into(),
                 metadata: meta(level, vec![]),
             },
-            Invoker::Builtin("roll_dice"),
+            std::sync::Arc::new(Unused),
         )
     }
 

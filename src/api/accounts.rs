@@ -47,7 +47,11 @@ async fn create_account(
             "only the admin account may create accounts",
         ));
     }
-    let created = state.store.create_account(&body.name, false, None).await?;
+    let created = state
+        .runtime
+        .store
+        .create_account(&body.name, false, None)
+        .await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(Data {

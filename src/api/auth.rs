@@ -30,7 +30,7 @@ impl FromRequestParts<AppState> for CurrentAccount {
             .ok_or_else(|| {
                 ApiError::unauthorized("Authorization header must be `Bearer <api key>`")
             })?;
-        match state.store.account_by_api_key(key).await? {
+        match state.runtime.store.account_by_api_key(key).await? {
             Some(account) => Ok(CurrentAccount(account)),
             None => Err(ApiError::unauthorized("invalid API key")),
         }

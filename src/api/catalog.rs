@@ -12,7 +12,6 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{Path, Query};
 use crate::catalog::Availability;
 use crate::domain::tool::Slot;
-use crate::permissions::ToolPermissions;
 use crate::state::AppState;
 
 /// Query of `GET /sessions/{id}/tools/runtime`.
@@ -63,10 +62,12 @@ async fn runtime_catalog(
             )));
         }
     };
-    let session = state.store.session(&account.id, &session_id).await?;
-    let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-    let mut catalog = state.runtime.catalog(&session).await?;
-    permissions.apply_to_catalog(&mut catalog, slot);
+    let session = state
+        .runtime
+        .store
+        .session(&account.id, &session_id)
+        .await?;
+    let catalog = state.runtime.offered_catalog(&session, slot).await?;
     let tools: Vec<Value> = if openai {
         catalog
             .entries

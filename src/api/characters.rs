@@ -63,6 +63,7 @@ async fn create_character(
     check_text("description", &body.description)?;
     check_text("persona", &body.persona)?;
     let character = state
+        .runtime
         .store
         .create_character(&account.id, &name, &body.description, &body.persona)
         .await?;
@@ -78,7 +79,11 @@ async fn list_characters(
     Query(params): Query<ListParams>,
 ) -> ApiResult<axum::Json<List<Character>>> {
     let page = params.page_request(&["created_at", "name"])?;
-    let page = state.store.list_characters(&account.id, page).await?;
+    let page = state
+        .runtime
+        .store
+        .list_characters(&account.id, page)
+        .await?;
     Ok(axum::Json(page.into()))
 }
 
@@ -90,7 +95,7 @@ async fn get_character(
     CurrentAccount(account): CurrentAccount,
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<Data<Character>>> {
-    let character = state.store.character(&account.id, &name).await?;
+    let character = state.runtime.store.character(&account.id, &name).await?;
     Ok(axum::Json(Data { data: character }))
 }
 
@@ -120,6 +125,7 @@ async fn update_character(
         check_text("persona", text)?;
     }
     let character = state
+        .runtime
         .store
         .update_character(&account.id, &name, patch)
         .await?;
@@ -134,7 +140,11 @@ async fn delete_character(
     CurrentAccount(account): CurrentAccount,
     Path(name): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    let character = state.store.delete_character(&account.id, &name).await?;
+    let character = state
+        .runtime
+        .store
+        .delete_character(&account.id, &name)
+        .await?;
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": character.id, "name": character.name, "deleted": true }),
     }))

@@ -157,8 +157,12 @@ async fn create_definition(
     Json(body): Json<CreateDefinition>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<ToolDefinition>>)> {
     let draft = definition::create(body.into())?;
-    definition::check_create_allowed(&draft, state.settings.enable_unsafe_script_handler)?;
-    let created = state.store.create_definition(&account.id, draft).await?;
+    definition::check_create_allowed(&draft, state.runtime.settings.enable_unsafe_script_handler)?;
+    let created = state
+        .runtime
+        .store
+        .create_definition(&account.id, draft)
+        .await?;
     tracing::info!(definition = %created.id, name = %created.name, "tool definition created");
     Ok((StatusCode::CREATED, axum::Json(Data { data: created })))
 }
@@ -186,6 +190,7 @@ async fn list_definitions(
         enabled: params.enabled,
     };
     let page = state
+        .runtime
         .store
         .list_definitions(&account.id, &filter, page)
         .await?;
@@ -201,7 +206,7 @@ async fn get_definition(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<ToolDefinition>>> {
-    let found = state.store.definition(&account.id, &id).await?;
+    let found = state.runtime.store.definition(&account.id, &id).await?;
     Ok(axum::Json(Data { data: found }))
 }
 
@@ -222,14 +227,14 @@ async fn update_definition(
     let changes = DefinitionChanges::from(body);
     // Before the lookup: an empty PATCH is wrong whatever it targets.
     changes.check_not_empty()?;
-    let existing = state.store.definition(&account.id, &id).await?;
+    let existing = state.runtime.store.definition(&account.id, &id).await?;
     let updated = definition::update(&existing, changes.clone())?;
     definition::check_update_allowed(
         &updated,
         &changes,
-        state.settings.enable_unsafe_script_handler,
+        state.runtime.settings.enable_unsafe_script_handler,
     )?;
-    let saved = state.store.save_definition(updated).await?;
+    let saved = state.runtime.store.save_definition(updated).await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
     Ok(axum::Json(Data { data: saved }))
 }
@@ -247,14 +252,14 @@ async fn toggle_definition(
     Path(id): Path<String>,
     Json(body): Json<ToggleDefinition>,
 ) -> ApiResult<axum::Json<Data<ToolDefinition>>> {
-    let mut found = state.store.definition(&account.id, &id).await?;
+    let mut found = state.runtime.store.definition(&account.id, &id).await?;
     definition::check_toggle_allowed(
         &found,
         body.enabled,
-        state.settings.enable_unsafe_script_handler,
+        state.runtime.settings.enable_unsafe_script_handler,
     )?;
     found.enabled = body.enabled;
-    let saved = state.store.save_definition(found).await?;
+    let saved = state.runtime.store.save_definition(found).await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
     Ok(axum::Json(Data { data: saved }))
 }
@@ -269,7 +274,11 @@ async fn delete_definition(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Value>>> {
-    state.store.delete_definition(&account.id, &id).await?;
+    state
+        .runtime
+        .store
+        .delete_definition(&account.id, &id)
+        .await?;
     tracing::info!(definition = %id, "tool definition deleted");
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": id, "deleted": true }),

@@ -13,9 +13,21 @@ use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
 use super::error::ApiResult;
-use super::extract::Path;
+use super::extract::{Path, Query};
+use crate::domain::tool::Slot;
 use crate::model_sessions::ModelProvider;
 use crate::state::AppState;
+
+/// Query of `GET /sessions/{id}/events`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventsParams {
+    /// The slot whose permissions decide what this model session is offered
+    /// (`director` | `memory` | `narrator` | `verifier`); calls default to
+    /// `narrator`, and so does this.
+    pub slot: Option<String>,
+}
 
 /// Comment lines keep idle connections (and proxies) from timing out.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -26,7 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Subscribe to a session's events as a live model session.
 #[utoipa::path(get, path = "/sessions/{id}/events", tag = "sessions",
-    params(("id" = String, Path)),
+    params(("id" = String, Path), EventsParams),
     responses(
         (status = 200, content_type = "text/event-stream",
             description = "events `ready` then `catalog_changed` (JSON data: role, added, updated, removed, accepted, error, tools)"),
@@ -36,12 +48,22 @@ async fn session_events(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
+    Query(params): Query<EventsParams>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let session = state.store.session(&account.id, &id).await?;
+    let slot = match params.slot.as_deref() {
+        Some(raw) => Slot::parse(raw)?,
+        None => Slot::Narrator,
+    };
+    let session = state.runtime.store.session(&account.id, &id).await?;
     let subscription = state
         .runtime
         .model_sessions
-        .open(&state.runtime, session, ModelProvider::OpenAiCompatible)
+        .open(
+            &state.runtime,
+            session,
+            slot,
+            ModelProvider::OpenAiCompatible,
+        )
         .await?;
     let stream = subscription.map(|event| {
         Ok(Event::default()

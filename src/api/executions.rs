@@ -34,6 +34,7 @@ async fn list_executions(
     let query = ExecutionQuery::parse(params)?;
     Ok(axum::Json(
         state
+            .runtime
             .store
             .query_executions(&account.id, query)
             .await?
@@ -50,6 +51,7 @@ async fn get_execution(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<ExecutionRecord>>> {
     let record = state
+        .runtime
         .store
         .execution(&account.id, &id)
         .await?
@@ -67,10 +69,15 @@ async fn list_floor_executions(
     Path(floor_id): Path<String>,
     Query(params): Query<FloorExecutionQueryParams>,
 ) -> ApiResult<axum::Json<List<ExecutionRecord>>> {
-    let floor = state.store.floor_ref(&account.id, &floor_id).await?;
+    let floor = state
+        .runtime
+        .store
+        .floor_ref(&account.id, &floor_id)
+        .await?;
     let query = ExecutionQuery::parse(params.with_floor(floor.id))?;
     Ok(axum::Json(
         state
+            .runtime
             .store
             .query_executions(&account.id, query)
             .await?
@@ -89,6 +96,7 @@ async fn list_call_records(
     let query = CallRecordQuery::parse(params)?;
     Ok(axum::Json(
         state
+            .runtime
             .store
             .query_call_records(&account.id, query)
             .await?

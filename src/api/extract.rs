@@ -18,7 +18,7 @@ pub struct Json<T>(pub T);
 pub async fn body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::payload_too_large(state.settings.body_limit_bytes)
+            ApiError::payload_too_large(state.runtime.settings.body_limit_bytes)
         } else {
             ApiError::validation(format!("could not read request body: {rejection}"))
         }

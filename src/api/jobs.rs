@@ -26,7 +26,7 @@ async fn get_job(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<RuntimeJob>>> {
     Ok(axum::Json(Data {
-        data: state.store.job(&account.id, &id).await?,
+        data: state.runtime.store.job(&account.id, &id).await?,
     }))
 }
 
@@ -40,6 +40,6 @@ async fn list_tool_results(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Vec<Delivery>>>> {
     Ok(axum::Json(Data {
-        data: state.store.deliveries(&account.id, &id).await?,
+        data: state.runtime.store.deliveries(&account.id, &id).await?,
     }))
 }

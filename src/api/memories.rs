@@ -37,6 +37,7 @@ async fn add_memory(
     Json(body): Json<NewMemory>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<Memory>>)> {
     let memory = state
+        .runtime
         .store
         .add_memory(&account.id, &session_id, &body.content)
         .await?;
@@ -53,6 +54,10 @@ async fn list_memories(
     Path(session_id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Vec<Memory>>>> {
     Ok(axum::Json(Data {
-        data: state.store.list_memories(&account.id, &session_id).await?,
+        data: state
+            .runtime
+            .store
+            .list_memories(&account.id, &session_id)
+            .await?,
     }))
 }

@@ -88,7 +88,9 @@ pub fn router(state: AppState) -> Router {
             "this route does not accept that method",
         )
     })
-    .layer(DefaultBodyLimit::max(state.settings.body_limit_bytes))
+    .layer(DefaultBodyLimit::max(
+        state.runtime.settings.body_limit_bytes,
+    ))
     .layer(CatchPanicLayer::custom(|_panic| {
         tracing::error!("a request handler panicked");
         ApiError::new(

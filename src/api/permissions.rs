@@ -40,7 +40,11 @@ async fn get_permissions(
     CurrentAccount(account): CurrentAccount,
     Path(session_id): Path<String>,
 ) -> ApiResult<axum::Json<Value>> {
-    let session = state.store.session(&account.id, &session_id).await?;
+    let session = state
+        .runtime
+        .store
+        .session(&account.id, &session_id)
+        .await?;
     Ok(envelope(&ToolPermissions::from_metadata(
         &session.metadata,
     )?))
@@ -89,6 +93,7 @@ async fn save(
     compute: impl FnOnce(&Value) -> crate::error::Result<ToolPermissions>,
 ) -> ApiResult<axum::Json<Value>> {
     let stored = state
+        .runtime
         .store
         .update_session_metadata_key(account_id, session_id, METADATA_KEY, |metadata| {
             compute(metadata).map(|permissions| permissions.to_json())

@@ -76,7 +76,7 @@ async fn get_run(
     CurrentAccount(account): CurrentAccount,
     Path(run_id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    let run = state.store.run(&account.id, &run_id).await?;
+    let run = state.runtime.store.run(&account.id, &run_id).await?;
     Ok(axum::Json(Data {
         data: run_json(&run),
     }))

@@ -108,7 +108,7 @@ fn json_kind(value: &Value) -> &'static str {
 async fn target_roles(state: &AppState, role: Option<&str>) -> ApiResult<Vec<Role>> {
     match role {
         None | Some("") => {
-            let characters = state.store.all_characters().await?;
+            let characters = state.runtime.store.all_characters().await?;
             let existing: HashSet<String> = characters.iter().map(|c| c.id.clone()).collect();
             // Registries of deleted characters can never be reached again.
             state.runtime.remote.retain_characters(&existing);
@@ -120,7 +120,7 @@ async fn target_roles(state: &AppState, role: Option<&str>) -> ApiResult<Vec<Rol
                 })
                 .collect())
         }
-        Some(name) => match state.store.character_any_account(name).await? {
+        Some(name) => match state.runtime.store.character_any_account(name).await? {
             Some(c) => Ok(vec![Role {
                 character_id: c.id,
                 name: c.name,
@@ -207,7 +207,11 @@ async fn register_tool(
     let MutationReport {
         affected_roles,
         failed_roles,
-    } = state.runtime.register_remote(&roles, tool).await;
+    } = state
+        .runtime
+        .remote
+        .register_into(&state.runtime, &roles, tool)
+        .await;
     Ok(axum::Json(RegisterToolResponse {
         ok: !affected_roles.is_empty(),
         registered,
@@ -255,7 +259,11 @@ async fn unregister_tool(
         return Err(unprocessable("name must not be empty"));
     }
     let roles = target_roles(&state, body.role.as_deref()).await?;
-    let (removed, report) = state.runtime.unregister_remote(&roles, &body.name).await;
+    let (removed, report) = state
+        .runtime
+        .remote
+        .unregister_from(&state.runtime, &roles, &body.name)
+        .await;
     Ok(axum::Json(UnregisterToolResponse {
         ok: mutation_ok(&report),
         removed,
@@ -304,7 +312,11 @@ async fn clear_tools(
         return Err(unprocessable("source must not be empty"));
     }
     let roles = target_roles(&state, body.role.as_deref()).await?;
-    let (removed, report) = state.runtime.clear_remote(&roles, &body.source).await;
+    let (removed, report) = state
+        .runtime
+        .remote
+        .clear_from(&state.runtime, &roles, &body.source)
+        .await;
     Ok(axum::Json(ClearToolsResponse {
         ok: mutation_ok(&report),
         removed,

@@ -64,6 +64,7 @@ async fn create_session(
         return Err(ApiError::validation("title must be at most 256 characters"));
     }
     let session = state
+        .runtime
         .store
         .create_session(&account.id, &body.character, &body.title)
         .await?;
@@ -86,6 +87,7 @@ async fn list_sessions(
         &["created_at", "updated_at"],
     )?;
     let page = state
+        .runtime
         .store
         .list_sessions(&account.id, params.character.as_deref(), page)
         .await?;
@@ -101,7 +103,7 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Session>>> {
     Ok(axum::Json(Data {
-        data: state.store.session(&account.id, &id).await?,
+        data: state.runtime.store.session(&account.id, &id).await?,
     }))
 }
 
@@ -113,7 +115,7 @@ async fn delete_session(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    let session = state.store.delete_session(&account.id, &id).await?;
+    let session = state.runtime.store.delete_session(&account.id, &id).await?;
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": session.id, "deleted": true }),
     }))
@@ -129,6 +131,7 @@ async fn append_floor(
     Json(body): Json<AppendFloor>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<Floor>>)> {
     let floor = state
+        .runtime
         .store
         .append_floor(&account.id, &id, &body.content)
         .await?;
@@ -144,6 +147,6 @@ async fn list_floors(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Vec<Floor>>>> {
     Ok(axum::Json(Data {
-        data: state.store.list_floors(&account.id, &id).await?,
+        data: state.runtime.store.list_floors(&account.id, &id).await?,
     }))
 }

@@ -11,7 +11,7 @@ use super::auth::CurrentAccount;
 use super::envelope::Data;
 use super::error::{ApiError, ApiResult};
 use super::extract::{Json, Path};
-use crate::dispatch::{CallArguments, ToolCall};
+use crate::call::{CallArguments, ToolCall};
 use crate::domain::tool::Slot;
 use crate::state::AppState;
 
@@ -51,7 +51,7 @@ async fn create_tool_call(
     CurrentAccount(account): CurrentAccount,
     Path(session_id): Path<String>,
     Json(body): Json<ToolCallBody>,
-) -> ApiResult<axum::Json<Data<crate::dispatch::ToolCallResult>>> {
+) -> ApiResult<axum::Json<Data<crate::call::ToolCallResult>>> {
     if body.name.is_empty() || body.name.len() > 256 {
         return Err(ApiError::validation("name must be 1-256 bytes"));
     }

@@ -93,13 +93,22 @@ pub struct NewJob {
 
 impl Store {
     /// Writes a deferred call's journal row and its job in one transaction, so
-    /// that neither can exist without the other.
-    pub async fn insert_deferred(&self, row: &super::NewExecution, job: &NewJob) -> Result<()> {
+    /// that neither can exist without the other, if the row is admitted (its run
+    /// still open, within its limits): a run that closes first never gets a
+    /// staged job it would neither release nor cancel.
+    pub async fn insert_deferred(
+        &self,
+        row: &super::NewExecution,
+        job: &NewJob,
+    ) -> Result<super::Admitted> {
         let mut tx = self.pool().begin().await?;
-        super::journal::insert_execution_with(&mut *tx, row).await?;
+        let admitted = super::journal::insert_execution_with(&mut tx, row).await?;
+        if admitted != super::Admitted::Yes {
+            return Ok(admitted);
+        }
         insert_job_with(&mut *tx, job).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(admitted)
     }
 
     /// The account's job.
@@ -163,11 +172,10 @@ impl Store {
         &self,
         job: &RuntimeJob,
         owner: &str,
-        execution_status: &str,
-        output: &serde_json::Value,
-        is_error: bool,
+        settled: &crate::call::Settled,
         call_id: &str,
     ) -> Result<Option<Delivery>> {
+        let (output, is_error) = (&settled.output, settled.is_error);
         let now = now_ms();
         let mut tx = self.pool().begin().await?;
         let job_state = if is_error { "failed" } else { "succeeded" };
@@ -191,13 +199,14 @@ impl Store {
         }
         sqlx::query(
             "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, lifecycle_state = 'finished', \
-             finished_at = ?, duration_ms = MAX(0, ? - started_at) WHERE id = ?",
+             finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ? WHERE id = ?",
         )
-        .bind(execution_status)
+        .bind(settled.status.as_str())
         .bind((!is_error).then(|| output.to_string()))
         .bind(&error_message)
         .bind(now)
         .bind(now)
+        .bind(settled.provider_started)
         .bind(&job.execution_id)
         .execute(&mut *tx)
         .await?;

@@ -44,12 +44,43 @@ pub struct NewExecution {
     pub started_at: i64,
     /// The run step this call belongs to (max_steps_per_generation).
     pub step_key: Option<String>,
+    /// Whether the row is written to run its provider (see `Admission`).
+    pub provider_started: bool,
+    /// The limits a row that starts its provider must fit in.
+    pub admission: Admission,
+}
+
+/// The limits checked in the same statement that writes a call's row, so that
+/// parallel calls cannot both take the last step or the last call of a budget.
+/// Only rows whose provider started count against them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Admission {
+    /// `max_steps_per_generation`: a row opening a new step of its run needs
+    /// fewer than this many steps used.
+    pub step_limit: Option<u32>,
+    /// `max_calls_per_turn`: calls of the row's run (or of its floor outside
+    /// runs) must be fewer than this.
+    pub call_limit: Option<u32>,
+}
+
+/// Whether a call's row was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    Yes,
+    /// The row's run was committed or discarded first.
+    RunNotOpen,
+    /// The row would open a step past `max_steps_per_generation`.
+    StepLimit,
+    /// The row would exceed `max_calls_per_turn`.
+    CallLimit,
 }
 
 /// The end of an execution.
 #[derive(Debug, Clone)]
 pub struct ExecutionFinish {
     pub status: ExecutionStatus,
+    /// False when the provider turned out never to have received the call.
+    pub provider_started: bool,
     pub result: serde_json::Value,
     pub error_message: Option<String>,
     pub commit_outcome: Option<CommitOutcome>,
@@ -122,20 +153,11 @@ fn legacy_status_sql() -> String {
     format!("CASE status {arms}END")
 }
 
-/// SQL list of the statuses whose provider was started (`provider_started`).
-pub(super) fn started_statuses_sql() -> String {
-    let quoted: Vec<String> = ExecutionStatus::ALL
-        .iter()
-        .filter(|status| status.provider_started())
-        .map(|status| format!("'{}'", status.as_str()))
-        .collect();
-    format!("({})", quoted.join(", "))
-}
-
 impl Store {
-    /// Writes a journal row (group-committed with concurrent journal writes).
-    /// Rows for refused calls are written already finished.
-    pub async fn insert_execution(&self, row: &NewExecution) -> Result<()> {
+    /// Writes a journal row (group-committed with concurrent journal writes) if
+    /// its run is still open and it fits its admission limits. Rows for refused
+    /// calls are written already finished.
+    pub async fn insert_execution(&self, row: &NewExecution) -> Result<Admitted> {
         self.journal_writer
             .write(JournalWrite::Insert(Box::new(row.clone())))
             .await
@@ -150,6 +172,7 @@ impl Store {
                 at: now_ms(),
             })
             .await
+            .map(drop)
     }
 
     /// At start-up: rows a crash left running cannot be known; they become
@@ -168,19 +191,6 @@ impl Store {
         .await?
         .rows_affected();
         Ok(changed)
-    }
-
-    /// The distinct steps a run's calls have used (refused calls do not count).
-    pub async fn run_step_keys(&self, run_id: &str) -> Result<Vec<String>> {
-        let sql = format!(
-            "SELECT DISTINCT step_key FROM tool_execution_record WHERE run_id = ? \
-             AND step_key IS NOT NULL AND status IN {}",
-            started_statuses_sql()
-        );
-        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(run_id)
-            .fetch_all(self.pool())
-            .await?)
     }
 
     /// One journal row of the account.
@@ -351,51 +361,106 @@ impl Store {
     }
 }
 
-/// Inserts a journal row through any executor (the pool or a transaction).
-pub(super) async fn insert_execution_with<'e>(
-    executor: impl sqlx::SqliteExecutor<'e>,
-    row: &NewExecution,
-) -> Result<()> {
+/// The conditions a row must meet to be written; `?4` is its run, `?5` its
+/// floor, `?28` its step, `?29` whether it starts its provider, `?30` the step
+/// limit and `?31` the call limit. They are evaluated by the statement that
+/// writes the row, under the database's write lock.
+const ADMISSION_RUN_OPEN: &str =
+    "(?4 IS NULL OR EXISTS (SELECT 1 FROM floor_runs WHERE id = ?4 AND state = 'open'))";
+const ADMISSION_STEP: &str = "(?29 = 0 OR ?28 IS NULL OR ?30 IS NULL \
+    OR EXISTS (SELECT 1 FROM tool_execution_record WHERE run_id = ?4 AND provider_started = 1 AND step_key = ?28) \
+    OR (SELECT COUNT(DISTINCT step_key) FROM tool_execution_record \
+        WHERE run_id = ?4 AND provider_started = 1 AND step_key IS NOT NULL) < ?30)";
+const ADMISSION_CALLS: &str = "(?29 = 0 OR ?31 IS NULL \
+    OR (CASE WHEN ?4 IS NOT NULL \
+        THEN (SELECT COUNT(*) FROM tool_execution_record WHERE run_id = ?4 AND provider_started = 1) \
+        ELSE (SELECT COUNT(*) FROM tool_execution_record WHERE floor_id = ?5 AND run_id IS NULL AND provider_started = 1) \
+        END) < ?31)";
+
+/// Binds a row's values as `?1` … `?31` (the numbering of the statements above).
+fn bind_row<'q>(
+    query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    row: &'q NewExecution,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
     let finished = row.lifecycle_state == LifecycleState::Finished;
+    query
+        .bind(&row.id)
+        .bind(&row.account_id)
+        .bind(&row.session_id)
+        .bind(&row.run_id)
+        .bind(&row.floor_id)
+        .bind(&row.page_id)
+        .bind(&row.call_id)
+        .bind(&row.caller_slot)
+        .bind(&row.provider_id)
+        .bind(&row.provider_type)
+        .bind(&row.tool_name)
+        .bind(row.args.to_string())
+        .bind(&row.args_canonical)
+        .bind(row.result.as_ref().map(|r| r.to_string()))
+        .bind(row.status.as_str())
+        .bind(row.lifecycle_state.as_str())
+        .bind(row.commit_outcome.as_str())
+        .bind(&row.side_effect_level)
+        .bind(&row.replay_safety)
+        .bind(&row.error_message)
+        .bind(row.started_at)
+        .bind(finished.then_some(now))
+        .bind(&row.delivery_mode)
+        .bind(row.attempt_no)
+        .bind(&row.runtime_job_id)
+        .bind(&row.replay_parent_execution_id)
+        .bind(now)
+        .bind(&row.step_key)
+        .bind(row.provider_started)
+        .bind(row.admission.step_limit.map(i64::from))
+        .bind(row.admission.call_limit.map(i64::from))
+}
+
+/// Inserts a journal row on `conn` (the writer's connection or a transaction)
+/// when its run is open and it fits its admission limits; otherwise says which
+/// condition refused it.
+pub(super) async fn insert_execution_with(
+    conn: &mut sqlx::SqliteConnection,
+    row: &NewExecution,
+) -> Result<Admitted> {
     let now = now_ms();
-    sqlx::query(
+    let sql = format!(
         "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
          caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
          lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
-         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at, step_key) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&row.id)
-    .bind(&row.account_id)
-    .bind(&row.session_id)
-    .bind(&row.run_id)
-    .bind(&row.floor_id)
-    .bind(&row.page_id)
-    .bind(&row.call_id)
-    .bind(&row.caller_slot)
-    .bind(&row.provider_id)
-    .bind(&row.provider_type)
-    .bind(&row.tool_name)
-    .bind(row.args.to_string())
-    .bind(&row.args_canonical)
-    .bind(row.result.as_ref().map(|r| r.to_string()))
-    .bind(row.status.as_str())
-    .bind(row.lifecycle_state.as_str())
-    .bind(row.commit_outcome.as_str())
-    .bind(&row.side_effect_level)
-    .bind(&row.replay_safety)
-    .bind(&row.error_message)
-    .bind(row.started_at)
-    .bind(finished.then_some(now))
-    .bind(&row.delivery_mode)
-    .bind(row.attempt_no)
-    .bind(&row.runtime_job_id)
-    .bind(&row.replay_parent_execution_id)
-    .bind(now)
-    .bind(&row.step_key)
-    .execute(executor)
-    .await?;
-    Ok(())
+         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at, \
+         step_key, provider_started) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, 0, \
+         ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29 \
+         WHERE {ADMISSION_RUN_OPEN} AND {ADMISSION_STEP} AND {ADMISSION_CALLS}"
+    );
+    let inserted = bind_row(sqlx::query(AssertSqlSafe(sql)), row, now)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if inserted > 0 {
+        return Ok(Admitted::Yes);
+    }
+    // Which condition refused it. Another connection may have changed the run in
+    // between (this is not always inside a transaction), but a run never
+    // reopens, so "not open" stays true; the counts only matter while it is open.
+    // Numbered parameters bind by number, so the row's other values are ignored.
+    let sql = format!(
+        "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_STEP} AS step_ok, \
+         {ADMISSION_CALLS} AS calls_ok"
+    );
+    let verdict = bind_row(sqlx::query(AssertSqlSafe(sql)), row, now)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(if !verdict.get::<bool, _>("run_open") {
+        Admitted::RunNotOpen
+    } else if !verdict.get::<bool, _>("step_ok") {
+        Admitted::StepLimit
+    } else {
+        Admitted::CallLimit
+    })
 }
 
 /// Finishes an opened row at `now` through any executor.
@@ -408,7 +473,7 @@ pub(super) async fn finish_execution_with<'e>(
     sqlx::query(
         "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
          lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
-         commit_outcome = COALESCE(?, commit_outcome) WHERE id = ?",
+         commit_outcome = COALESCE(?, commit_outcome), provider_started = ? WHERE id = ?",
     )
     .bind(finish.status.as_str())
     .bind(finish.result.to_string())
@@ -416,6 +481,7 @@ pub(super) async fn finish_execution_with<'e>(
     .bind(now)
     .bind(now)
     .bind(finish.commit_outcome.map(CommitOutcome::as_str))
+    .bind(finish.provider_started)
     .bind(id)
     .execute(executor)
     .await?;

@@ -5,12 +5,12 @@
 //! transaction; each caller is answered only after that commit, so a row a
 //! caller was told about is as durable as with its own transaction.
 
-use std::sync::Arc;
-
 use sqlx::SqlitePool;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
-use super::journal::{ExecutionFinish, NewExecution, finish_execution_with, insert_execution_with};
+use super::journal::{
+    Admitted, ExecutionFinish, NewExecution, finish_execution_with, insert_execution_with,
+};
 use crate::error::{Error, Result};
 
 /// Most writes committed in one transaction.
@@ -31,7 +31,7 @@ pub(super) enum JournalWrite {
 
 struct Request {
     write: JournalWrite,
-    done: oneshot::Sender<Result<()>>,
+    done: oneshot::Sender<Result<Admitted>>,
 }
 
 /// What the writer task receives.
@@ -55,16 +55,16 @@ impl std::fmt::Debug for Request {
 }
 
 impl JournalWriter {
-    /// Starts the writer task; it ends when every handle is dropped. `turn` is the
-    /// store's write lock, shared with its other writers.
-    pub(super) fn spawn(pool: SqlitePool, turn: Arc<Mutex<()>>) -> Self {
+    /// Starts the writer task; it ends when every handle is dropped.
+    pub(super) fn spawn(pool: SqlitePool) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE);
-        tokio::spawn(run(pool, turn, receiver));
+        tokio::spawn(run(pool, receiver));
         Self { queue }
     }
 
-    /// Queues a write and waits until it is committed.
-    pub(super) async fn write(&self, write: JournalWrite) -> Result<()> {
+    /// Queues a write and waits until it is committed; an insert may be refused
+    /// by its admission conditions (a finish is always `Admitted::Yes`).
+    pub(super) async fn write(&self, write: JournalWrite) -> Result<Admitted> {
         let (done, answer) = oneshot::channel();
         self.queue
             .send(Message::Write(Request { write, done }))
@@ -88,7 +88,7 @@ fn writer_gone() -> Error {
     Error::Internal(anyhow::anyhow!("the journal writer has stopped"))
 }
 
-async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receiver<Message>) {
+async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
     // The writer keeps one connection while writes keep coming, instead of taking
     // one from the pool for every batch.
     let mut connection: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>> = None;
@@ -112,7 +112,6 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
                 Err(_) => break,
             }
         }
-        let _turn = turn.lock().await;
         if connection.is_none() {
             connection = pool.acquire().await.ok();
         }
@@ -133,9 +132,9 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
             connection = None;
         }
         match committed {
-            Ok(()) => {
-                for request in batch {
-                    let _ = request.done.send(Ok(()));
+            Ok(admitted) => {
+                for (request, admitted) in batch.into_iter().zip(admitted) {
+                    let _ = request.done.send(Ok(admitted));
                 }
             }
             Err(err) => {
@@ -143,7 +142,10 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
                 // so every caller gets its own answer.
                 tracing::warn!(error = %err, writes = batch.len(), "journal batch failed; retrying one by one");
                 for request in batch {
-                    let result = apply(&pool, &request.write).await;
+                    let result = match pool.acquire().await {
+                        Ok(mut conn) => apply(&mut conn, &request.write).await,
+                        Err(err) => Err(err.into()),
+                    };
                     let _ = request.done.send(result);
                 }
             }
@@ -158,30 +160,30 @@ async fn run(pool: SqlitePool, turn: Arc<Mutex<()>>, mut receiver: mpsc::Receive
     }
 }
 
-async fn commit_batch(conn: &mut sqlx::SqliteConnection, batch: &[Request]) -> Result<()> {
+async fn commit_batch(
+    conn: &mut sqlx::SqliteConnection,
+    batch: &[Request],
+) -> Result<Vec<Admitted>> {
     // A lone write commits by itself: an explicit transaction would add two
     // round trips (BEGIN, COMMIT) to the connection's thread for nothing.
     if let [single] = batch {
-        return apply(&mut *conn, &single.write).await;
+        return Ok(vec![apply(conn, &single.write).await?]);
     }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut admitted = Vec::with_capacity(batch.len());
     for request in batch {
-        match &request.write {
-            JournalWrite::Insert(row) => insert_execution_with(&mut *tx, row).await?,
-            JournalWrite::Finish { id, finish, at } => {
-                finish_execution_with(&mut *tx, id, finish, *at).await?
-            }
-        }
+        admitted.push(apply(&mut tx, &request.write).await?);
     }
     tx.commit().await?;
-    Ok(())
+    Ok(admitted)
 }
 
-async fn apply<'e>(executor: impl sqlx::SqliteExecutor<'e>, write: &JournalWrite) -> Result<()> {
+async fn apply(conn: &mut sqlx::SqliteConnection, write: &JournalWrite) -> Result<Admitted> {
     match write {
-        JournalWrite::Insert(row) => insert_execution_with(executor, row).await,
+        JournalWrite::Insert(row) => insert_execution_with(conn, row).await,
         JournalWrite::Finish { id, finish, at } => {
-            finish_execution_with(executor, id, finish, *at).await
+            finish_execution_with(&mut *conn, id, finish, *at).await?;
+            Ok(Admitted::Yes)
         }
     }
 }

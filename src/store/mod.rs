@@ -3,7 +3,6 @@
 
 mod accounts;
 mod cache;
-mod call_budget;
 mod characters;
 mod definitions;
 mod floors;
@@ -34,7 +33,7 @@ pub use characters::{Character, CharacterPatch};
 pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
-pub use journal::{ExecutionFinish, NewExecution};
+pub use journal::{Admission, Admitted, ExecutionFinish, NewExecution};
 pub use memory::{Memory, MemoryHit};
 pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
@@ -45,14 +44,12 @@ pub use sessions::Session;
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
-    /// SQLite admits one writer at a time, and a connection that finds the write
-    /// lock taken sleeps in its busy handler (1 ms and up) before retrying. The
-    /// hot-path writes queue here instead, so they are handed the lock in turn
-    /// without sleeping (BENCHMARKS.md: builtin calls under load).
-    writes: Arc<tokio::sync::Mutex<()>>,
     /// Accounts by API-key hash, so that authenticating a request costs no query.
     api_keys: Arc<accounts::KeyCache>,
-    /// Group-commits journal writes.
+    /// Group-commits journal writes. SQLite admits one writer at a time, and a
+    /// connection that finds the write lock taken sleeps in its busy handler;
+    /// the hot-path writes (every call's rows, its budget and step checks
+    /// included) go through this one task instead (BENCHMARKS.md).
     journal_writer: journal_writer::JournalWriter,
     /// Enabled definitions by account: read on every call's catalog.
     definition_cache:
@@ -99,11 +96,9 @@ impl Store {
             .run(&pool)
             .await
             .context("applying database migrations")?;
-        let writes: Arc<tokio::sync::Mutex<()>> = Arc::default();
         Ok(Self {
-            journal_writer: journal_writer::JournalWriter::spawn(pool.clone(), writes.clone()),
+            journal_writer: journal_writer::JournalWriter::spawn(pool.clone()),
             pool,
-            writes,
             api_keys: Arc::default(),
             definition_cache: Arc::default(),
             session_cache: Arc::default(),
@@ -119,12 +114,6 @@ impl Store {
 
     pub(crate) fn pool(&self) -> &SqlitePool {
         &self.pool
-    }
-
-    /// Taken around a hot-path write statement: writers of this process wait
-    /// their turn here rather than in SQLite's sleeping busy handler.
-    pub(crate) async fn write_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.writes.lock().await
     }
 }
 

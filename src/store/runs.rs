@@ -64,13 +64,11 @@ impl Store {
         account_id: &str,
         floor_id: &str,
     ) -> Result<Vec<BlockingExecution>> {
-        let sql = format!(
+        let rows = sqlx::query(
             "SELECT id, tool_name, replay_safety, run_id, status FROM tool_execution_record \
              WHERE account_id = ? AND floor_id = ? AND run_id IS NOT NULL AND replay_safety <> 'safe' \
-             AND status IN {} ORDER BY created_at, id",
-            super::journal::started_statuses_sql()
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+             AND provider_started = 1 ORDER BY created_at, id",
+        )
             .bind(account_id)
             .bind(floor_id)
             .fetch_all(self.pool())
@@ -190,13 +188,11 @@ impl Store {
         tool_name: &str,
         args_canonical: &str,
     ) -> Result<Option<ReplayParent>> {
-        let sql = format!(
+        let row = sqlx::query(
             "SELECT id, attempt_no, replay_safety FROM tool_execution_record \
              WHERE floor_id = ? AND run_id IS NOT NULL AND run_id <> ? AND tool_name = ? AND args_canonical = ? \
-             AND status IN {} ORDER BY created_at DESC, id DESC LIMIT 1",
-            super::journal::started_statuses_sql()
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+             AND provider_started = 1 ORDER BY created_at DESC, id DESC LIMIT 1",
+        )
             .bind(floor_id)
             .bind(run_id)
             .bind(tool_name)
@@ -242,7 +238,7 @@ impl Store {
         tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
         let now = now_ms();
         sqlx::query(
-            "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, \
+            "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
              error_message = 'the run was discarded before this deferred call started; it never ran' \
              WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = 'staged')",
         )

@@ -5,24 +5,27 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::catalog::{Availability, CatalogEntry, Invoker};
-use crate::dispatch::ToolOutcome;
+use futures::future::BoxFuture;
+
+use crate::call::ToolOutcome;
+use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
 use crate::domain::definition::ToolDefinition;
 use crate::domain::tool::{ProviderType, ToolMetadata, ToolSpec};
 use crate::error::Result;
-use crate::runtime::ToolRuntime;
-use crate::store::Session;
-use crate::tools::script::ScriptError;
+use crate::store::{Session, Store};
+use crate::tools::script::{ScriptError, ScriptRunner};
 
 /// Why a stored script tool cannot be called while the switch is off.
 pub const SCRIPT_DISABLED_REASON: &str = "the script handler is disabled on this server (ENABLE_UNSAFE_SCRIPT_HANDLER is not true); calls to script tools are refused";
 
-/// What a catalog entry needs to run one definition.
+/// Runs one definition.
 #[derive(Debug)]
-pub struct PresetTool {
-    pub definition_id: String,
+struct PresetHandler {
+    definition_id: String,
     /// The script body, when the definition has a script handler.
-    pub script: Option<Arc<str>>,
+    script: Option<Arc<str>>,
+    scripts: ScriptRunner,
+    scripts_enabled: bool,
 }
 
 /// The provider id of a definition in catalogs and the journal.
@@ -30,30 +33,51 @@ pub fn provider_id(definition: &ToolDefinition) -> String {
     format!("preset:{}", definition.id)
 }
 
-/// One catalog entry per enabled definition of the session's account. Script tools
-/// stay visible while the switch is off, but unavailable, so that an operator can
-/// see why they are not called.
-pub async fn catalog_entries(
-    runtime: &ToolRuntime,
-    session: &Session,
-) -> Result<Vec<CatalogEntry>> {
-    let definitions = runtime
-        .store
-        .enabled_definitions(&session.account_id)
-        .await?;
-    let scripts_enabled = runtime.settings.enable_unsafe_script_handler;
-    Ok(definitions
-        .iter()
-        .map(|definition| entry(definition.clone(), scripts_enabled))
-        .collect())
+/// The definitions provider: the account's enabled definitions, run through
+/// the script sandbox. Script tools stay visible while the switch is off, but
+/// unavailable, so that an operator can see why they are not called.
+pub struct PresetProvider {
+    store: Store,
+    scripts: ScriptRunner,
+    scripts_enabled: bool,
 }
 
-fn entry(definition: ToolDefinition, scripts_enabled: bool) -> CatalogEntry {
-    let tool = PresetTool {
-        definition_id: definition.id.clone(),
-        script: definition.script().map(Arc::from),
-    };
-    let unavailable = if definition.has_script_handler() && !scripts_enabled {
+impl PresetProvider {
+    pub fn new(store: Store, scripts: ScriptRunner, scripts_enabled: bool) -> Self {
+        Self {
+            store,
+            scripts,
+            scripts_enabled,
+        }
+    }
+}
+
+impl ToolProvider for PresetProvider {
+    fn kind(&self) -> &'static str {
+        "preset"
+    }
+
+    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        Box::pin(async move {
+            let definitions = self.store.enabled_definitions(&session.account_id).await?;
+            Ok(definitions
+                .iter()
+                .map(|definition| {
+                    let handler = PresetHandler {
+                        definition_id: definition.id.clone(),
+                        script: definition.script().map(Arc::from),
+                        scripts: self.scripts.clone(),
+                        scripts_enabled: self.scripts_enabled,
+                    };
+                    entry(definition.clone(), handler)
+                })
+                .collect())
+        })
+    }
+}
+
+fn entry(definition: ToolDefinition, tool: PresetHandler) -> CatalogEntry {
+    let unavailable = if definition.has_script_handler() && !tool.scripts_enabled {
         Some(SCRIPT_DISABLED_REASON.to_owned())
     } else if tool.script.is_none() {
         Some("this definition has no handler, so there is nothing to run".to_owned())
@@ -73,39 +97,64 @@ fn entry(definition: ToolDefinition, scripts_enabled: bool) -> CatalogEntry {
         description: definition.description,
         parameters: definition.parameters,
     };
-    let mut entry = CatalogEntry::available(spec, Invoker::Preset(Arc::new(tool)));
-    if let Some(reason) = unavailable {
-        entry.availability = Availability::Unavailable;
-        entry.availability_reason = Some(reason);
+    let entry = CatalogEntry::available(spec, Arc::new(tool));
+    match unavailable {
+        Some(reason) => entry.unavailable(reason),
+        None => entry,
     }
-    entry
 }
 
-/// Runs one call of a preset tool.
-pub async fn call(runtime: &ToolRuntime, tool: &PresetTool, args: &Value) -> ToolOutcome {
-    // The catalog already marks these unavailable; checking again here keeps the
-    // switch authoritative even for a caller holding an older catalog.
-    if !runtime.settings.enable_unsafe_script_handler {
-        return ToolOutcome::Error(SCRIPT_DISABLED_REASON.to_owned());
+impl ToolHandler for PresetHandler {
+    fn invoke<'a>(
+        &'a self,
+        _cx: &'a CallContext<'a>,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(self.run(args))
     }
-    let Some(script) = &tool.script else {
-        return ToolOutcome::Error(format!(
-            "tool definition {} has no handler",
-            tool.definition_id
-        ));
-    };
-    match runtime.scripts.run(script.clone(), args.clone()).await {
-        Ok(output) => ToolOutcome::Success(output),
-        Err(err @ ScriptError::TimeLimit(_)) => ToolOutcome::Timeout(err.to_string()),
-        Err(err) => ToolOutcome::Error(err.to_string()),
+}
+
+impl PresetHandler {
+    async fn run(&self, args: &Value) -> ToolOutcome {
+        // The catalog already marks these unavailable; checking again here keeps
+        // the switch authoritative even for a caller holding an older catalog.
+        if !self.scripts_enabled {
+            return ToolOutcome::not_started(SCRIPT_DISABLED_REASON);
+        }
+        let Some(script) = &self.script else {
+            return ToolOutcome::not_started(format!(
+                "tool definition {} has no handler",
+                self.definition_id
+            ));
+        };
+        match self.scripts.run(script.clone(), args.clone()).await {
+            Ok(output) => ToolOutcome::Success(output),
+            Err(err @ ScriptError::TimeLimit(_)) => ToolOutcome::Timeout(err.to_string()),
+            Err(err @ ScriptError::Busy) => ToolOutcome::NotStarted {
+                message: err.to_string(),
+                retry_after_ms: Some(self.scripts.limits().time.as_millis() as u64),
+            },
+            Err(err) => ToolOutcome::Error(err.to_string()),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::Availability;
     use crate::domain::definition::{self, DefinitionChanges, ScriptHandler};
     use crate::domain::tool::{Basis, SideEffectLevel, Slot};
+    use crate::tools::script::ScriptLimits;
+
+    fn handler(scripts_enabled: bool) -> PresetHandler {
+        PresetHandler {
+            definition_id: "tooldef_x".into(),
+            script: Some(Arc::from("return 1;")),
+            scripts: ScriptRunner::new(ScriptLimits::default(), 1),
+            scripts_enabled,
+        }
+    }
 
     fn script_definition() -> ToolDefinition {
         let mut def = definition::create(DefinitionChanges {
@@ -124,7 +173,7 @@ mod tests {
 
     #[test]
     fn entries_declare_their_metadata() {
-        let entry = entry(script_definition(), true);
+        let entry = entry(script_definition(), handler(true));
         assert_eq!(entry.availability, Availability::Available);
         let json = entry.to_json();
         assert_eq!(json["provider_type"], "preset");
@@ -141,7 +190,7 @@ mod tests {
 
     #[test]
     fn script_tools_are_unavailable_while_the_switch_is_off() {
-        let entry = entry(script_definition(), false);
+        let entry = entry(script_definition(), handler(false));
         assert_eq!(entry.availability, Availability::Unavailable);
         assert_eq!(entry.to_json()["availability"], "unavailable");
         assert!(

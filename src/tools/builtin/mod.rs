@@ -13,7 +13,7 @@ mod time;
 mod variables;
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
@@ -22,11 +22,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use self::state::{RunSessionState, SessionState, StoreSessionState};
-use crate::catalog::{CatalogEntry, Invoker};
-use crate::dispatch::ToolOutcome;
+use crate::call::ToolOutcome;
+use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
 use crate::domain::tool::{ProviderType, SideEffectLevel, Slot, ToolMetadata, ToolSpec};
 use crate::error::{Error, Result};
-use crate::runtime::ToolRuntime;
 use crate::store::{Run, Session, Store};
 
 /// Which builtin provider a tool belongs to.
@@ -214,6 +213,7 @@ static REGISTRY: LazyLock<Vec<Registered>> = LazyLock::new(|| {
     ]
 });
 
+#[cfg(test)]
 fn find(name: &str) -> Option<&'static Registered> {
     REGISTRY.iter().find(|tool| tool.spec.name == name)
 }
@@ -236,35 +236,79 @@ pub fn context_free_listing() -> Vec<Value> {
         .collect()
 }
 
-/// Every builtin as a catalog entry of `session`.
-pub async fn catalog_entries(
-    _runtime: &ToolRuntime,
-    _session: &Session,
-) -> Result<Vec<CatalogEntry>> {
-    Ok(REGISTRY
-        .iter()
-        .map(|tool| CatalogEntry::available(tool.spec.clone(), invoker_for(tool)))
-        .collect())
+/// The builtin provider: every builtin, in every session's catalog.
+pub struct BuiltinProvider {
+    handlers: Vec<(&'static ToolSpec, Arc<dyn ToolHandler>)>,
 }
 
-fn invoker_for(tool: &'static Registered) -> Invoker {
-    Invoker::Builtin(tool.spec.name.as_str())
+impl BuiltinProvider {
+    /// Builtins read and write session state through `store`.
+    pub fn new(store: Store) -> Self {
+        let handlers = REGISTRY
+            .iter()
+            .map(|tool| {
+                let handler: Arc<dyn ToolHandler> = Arc::new(BuiltinHandler {
+                    tool,
+                    store: store.clone(),
+                });
+                (&tool.spec, handler)
+            })
+            .collect();
+        Self { handlers }
+    }
 }
 
-/// Runs the builtin `name` for `session`, inside `run` when the call names an
+impl ToolProvider for BuiltinProvider {
+    fn kind(&self) -> &'static str {
+        "builtin"
+    }
+
+    fn entries<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let entries = self
+            .handlers
+            .iter()
+            .map(|(spec, handler)| CatalogEntry::available((*spec).clone(), handler.clone()))
+            .collect();
+        Box::pin(std::future::ready(Ok(entries)))
+    }
+}
+
+/// Runs one builtin.
+struct BuiltinHandler {
+    tool: &'static Registered,
+    store: Store,
+}
+
+impl std::fmt::Debug for BuiltinHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltinHandler")
+            .field("tool", &self.tool.spec.name)
+            .finish()
+    }
+}
+
+impl ToolHandler for BuiltinHandler {
+    fn invoke<'a>(
+        &'a self,
+        cx: &'a CallContext<'a>,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(call(&self.store, self.tool, cx.session, cx.run, args))
+    }
+}
+
+/// Runs the builtin `tool` for `session`, inside `run` when the call names an
 /// open run (its sandbox writes are then buffered until the run commits).
 /// Arguments are validated against the tool's own schema here too, so no path
 /// can reach a builtin unchecked.
-pub async fn call(
-    runtime: &ToolRuntime,
+async fn call(
+    store: &Store,
+    tool: &'static Registered,
     session: &Session,
     run: Option<&Run>,
-    name: &str,
     args: &Value,
 ) -> ToolOutcome {
-    let Some(tool) = find(name) else {
-        return ToolOutcome::Error(format!("there is no builtin tool named {name:?}"));
-    };
+    let name = tool.spec.name.as_str();
     let problems: Vec<String> = tool
         .validator
         .iter_errors(args)
@@ -283,18 +327,15 @@ pub async fn call(
     }
     let state: Box<dyn SessionState> = match run {
         Some(run) => Box::new(RunSessionState::new(
-            runtime.store.clone(),
+            store.clone(),
             session.id.clone(),
             run.id.clone(),
         )),
-        None => Box::new(StoreSessionState::new(
-            runtime.store.clone(),
-            session.id.clone(),
-        )),
+        None => Box::new(StoreSessionState::new(store.clone(), session.id.clone())),
     };
     let ctx = Context {
         session,
-        store: &runtime.store,
+        store,
         state: state.as_ref(),
     };
     match tool.tool.call(&ctx, args.clone()).await {

@@ -14,7 +14,7 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::RemoteTool;
-use crate::dispatch::{ToolCall, ToolOutcome};
+use crate::call::{ToolCall, ToolOutcome};
 
 /// How long opening a connection may take. Loopback connects either succeed or
 /// are refused at once; a slow one means the plugin is wedged.
@@ -294,9 +294,9 @@ mod tests {
     fn output(outcome: ToolOutcome) -> (bool, Value) {
         match outcome {
             ToolOutcome::Success(value) => (false, value),
-            ToolOutcome::Error(message) | ToolOutcome::Timeout(message) => {
-                (true, Value::String(message))
-            }
+            ToolOutcome::Error(message)
+            | ToolOutcome::Timeout(message)
+            | ToolOutcome::NotStarted { message, .. } => (true, Value::String(message)),
         }
     }
 

@@ -1,16 +1,9 @@
 //! The session-manager operations behind `/api/tools`: mutate the registries of
-//! the target characters, then synchronise their live model sessions, all under
-//! the model-session mutation lock. Also the remote half of the call path, where
-//! the plugin eviction rule lives.
+//! the target characters and synchronise their live model sessions, as one
+//! catalog mutation.
 
-use std::sync::Arc;
-
-use serde_json::Value;
-
-use super::{FailureEffect, NewRemoteTool, Registered, RemoteTool};
-use crate::dispatch::{ToolCall, ToolOutcome};
-use crate::model_sessions::{CatalogChange, MutationGuard};
-use crate::runtime::ToolRuntime;
+use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
+use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope};
 
 /// A character addressed as a role: its id keys the registry, its name is shown.
 #[derive(Debug, Clone)]
@@ -36,46 +29,74 @@ pub struct MutationReport {
 }
 
 impl MutationReport {
-    async fn record(
-        &mut self,
-        runtime: &ToolRuntime,
-        guard: &MutationGuard<'_>,
-        role: &Role,
-        change: CatalogChange,
-    ) {
-        match runtime.model_sessions.sync(guard, runtime, &change).await {
-            Ok(()) => self.affected_roles.push(role.name.clone()),
-            Err(error) => self.failed_roles.push(FailedRole {
-                role: role.name.clone(),
-                error,
-            }),
+    /// Pairs each changed role with its sync result.
+    fn from_results(roles: Vec<String>, results: Vec<Result<(), String>>) -> Self {
+        let mut report = Self::default();
+        for (role, result) in roles.into_iter().zip(results) {
+            match result {
+                Ok(()) => report.affected_roles.push(role),
+                Err(error) => report.failed_roles.push(FailedRole { role, error }),
+            }
         }
+        report
     }
 }
 
-impl ToolRuntime {
+/// One role's change, and the role's name for the report.
+fn change_for(role: &Role, change: CatalogChange) -> (String, CatalogChange) {
+    (
+        role.name.clone(),
+        CatalogChange {
+            scope: CatalogScope::Character(role.character_id.clone()),
+            ..change
+        },
+    )
+}
+
+/// Applies a registry mutation that yields (role name, change) pairs as one
+/// catalog mutation and reports which roles took it.
+async fn mutate(
+    events: &dyn CatalogEvents,
+    mutation: impl FnOnce() -> Vec<(String, CatalogChange)> + Send,
+) -> MutationReport {
+    let mut names = Vec::new();
+    let names_out = &mut names;
+    let results = events
+        .mutate(Box::pin(async move {
+            let (roles, changes): (Vec<_>, Vec<_>) = mutation().into_iter().unzip();
+            *names_out = roles;
+            changes
+        }))
+        .await;
+    MutationReport::from_results(names, results)
+}
+
+impl RemoteRegistry {
     /// Registers (or replaces) `tool` in every target role's registry.
-    pub async fn register_remote(&self, roles: &[Role], tool: NewRemoteTool) -> MutationReport {
-        let guard = self.model_sessions.mutation_lock().await;
-        // A fresh registration means the plugin is back: its failure streak starts over.
-        self.remote
-            .failures()
-            .reset(tool.callback_url.origin(), &tool.source);
-        let mut report = MutationReport::default();
-        for role in roles {
-            let outcome = self
-                .remote
-                .register(&role.character_id, RemoteTool::new(&tool, &role.name));
-            let mut change = CatalogChange {
-                character_id: role.character_id.clone(),
-                ..Default::default()
-            };
-            match outcome {
-                Registered::Added => change.added.push(tool.name.clone()),
-                Registered::Replaced => change.updated.push(tool.name.clone()),
-            }
-            report.record(self, &guard, role, change).await;
-        }
+    pub async fn register_into(
+        &self,
+        events: &dyn CatalogEvents,
+        roles: &[Role],
+        tool: NewRemoteTool,
+    ) -> MutationReport {
+        let report = mutate(events, || {
+            // A fresh registration means the plugin is back: its failure streak
+            // starts over.
+            self.failures()
+                .reset(tool.callback_url.origin(), &tool.source);
+            roles
+                .iter()
+                .map(|role| {
+                    let mut change = CatalogChange::default();
+                    match self.register(&role.character_id, RemoteTool::new(&tool, &role.name)) {
+                        Registered::Added => change.added.push(tool.name.clone()),
+                        Registered::Replaced => change.updated.push(tool.name.clone()),
+                    }
+                    change_for(role, change)
+                })
+                .collect()
+        })
+        .await;
         tracing::info!(
             tool = %tool.name,
             source = %tool.source,
@@ -88,98 +109,63 @@ impl ToolRuntime {
     }
 
     /// Removes `name` from every target role; true when any registry held it.
-    pub async fn unregister_remote(&self, roles: &[Role], name: &str) -> (bool, MutationReport) {
-        let guard = self.model_sessions.mutation_lock().await;
-        let mut report = MutationReport::default();
-        let mut removed = false;
-        for role in roles {
-            if !self.remote.unregister(&role.character_id, name) {
-                continue;
-            }
-            removed = true;
-            let change = CatalogChange {
-                character_id: role.character_id.clone(),
-                removed: vec![name.to_owned()],
-                ..Default::default()
-            };
-            report.record(self, &guard, role, change).await;
-        }
+    pub async fn unregister_from(
+        &self,
+        events: &dyn CatalogEvents,
+        roles: &[Role],
+        name: &str,
+    ) -> (bool, MutationReport) {
+        let report = mutate(events, || {
+            roles
+                .iter()
+                .filter(|role| self.unregister(&role.character_id, name))
+                .map(|role| {
+                    let removed = vec![name.to_owned()];
+                    change_for(
+                        role,
+                        CatalogChange {
+                            removed,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect()
+        })
+        .await;
+        let removed = !(report.affected_roles.is_empty() && report.failed_roles.is_empty());
         tracing::info!(tool = %name, removed, affected = ?report.affected_roles, "remote tool unregistered");
         (removed, report)
     }
 
     /// Removes every tool of `source` from the target roles; returns how many.
-    pub async fn clear_remote(&self, roles: &[Role], source: &str) -> (usize, MutationReport) {
-        let guard = self.model_sessions.mutation_lock().await;
-        let mut report = MutationReport::default();
+    pub async fn clear_from(
+        &self,
+        events: &dyn CatalogEvents,
+        roles: &[Role],
+        source: &str,
+    ) -> (usize, MutationReport) {
         let mut removed = 0;
-        for role in roles {
-            let names = self.remote.clear_source(&role.character_id, source);
-            if names.is_empty() {
-                continue;
-            }
-            removed += names.len();
-            let change = CatalogChange {
-                character_id: role.character_id.clone(),
-                removed: names,
-                ..Default::default()
-            };
-            report.record(self, &guard, role, change).await;
-        }
+        let counted = &mut removed;
+        let report = mutate(events, || {
+            roles
+                .iter()
+                .filter_map(|role| {
+                    let names = self.clear_source(&role.character_id, source);
+                    *counted += names.len();
+                    (!names.is_empty()).then(|| {
+                        change_for(
+                            role,
+                            CatalogChange {
+                                removed: names,
+                                ..Default::default()
+                            },
+                        )
+                    })
+                })
+                .collect()
+        })
+        .await;
         tracing::info!(%source, removed, affected = ?report.affected_roles, "remote tools cleared");
         (removed, report)
-    }
-
-    /// Runs a remote tool's callback and applies the plugin eviction rule.
-    pub async fn call_remote(
-        &self,
-        tool: &Arc<RemoteTool>,
-        call: &ToolCall,
-        args: &Value,
-    ) -> ToolOutcome {
-        let exchange = self.remote.client().call(tool, call, args).await;
-        if !tool.is_plugin() {
-            return exchange.outcome;
-        }
-        let origin = tool.callback_url.origin();
-        match exchange.effect {
-            FailureEffect::Count => {
-                if self.remote.failures().record_failure(origin, &tool.source) {
-                    let evicted = self.evict_origin(origin, &tool.source).await;
-                    if let ToolOutcome::Error(message) = exchange.outcome {
-                        return ToolOutcome::Error(format!(
-                            "{message}; after {} consecutive connection failures the {} tool(s) of {} at {origin} were unregistered",
-                            super::EVICTION_THRESHOLD,
-                            evicted,
-                            tool.source
-                        ));
-                    }
-                }
-            }
-            FailureEffect::Reset => self.remote.failures().reset(origin, &tool.source),
-            FailureEffect::Neutral => {}
-        }
-        exchange.outcome
-    }
-
-    /// Evicts `source`'s tools at `origin` from every registry and synchronises
-    /// the affected model sessions; returns how many registrations were removed.
-    async fn evict_origin(&self, origin: &str, source: &str) -> usize {
-        let guard = self.model_sessions.mutation_lock().await;
-        let evicted = self.remote.evict_origin(origin, source);
-        let mut count = 0;
-        for (character_id, names) in evicted {
-            count += names.len();
-            tracing::warn!(%origin, %source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
-            let change = CatalogChange {
-                character_id,
-                removed: names,
-                ..Default::default()
-            };
-            if let Err(error) = self.model_sessions.sync(&guard, self, &change).await {
-                tracing::warn!(%error, "a model session refused the catalog after eviction");
-            }
-        }
-        count
     }
 }

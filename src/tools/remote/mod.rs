@@ -7,6 +7,7 @@
 mod client;
 mod eviction;
 mod manager;
+mod provider;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,7 +15,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::catalog::{CatalogEntry, Invoker};
 use crate::config::Settings;
 use crate::domain::CallbackUrl;
 use crate::domain::tool::{
@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
 pub use manager::{FailedRole, MutationReport, Role};
+pub use provider::RemoteProvider;
 
 /// Sources with this prefix belong to plugins and fall under the eviction rule.
 pub const PLUGIN_SOURCE_PREFIX: &str = "plugin:";
@@ -327,14 +328,6 @@ impl RemoteRegistry {
             .get(character_id)
             .map(|tools| tools.values().cloned().collect())
             .unwrap_or_default()
-    }
-
-    /// One character's tools as catalog entries.
-    pub fn catalog_entries(&self, character_id: &str) -> Vec<CatalogEntry> {
-        self.list(character_id)
-            .into_iter()
-            .map(|tool| CatalogEntry::available(tool.spec(), Invoker::Remote(tool)))
-            .collect()
     }
 
     pub fn client(&self) -> &CallbackClient {

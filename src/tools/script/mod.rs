@@ -30,6 +30,17 @@ impl ScriptLimits {
     pub const DEFAULT_OUTPUT_BYTES: usize = 1024 * 1024;
 }
 
+impl ScriptLimits {
+    /// Limits of one script-handler call on a server with `settings`.
+    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+        Self {
+            memory_bytes: settings.script_memory_limit_bytes,
+            time: Duration::from_millis(settings.script_timeout_ms),
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for ScriptLimits {
     fn default() -> Self {
         Self {

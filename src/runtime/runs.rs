@@ -1,7 +1,7 @@
 //! The run lifecycle: open (with the replay guard), commit, discard.
 
+use super::ToolRuntime;
 use crate::error::{Error, Result};
-use crate::runtime::ToolRuntime;
 use crate::store::Run;
 
 impl ToolRuntime {

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::ToolOutcome;
+use super::ToolRuntime;
+use crate::call::{JobInvocation, ToolOutcome, settle};
+use crate::catalog::CallContext;
+use crate::domain::tool::SideEffectLevel;
 use crate::ids::{new_id, now_ms};
-use crate::runtime::ToolRuntime;
 use crate::store::RuntimeJob;
 
 /// How long a claim lasts without a heartbeat.
@@ -24,32 +24,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How often an idle worker looks for work it was not told about (e.g. jobs
 /// queued by another process, or leases that ran out).
 const IDLE_POLL: Duration = Duration::from_secs(1);
-
-/// Everything needed to run a deferred call later, even after a restart has
-/// emptied the runtime registries: a snapshot of the tool taken at call time.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum JobInvocation {
-    /// A remote callback.
-    Remote {
-        name: String,
-        callback_url: String,
-        source: String,
-        role: String,
-        timeout_seconds: f64,
-        call_id: String,
-        raw_arguments: String,
-        arguments: Value,
-    },
-}
-
-impl JobInvocation {
-    fn call_id(&self) -> &str {
-        match self {
-            JobInvocation::Remote { call_id, .. } => call_id,
-        }
-    }
-}
 
 /// Wakes workers when a job becomes claimable.
 #[derive(Debug, Default)]
@@ -128,7 +102,8 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
         Ok(invocation) => invocation,
         Err(err) => {
             let message = format!("the job's stored invocation is unreadable: {err}");
-            finish(runtime, owner, &job, "", ToolOutcome::Error(message)).await;
+            let outcome = ToolOutcome::not_started(message);
+            finish(runtime, owner, &job, "", SideEffectLevel::None, outcome).await;
             return;
         }
     };
@@ -153,11 +128,12 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
         }
     };
     let outcome = tokio::select! {
-        outcome = runtime.invoke_job(&invocation) => Some(outcome),
+        outcome = runtime.invoke_job(&job, &invocation) => Some(outcome),
         _ = heartbeat => None,
     };
+    let level = invocation.effective_side_effect_level();
     match outcome {
-        Some(outcome) => finish(runtime, owner, &job, invocation.call_id(), outcome).await,
+        Some(outcome) => finish(runtime, owner, &job, &invocation.call_id, level, outcome).await,
         None => {
             if let Err(err) = runtime.store.expire_lost_jobs(false).await {
                 tracing::error!(error = %err, "marking a lost job uncertain failed");
@@ -171,16 +147,14 @@ async fn finish(
     owner: &str,
     job: &RuntimeJob,
     call_id: &str,
+    side_effect_level: SideEffectLevel,
     outcome: ToolOutcome,
 ) {
-    let (status, output, is_error) = match outcome {
-        ToolOutcome::Success(output) => ("success", output, false),
-        ToolOutcome::Error(message) => ("error", Value::String(message), true),
-        ToolOutcome::Timeout(message) => ("timeout", Value::String(message), true),
-    };
+    let settled = settle(outcome, side_effect_level);
+    let status = settled.status.as_str();
     match runtime
         .store
-        .complete_job(job, owner, status, &output, is_error, call_id)
+        .complete_job(job, owner, &settled, call_id)
         .await
     {
         Ok(Some(delivery)) => {
@@ -196,77 +170,33 @@ async fn finish(
     }
 }
 
-impl JobInvocation {
-    /// The snapshot of a remote call, taken when the call is made.
-    pub fn remote(
-        tool: &crate::tools::remote::RemoteTool,
-        call: &crate::dispatch::ToolCall,
-        args: &Value,
-    ) -> Self {
-        JobInvocation::Remote {
-            name: tool.name.clone(),
-            callback_url: tool.callback_url.as_str().to_owned(),
-            source: tool.source.clone(),
-            role: tool.role.clone(),
-            timeout_seconds: tool.timeout_seconds,
-            call_id: call.call_id.clone(),
-            raw_arguments: call.arguments.raw.clone(),
-            arguments: args.clone(),
-        }
-    }
-}
-
 impl ToolRuntime {
-    /// Runs a job's tool from its snapshot.
-    async fn invoke_job(&self, invocation: &JobInvocation) -> ToolOutcome {
-        match invocation {
-            JobInvocation::Remote {
-                name,
-                callback_url,
-                source,
-                role,
-                timeout_seconds,
-                call_id,
-                raw_arguments,
-                arguments,
-            } => {
-                let callback_url = match crate::domain::CallbackUrl::parse(callback_url) {
-                    Ok(url) => url,
-                    Err(err) => {
-                        return ToolOutcome::Error(format!(
-                            "stored callback URL is invalid: {err}"
-                        ));
-                    }
-                };
-                let tool = crate::tools::remote::RemoteTool {
-                    name: name.clone(),
-                    description: String::new(),
-                    parameters: Value::Object(Default::default()),
-                    callback_url,
-                    source: source.clone(),
-                    timeout_seconds: *timeout_seconds,
-                    role: role.clone(),
-                    metadata: crate::domain::tool::ToolMetadata::declared(
-                        crate::domain::tool::SideEffectLevel::None,
-                        Vec::new(),
-                        None,
-                    ),
-                };
-                let call = crate::dispatch::ToolCall {
-                    name: name.clone(),
-                    arguments: crate::dispatch::CallArguments {
-                        raw: raw_arguments.clone(),
-                        parsed: Ok(arguments.clone()),
-                    },
-                    call_id: call_id.clone(),
-                    caller_slot: crate::domain::tool::Slot::Narrator,
-                    floor_id: None,
-                    run_id: None,
-                    step: None,
-                };
-                self.call_remote(&Arc::new(tool), &call, arguments).await
+    /// Runs a job's tool from its snapshot, through the provider that took it.
+    async fn invoke_job(&self, job: &RuntimeJob, invocation: &JobInvocation) -> ToolOutcome {
+        let Some(provider) = self.provider(&invocation.kind) else {
+            return ToolOutcome::not_started(format!(
+                "no provider of kind {:?} can run this job",
+                invocation.kind
+            ));
+        };
+        let handler = match provider.restore(invocation) {
+            Ok(handler) => handler,
+            Err(message) => return ToolOutcome::not_started(message),
+        };
+        let session = match self.store.session(&job.account_id, &job.session_id).await {
+            Ok(session) => session,
+            Err(err) => {
+                return ToolOutcome::not_started(format!("the job's session is gone: {err}"));
             }
-        }
+        };
+        let call = invocation.to_call(&job.tool_name);
+        let cx = CallContext {
+            session: &session,
+            run: None,
+            call: &call,
+            catalog_events: self,
+        };
+        handler.invoke(&cx, &invocation.arguments).await
     }
 
     /// Sends a delivered result to the session's live model sessions.

@@ -1,0 +1,253 @@
+//! The call vocabulary every provider speaks: a call as the model made it, the
+//! provider's answer, the rule that turns an answer into a journal status, and
+//! the snapshot a deferred call keeps until a worker runs it. Providers use these
+//! without knowing the dispatcher.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::domain::tool::{SideEffectLevel, Slot};
+use crate::journal::ExecutionStatus;
+
+/// Arguments exactly as the model produced them, plus their parsed form.
+#[derive(Debug, Clone)]
+pub struct CallArguments {
+    /// The raw argument string (what callbacks receive as `raw_arguments`).
+    pub raw: String,
+    /// The parsed arguments, or why they could not be parsed.
+    pub parsed: std::result::Result<Value, String>,
+}
+
+impl CallArguments {
+    /// Accepts a JSON object, or the model's raw argument string. An absent or
+    /// empty value means "no arguments".
+    pub fn from_json(value: Option<Value>) -> Self {
+        match value {
+            None | Some(Value::Null) => Self::parsed(Value::Object(Default::default())),
+            Some(Value::String(raw)) => {
+                let parsed = if raw.trim().is_empty() {
+                    Ok(Value::Object(Default::default()))
+                } else {
+                    match serde_json::from_str::<Value>(&raw) {
+                        Ok(value @ Value::Object(_)) => Ok(value),
+                        Ok(_) => Err("tool arguments must be a JSON object".to_owned()),
+                        Err(err) => Err(format!("tool arguments are not valid JSON: {err}")),
+                    }
+                };
+                Self { raw, parsed }
+            }
+            Some(value @ Value::Object(_)) => Self {
+                raw: value.to_string(),
+                parsed: Ok(value),
+            },
+            Some(other) => Self {
+                raw: other.to_string(),
+                parsed: Err("tool arguments must be a JSON object".to_owned()),
+            },
+        }
+    }
+
+    /// Arguments that are already a parsed object.
+    pub fn parsed(value: Value) -> Self {
+        Self {
+            raw: if value.as_object().is_some_and(|o| o.is_empty()) {
+                "{}".to_owned()
+            } else {
+                value.to_string()
+            },
+            parsed: Ok(value),
+        }
+    }
+}
+
+/// One tool call as a model (or an integrator acting for it) makes it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: CallArguments,
+    pub call_id: String,
+    pub caller_slot: Slot,
+    pub floor_id: Option<String>,
+    /// The run (generation attempt) this call belongs to.
+    pub run_id: Option<String>,
+    /// The model round trip (step) within the run that made this call; calls of
+    /// one step share it. Only calls that name their step are held to
+    /// `max_steps_per_generation`: the step structure belongs to whoever runs the
+    /// model loop, and guessing it would refuse legitimate calls.
+    pub step: Option<u32>,
+}
+
+/// What the model sees, plus the outcome status.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ToolCallResult {
+    pub call_id: String,
+    pub name: String,
+    pub output: Value,
+    pub is_error: bool,
+    pub status: ExecutionStatus,
+    /// The journal row of this call.
+    pub execution_id: String,
+}
+
+/// The provider's answer to one call.
+#[derive(Debug, Clone)]
+pub enum ToolOutcome {
+    Success(Value),
+    Error(String),
+    Timeout(String),
+    /// The provider never received the call (connection refused, sandbox at
+    /// capacity, a switch that is off): nothing can have happened, so the call
+    /// counts as neither a step, a replay parent nor against the call budget.
+    NotStarted {
+        message: String,
+        /// When the caller may try again, if the refusal is temporary.
+        retry_after_ms: Option<u64>,
+    },
+}
+
+impl ToolOutcome {
+    /// A refusal before the provider started, with no retry hint.
+    pub fn not_started(message: impl Into<String>) -> Self {
+        ToolOutcome::NotStarted {
+            message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+}
+
+/// How an outcome is journalled and shown to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    pub status: ExecutionStatus,
+    pub output: Value,
+    pub is_error: bool,
+    /// Whether the provider received the call (see `ToolOutcome::NotStarted`).
+    pub provider_started: bool,
+}
+
+/// The one rule from a provider's answer to a journal status, for inline calls
+/// and runtime jobs alike: a tool with side effects that timed out may or may not
+/// have acted, so its status is `uncertain`, not `timeout`.
+pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settled {
+    let failed = |status, message: String, provider_started| Settled {
+        status,
+        output: Value::String(message),
+        is_error: true,
+        provider_started,
+    };
+    match outcome {
+        ToolOutcome::Success(output) => Settled {
+            status: ExecutionStatus::Success,
+            output,
+            is_error: false,
+            provider_started: true,
+        },
+        ToolOutcome::Error(message) => failed(ExecutionStatus::Error, message, true),
+        ToolOutcome::Timeout(message) if side_effect_level != SideEffectLevel::None => {
+            failed(ExecutionStatus::Uncertain, message, true)
+        }
+        ToolOutcome::Timeout(message) => failed(ExecutionStatus::Timeout, message, true),
+        ToolOutcome::NotStarted {
+            message,
+            retry_after_ms,
+        } => {
+            let message = match retry_after_ms {
+                Some(ms) => format!("{message}; retry after {ms} ms"),
+                None => message,
+            };
+            failed(ExecutionStatus::Error, message, false)
+        }
+    }
+}
+
+/// Everything needed to run a deferred call later, even after a restart has
+/// emptied the runtime registries: a snapshot taken at call time. `kind` names
+/// the provider that can rebuild the tool from `tool`; the serialised shape is
+/// flat, so snapshots written before `side_effect_level` existed still load.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobInvocation {
+    /// The provider kind (`ToolProvider::kind`).
+    pub kind: String,
+    pub call_id: String,
+    pub raw_arguments: String,
+    pub arguments: Value,
+    /// The tool's side-effect level at call time; unknown for old snapshots,
+    /// which are then treated as side-effecting (a timeout is `uncertain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effect_level: Option<SideEffectLevel>,
+    /// The provider's own description of the tool.
+    #[serde(flatten)]
+    pub tool: serde_json::Map<String, Value>,
+}
+
+impl JobInvocation {
+    /// The side-effect level the outcome rule uses for this job.
+    pub fn effective_side_effect_level(&self) -> SideEffectLevel {
+        self.side_effect_level
+            .unwrap_or(SideEffectLevel::Irreversible)
+    }
+
+    /// The call as the worker replays it to the provider.
+    pub fn to_call(&self, name: &str) -> ToolCall {
+        ToolCall {
+            name: name.to_owned(),
+            arguments: CallArguments {
+                raw: self.raw_arguments.clone(),
+                parsed: Ok(self.arguments.clone()),
+            },
+            call_id: self.call_id.clone(),
+            caller_slot: Slot::Narrator,
+            floor_id: None,
+            run_id: None,
+            step: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_of_side_effecting_tools_are_uncertain() {
+        let timeout = || ToolOutcome::Timeout("slow".into());
+        assert_eq!(
+            settle(timeout(), SideEffectLevel::None).status,
+            ExecutionStatus::Timeout
+        );
+        for level in [SideEffectLevel::Sandbox, SideEffectLevel::Irreversible] {
+            assert_eq!(settle(timeout(), level).status, ExecutionStatus::Uncertain);
+        }
+    }
+
+    #[test]
+    fn refusals_before_the_provider_are_errors_that_never_started() {
+        let settled = settle(
+            ToolOutcome::NotStarted {
+                message: "busy".into(),
+                retry_after_ms: Some(250),
+            },
+            SideEffectLevel::Irreversible,
+        );
+        assert_eq!(settled.status, ExecutionStatus::Error);
+        assert!(!settled.provider_started);
+        assert!(settled.output.as_str().unwrap().contains("250 ms"));
+        assert!(settle(ToolOutcome::Error("x".into()), SideEffectLevel::None).provider_started);
+    }
+
+    #[test]
+    fn old_job_snapshots_still_load() {
+        let old = serde_json::json!({
+            "kind": "remote", "name": "t", "callback_url": "http://127.0.0.1:1/cb",
+            "source": "s", "role": "Lanlan", "timeout_seconds": 5.0,
+            "call_id": "c", "raw_arguments": "{}", "arguments": {},
+        });
+        let invocation: JobInvocation = serde_json::from_value(old).unwrap();
+        assert_eq!(invocation.kind, "remote");
+        assert_eq!(invocation.tool["callback_url"], "http://127.0.0.1:1/cb");
+        assert_eq!(
+            invocation.effective_side_effect_level(),
+            SideEffectLevel::Irreversible
+        );
+    }
+}

@@ -1,0 +1,237 @@
+//! The model-facing call path, the same for every provider: look the tool up in
+//! the session's catalog, check permissions, validate the arguments, apply the
+//! replay guard, admit the call against its run's steps and budget, run it, and
+//! journal every decided call.
+
+use serde_json::Value;
+
+use super::ToolRuntime;
+use super::journal_rows::{CallJournal, CallScope};
+use crate::call::{ToolCall, ToolCallResult};
+use crate::catalog::{CallContext, CatalogEntry, Lookup};
+use crate::domain::tool::ResultVisibility;
+use crate::error::{Error, Result};
+use crate::journal::{ExecutionStatus, canonical_json};
+use crate::permissions::{Refusal, ToolPermissions};
+use crate::store::{Admission, Admitted, ReplayParent};
+
+impl ToolRuntime {
+    /// Runs one call on the account's session. Client mistakes about the session,
+    /// floor or run are errors; everything about the tool itself is a
+    /// model-visible result, and every decided call is a journal row.
+    ///
+    /// The call runs in its own task: a caller that goes away (a client that
+    /// hangs up) cannot cut it short between its journal rows, and shutdown
+    /// waits for it.
+    pub async fn call(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        call: ToolCall,
+    ) -> Result<ToolCallResult> {
+        let runtime = self.clone();
+        let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
+        let task = self
+            .calls
+            .spawn(async move { runtime.run_call(&account_id, &session_id, call).await });
+        match task.await {
+            Ok(result) => result,
+            Err(err) => Err(Error::Internal(
+                anyhow::Error::new(err).context("the tool call's task failed"),
+            )),
+        }
+    }
+
+    async fn run_call(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        call: ToolCall,
+    ) -> Result<ToolCallResult> {
+        let session = self.store.session(account_id, session_id).await?;
+        let scope = CallScope::resolve(&self.store, account_id, &session, &call).await?;
+        let catalog = self.catalog(&session).await?;
+        let journal = CallJournal {
+            store: &self.store,
+            account_id,
+            session: &session,
+            call: &call,
+            scope: &scope,
+        };
+        let entry = match catalog.lookup(&call.name) {
+            Lookup::Found(entry) => entry,
+            refused => return journal.refused_lookup(refused).await,
+        };
+        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+        if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
+        {
+            return journal.denied(entry, refusal).await;
+        }
+        let args = match self.checked_arguments(entry, &call) {
+            Ok(args) => args,
+            Err(problem) => {
+                return journal
+                    .refused(Some(entry), ExecutionStatus::Error, problem)
+                    .await;
+            }
+        };
+        let replay = match self.replay_check(&scope, entry, &args).await? {
+            ReplayCheck::Proceed(replay) => replay,
+            ReplayCheck::Blocked(parent) => {
+                return journal.replay_blocked(entry, &args, &parent).await;
+            }
+        };
+        let admission = Admission {
+            step_limit: scope
+                .run
+                .as_ref()
+                .and(call.step)
+                .map(|_| permissions.max_steps_per_generation),
+            call_limit: scope
+                .floor_id
+                .is_some()
+                .then_some(permissions.max_calls_per_turn),
+        };
+        let deferred = (entry.spec.metadata.result_visibility()
+            == ResultVisibility::DeferredReceipt)
+            .then(|| entry.handler.snapshot(&call, &args))
+            .flatten();
+        let admitted = match deferred {
+            Some(invocation) => {
+                journal
+                    .defer(entry, &args, replay.as_ref(), admission, invocation)
+                    .await?
+            }
+            None => {
+                journal
+                    .open(entry, &args, replay.as_ref(), admission)
+                    .await?
+            }
+        };
+        let execution_id = match admitted {
+            Opened::Running(id) => id,
+            Opened::Deferred(result) => return Ok(result),
+            Opened::Refused(refusal) => {
+                return journal
+                    .refused_admission(entry, refusal, &permissions)
+                    .await;
+            }
+        };
+        let cx = CallContext {
+            session: &session,
+            run: scope.run.as_ref(),
+            call: &call,
+            catalog_events: self,
+        };
+        let outcome = entry.handler.invoke(&cx, &args).await;
+        journal.finish(entry, execution_id, outcome).await
+    }
+
+    /// The call's arguments if they parse and satisfy the tool's schema, else
+    /// the model-visible reason.
+    fn checked_arguments(
+        &self,
+        entry: &CatalogEntry,
+        call: &ToolCall,
+    ) -> std::result::Result<Value, String> {
+        let args = call.arguments.parsed.clone()?;
+        crate::schema::validate_arguments(&entry.spec.parameters, &args)
+            .map_err(|problem| format!("invalid arguments: {problem}"))?;
+        Ok(args)
+    }
+
+    /// Whether this call repeats an execution of an earlier attempt on the floor.
+    async fn replay_check(
+        &self,
+        scope: &CallScope,
+        entry: &CatalogEntry,
+        args: &Value,
+    ) -> Result<ReplayCheck> {
+        let (Some(run), Some(floor_id)) = (&scope.run, &scope.floor_id) else {
+            return Ok(ReplayCheck::Proceed(None));
+        };
+        let canonical = canonical_json(args);
+        let Some(parent) = self
+            .store
+            .replay_parent(floor_id, &run.id, &entry.spec.name, &canonical)
+            .await?
+        else {
+            return Ok(ReplayCheck::Proceed(None));
+        };
+        if parent.replay_safety != "safe" && !run.confirmed_execution_ids.contains(&parent.id) {
+            return Ok(ReplayCheck::Blocked(parent));
+        }
+        Ok(ReplayCheck::Proceed(Some(parent)))
+    }
+}
+
+/// What writing a call's first row decided.
+pub(super) enum Opened {
+    /// The row is open; the provider runs now.
+    Running(String),
+    /// A deferred call was queued; this is its receipt.
+    Deferred(ToolCallResult),
+    /// The row was not admitted (its run's steps or budget are used up).
+    Refused(Admitted),
+}
+
+enum ReplayCheck {
+    Proceed(Option<ReplayParent>),
+    Blocked(ReplayParent),
+}
+
+impl CallJournal<'_> {
+    /// Journals a call that a permission rule refused.
+    async fn denied(&self, entry: &CatalogEntry, refusal: Refusal) -> Result<ToolCallResult> {
+        tracing::info!(
+            session = %self.session.id,
+            tool = ?self.call.name,
+            slot = %self.call.caller_slot,
+            rule = refusal.rule(),
+            "tool call refused by permissions"
+        );
+        self.refused(
+            Some(entry),
+            ExecutionStatus::Denied,
+            refusal.message(&self.call.name),
+        )
+        .await
+    }
+
+    /// Journals a call whose row its admission conditions refused.
+    async fn refused_admission(
+        &self,
+        entry: &CatalogEntry,
+        refusal: Admitted,
+        permissions: &ToolPermissions,
+    ) -> Result<ToolCallResult> {
+        match refusal {
+            Admitted::StepLimit => {
+                let limit = permissions.max_steps_per_generation;
+                let message = format!(
+                    "tool {:?} was not run: this generation has used all {limit} steps allowed by max_steps_per_generation",
+                    self.call.name
+                );
+                self.refused(Some(entry), ExecutionStatus::Blocked, message)
+                    .await
+            }
+            Admitted::CallLimit => {
+                let limit = permissions.max_calls_per_turn;
+                self.denied(entry, Refusal::CallLimitReached { limit })
+                    .await
+            }
+            Admitted::RunNotOpen | Admitted::Yes => Err(self.run_not_open()),
+        }
+    }
+
+    /// A call that lost the race against its run's commit or discard.
+    pub(super) fn run_not_open(&self) -> Error {
+        let run = self.scope.run.as_ref().map(|r| r.id.as_str()).unwrap_or("");
+        Error::Conflict {
+            code: "run_not_open",
+            message: format!(
+                "run {run} was committed or discarded while this call was being made; open a new run"
+            ),
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The journal rows of one call: what the dispatcher writes before, instead of
+//! and after running a provider.
+
+use serde_json::Value;
+
+use super::dispatch::Opened;
+use crate::call::{JobInvocation, ToolCall, ToolCallResult, ToolOutcome, settle};
+use crate::catalog::{CatalogEntry, Lookup};
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonical_json};
+use crate::store::{
+    Admission, Admitted, ExecutionFinish, NewExecution, NewJob, ReplayParent, Run, Session, Store,
+};
+
+/// The run, floor and page a call belongs to (all optional outside runs).
+#[derive(Debug, Default)]
+pub(super) struct CallScope {
+    pub run: Option<Run>,
+    pub floor_id: Option<String>,
+    pub page_id: Option<String>,
+}
+
+impl CallScope {
+    /// Resolves the run, floor and page a call names. A run that is already
+    /// closed is refused here; one that closes later is caught when the call's
+    /// row is written.
+    pub async fn resolve(
+        store: &Store,
+        account_id: &str,
+        session: &Session,
+        call: &ToolCall,
+    ) -> Result<Self> {
+        if let Some(run_id) = &call.run_id {
+            let run = store.run(account_id, run_id).await?;
+            if run.session_id != session.id {
+                return Err(Error::not_found(format!("run {run_id:?}")));
+            }
+            if run.state != "open" {
+                return Err(Error::Conflict {
+                    code: "run_not_open",
+                    message: format!("run {run_id} is already {}; open a new run", run.state),
+                });
+            }
+            if call.floor_id.as_ref().is_some_and(|f| *f != run.floor_id) {
+                return Err(Error::validation("floor_id does not match the run's floor"));
+            }
+            return Ok(Self {
+                floor_id: Some(run.floor_id.clone()),
+                page_id: Some(run.page_id.clone()),
+                run: Some(run),
+            });
+        }
+        if let Some(floor_id) = &call.floor_id {
+            let floor = store.floor_ref(account_id, floor_id).await?;
+            if floor.session_id != session.id {
+                return Err(Error::not_found(format!("floor {floor_id:?}")));
+            }
+            return Ok(Self {
+                floor_id: Some(floor.id),
+                page_id: floor.active_page_id,
+                run: None,
+            });
+        }
+        Ok(Self::default())
+    }
+}
+
+/// The step key of a named step (see `ToolCall::step`).
+fn step_key(step: u32) -> String {
+    format!("step:{step}")
+}
+
+/// Writes the journal rows of one call.
+pub(super) struct CallJournal<'a> {
+    pub store: &'a Store,
+    pub account_id: &'a str,
+    pub session: &'a Session,
+    pub call: &'a ToolCall,
+    pub scope: &'a CallScope,
+}
+
+impl CallJournal<'_> {
+    fn row(
+        &self,
+        entry: Option<&CatalogEntry>,
+        args: &Value,
+        status: ExecutionStatus,
+    ) -> NewExecution {
+        let (provider_id, provider_type, side_effect_level, replay_safety) = match entry {
+            Some(entry) => {
+                let meta = &entry.spec.metadata;
+                (
+                    entry.spec.provider_id.clone(),
+                    entry.spec.provider_type.as_str().to_owned(),
+                    enum_text(&meta.side_effect_level),
+                    enum_text(&meta.replay_safety),
+                )
+            }
+            None => (
+                "unknown".to_owned(),
+                "unknown".to_owned(),
+                "none".to_owned(),
+                "safe".to_owned(),
+            ),
+        };
+        NewExecution {
+            step_key: self.scope.run.as_ref().and(self.call.step).map(step_key),
+            id: new_id("texec"),
+            account_id: self.account_id.to_owned(),
+            session_id: self.session.id.clone(),
+            run_id: self.scope.run.as_ref().map(|r| r.id.clone()),
+            floor_id: self.scope.floor_id.clone(),
+            page_id: self.scope.page_id.clone(),
+            call_id: self.call.call_id.clone(),
+            caller_slot: self.call.caller_slot.as_str().to_owned(),
+            provider_id,
+            provider_type,
+            tool_name: self.call.name.clone(),
+            args: args.clone(),
+            args_canonical: canonical_json(args),
+            status,
+            lifecycle_state: LifecycleState::Opened,
+            commit_outcome: CommitOutcome::Pending,
+            side_effect_level,
+            replay_safety,
+            // How the call is delivered, not the tool's default: `defer` marks
+            // the async-job rows.
+            delivery_mode: "inline".to_owned(),
+            attempt_no: 1,
+            runtime_job_id: None,
+            replay_parent_execution_id: None,
+            result: None,
+            error_message: None,
+            started_at: now_ms(),
+            provider_started: false,
+            admission: Admission::default(),
+        }
+    }
+
+    fn logged_args(&self) -> Value {
+        match &self.call.arguments.parsed {
+            Ok(args) => args.clone(),
+            Err(_) => Value::String(self.call.arguments.raw.clone()),
+        }
+    }
+
+    /// Writes a row whose run must still be open.
+    async fn insert(&self, row: &NewExecution) -> Result<Admitted> {
+        match self.store.insert_execution(row).await? {
+            Admitted::RunNotOpen => Err(self.run_not_open()),
+            admitted => Ok(admitted),
+        }
+    }
+
+    /// Journals a name the catalog could not run (unknown, conflicting,
+    /// unavailable).
+    pub async fn refused_lookup(&self, lookup: Lookup<'_>) -> Result<ToolCallResult> {
+        let name = &self.call.name;
+        let (entry, message) = match lookup {
+            Lookup::Found(entry) => (Some(entry), format!("tool {name:?} was not run")),
+            Lookup::Unknown => (
+                None,
+                format!("unknown tool {name:?}: it is not in this session's catalog"),
+            ),
+            Lookup::Conflict(conflict) => (
+                None,
+                format!(
+                    "tool {:?} is offered by several providers ({}); the call was refused",
+                    conflict.name,
+                    conflict.provider_ids.join(", ")
+                ),
+            ),
+            Lookup::Unavailable(entry) => (
+                Some(entry),
+                format!(
+                    "tool {name:?} is unavailable: {}",
+                    entry
+                        .availability_reason
+                        .as_deref()
+                        .unwrap_or("no reason given")
+                ),
+            ),
+        };
+        self.refused(entry, ExecutionStatus::Denied, message).await
+    }
+
+    /// Journals a call that was not run, and answers the model with the reason.
+    pub async fn refused(
+        &self,
+        entry: Option<&CatalogEntry>,
+        status: ExecutionStatus,
+        message: String,
+    ) -> Result<ToolCallResult> {
+        let mut row = self.row(entry, &self.logged_args(), status);
+        row.lifecycle_state = LifecycleState::Finished;
+        row.error_message = Some(message.clone());
+        self.insert(&row).await?;
+        tracing::info!(tool = ?self.call.name, status = status.as_str(), reason = ?message, "tool call refused");
+        Ok(self.result(&row.id, Value::String(message), true, status))
+    }
+
+    /// Journals a repeat of an earlier attempt's execution that needs confirming.
+    pub async fn replay_blocked(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        parent: &ReplayParent,
+    ) -> Result<ToolCallResult> {
+        let message = format!(
+            "tool {:?} already ran with these arguments in an earlier attempt (execution {}), and it is {}: it is not repeated without confirmation",
+            self.call.name, parent.id, parent.replay_safety
+        );
+        let mut row = self.row(Some(entry), args, ExecutionStatus::Blocked);
+        row.lifecycle_state = LifecycleState::Finished;
+        row.commit_outcome = CommitOutcome::ReplayBlocked;
+        row.attempt_no = parent.attempt_no + 1;
+        row.replay_parent_execution_id = Some(parent.id.clone());
+        row.error_message = Some(message.clone());
+        self.insert(&row).await?;
+        tracing::info!(tool = ?self.call.name, parent = %parent.id, "replay blocked");
+        Ok(self.result(
+            &row.id,
+            Value::String(message),
+            true,
+            ExecutionStatus::Blocked,
+        ))
+    }
+
+    /// A row that starts its provider, checked against `admission`.
+    fn started_row(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        status: ExecutionStatus,
+        replay: Option<&ReplayParent>,
+        admission: Admission,
+    ) -> NewExecution {
+        let mut row = self.row(Some(entry), args, status);
+        row.provider_started = true;
+        row.admission = admission;
+        if let Some(parent) = replay {
+            row.attempt_no = parent.attempt_no + 1;
+            row.replay_parent_execution_id = Some(parent.id.clone());
+        }
+        row
+    }
+
+    /// Writes the row as running before the provider is called, if admitted.
+    pub async fn open(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        replay: Option<&ReplayParent>,
+        admission: Admission,
+    ) -> Result<Opened> {
+        let row = self.started_row(entry, args, ExecutionStatus::Running, replay, admission);
+        Ok(match self.insert(&row).await? {
+            Admitted::Yes => Opened::Running(row.id),
+            refused => Opened::Refused(refused),
+        })
+    }
+
+    /// Writes a deferred call: a `queued` row and its job, staged until the run
+    /// commits (or claimable at once outside runs), and answers with the receipt.
+    pub async fn defer(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        replay: Option<&ReplayParent>,
+        admission: Admission,
+        invocation: JobInvocation,
+    ) -> Result<Opened> {
+        let mut row = self.started_row(entry, args, ExecutionStatus::Queued, replay, admission);
+        row.delivery_mode = "async_job".to_owned();
+        let job_id = new_id("runtime_job");
+        row.runtime_job_id = Some(job_id.clone());
+        let staged = self.scope.run.is_some();
+        let job = NewJob {
+            id: job_id.clone(),
+            account_id: self.account_id.to_owned(),
+            session_id: self.session.id.clone(),
+            execution_id: row.id.clone(),
+            run_id: self.scope.run.as_ref().map(|r| r.id.clone()),
+            tool_name: self.call.name.clone(),
+            state: if staged { "staged" } else { "queued" },
+            invocation: serde_json::to_value(&invocation)
+                .map_err(|err| Error::Internal(anyhow::Error::new(err)))?,
+        };
+        match self.store.insert_deferred(&row, &job).await? {
+            Admitted::Yes => {}
+            Admitted::RunNotOpen => return Err(self.run_not_open()),
+            refused => return Ok(Opened::Refused(refused)),
+        }
+        tracing::info!(tool = ?self.call.name, execution_id = %row.id, job_id, staged, "tool call deferred to a runtime job");
+        let receipt = serde_json::json!({
+            "accepted": true,
+            "execution_id": row.id,
+            "runtime_job_id": job_id,
+            "status": "queued",
+        });
+        Ok(Opened::Deferred(self.result(
+            &row.id,
+            receipt,
+            false,
+            ExecutionStatus::Queued,
+        )))
+    }
+
+    /// Finishes the row with the provider's outcome.
+    pub async fn finish(
+        &self,
+        entry: &CatalogEntry,
+        execution_id: String,
+        outcome: ToolOutcome,
+    ) -> Result<ToolCallResult> {
+        let settled = settle(outcome, entry.spec.metadata.side_effect_level);
+        let finish = ExecutionFinish {
+            status: settled.status,
+            provider_started: settled.provider_started,
+            result: if settled.is_error {
+                Value::Null
+            } else {
+                settled.output.clone()
+            },
+            error_message: settled
+                .is_error
+                .then(|| settled.output.as_str().unwrap_or_default().to_owned()),
+            commit_outcome: (settled.status == ExecutionStatus::Uncertain)
+                .then_some(CommitOutcome::Uncertain),
+        };
+        self.store.finish_execution(&execution_id, &finish).await?;
+        tracing::info!(
+            tool = ?self.call.name,
+            execution_id,
+            status = settled.status.as_str(),
+            provider_started = settled.provider_started,
+            "tool call finished"
+        );
+        Ok(self.result(
+            &execution_id,
+            settled.output,
+            settled.is_error,
+            settled.status,
+        ))
+    }
+
+    fn result(
+        &self,
+        execution_id: &str,
+        output: Value,
+        is_error: bool,
+        status: ExecutionStatus,
+    ) -> ToolCallResult {
+        ToolCallResult {
+            call_id: self.call.call_id.clone(),
+            name: self.call.name.clone(),
+            output,
+            is_error,
+            status,
+            execution_id: execution_id.to_owned(),
+        }
+    }
+}
+
+/// The snake_case text of a serde enum value.
+fn enum_text<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}

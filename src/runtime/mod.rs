@@ -1,0 +1,145 @@
+//! The tool runtime service: everything a tool call needs, shared by the HTTP
+//! handlers, the job workers and (later) the generation loop. The dispatcher
+//! (`dispatch`) owns what is common to every provider; the providers are
+//! registered in `ToolRuntime::new`, one line each.
+
+mod dispatch;
+pub mod jobs;
+mod journal_rows;
+mod runs;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio_util::task::TaskTracker;
+
+use crate::catalog::{Catalog, CatalogChange, CatalogEvents, CatalogMutation, ToolProvider};
+use crate::config::Settings;
+use crate::domain::tool::Slot;
+use crate::error::Result;
+use crate::model_sessions::{ModelSessionHub, OfferedCatalogs};
+use crate::permissions::ToolPermissions;
+use crate::store::{Session, Store};
+use crate::tools::builtin::BuiltinProvider;
+use crate::tools::preset::PresetProvider;
+use crate::tools::remote::{RemoteProvider, RemoteRegistry};
+use crate::tools::script::{ScriptLimits, ScriptRunner};
+
+pub use jobs::JobSignal;
+
+/// Shared tool-runtime state; cheap to clone.
+#[derive(Clone)]
+pub struct ToolRuntime {
+    pub store: Store,
+    pub settings: Arc<Settings>,
+    /// Runtime registrations of `/api/tools` (also one of the providers).
+    pub remote: Arc<RemoteRegistry>,
+    /// Every provider, in catalog order.
+    providers: Arc<[Arc<dyn ToolProvider>]>,
+    /// Live model sessions; catalog mutations synchronise them.
+    pub model_sessions: Arc<ModelSessionHub>,
+    /// Wakes the job workers when a job becomes claimable.
+    pub jobs: Arc<JobSignal>,
+    /// Calls that have started: they run to their end whatever their caller
+    /// does, and shutdown waits for them.
+    calls: TaskTracker,
+}
+
+impl ToolRuntime {
+    /// A runtime with empty registries and no live model sessions.
+    pub fn new(store: Store, settings: Arc<Settings>) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let remote =
+            Arc::new(RemoteRegistry::new(&settings).context("building the callback client")?);
+        let scripts =
+            ScriptRunner::with_default_concurrency(ScriptLimits::from_settings(&settings));
+        let providers: Vec<Arc<dyn ToolProvider>> = vec![
+            Arc::new(BuiltinProvider::new(store.clone())),
+            Arc::new(RemoteProvider::new(remote.clone())),
+            Arc::new(PresetProvider::new(
+                store.clone(),
+                scripts,
+                settings.enable_unsafe_script_handler,
+            )),
+        ];
+        Ok(Self {
+            remote,
+            providers: providers.into(),
+            model_sessions: Arc::new(ModelSessionHub::default()),
+            jobs: Arc::new(JobSignal::default()),
+            calls: TaskTracker::new(),
+            store,
+            settings,
+        })
+    }
+
+    /// The full catalog of `session` right now, before permissions.
+    pub async fn catalog(&self, session: &Session) -> Result<Catalog> {
+        Catalog::build(session, &self.providers).await
+    }
+
+    /// What the session's model is offered for `slot` (every slot's session-wide
+    /// rules when `None`): the catalog with the session's permissions applied.
+    /// The runtime catalog endpoint and live model sessions both use this, and a
+    /// call is allowed by the same rules, so a model is never offered a tool that
+    /// every call to it would refuse.
+    pub async fn offered_catalog(&self, session: &Session, slot: Option<Slot>) -> Result<Catalog> {
+        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+        let mut catalog = self.catalog(session).await?;
+        permissions.apply_to_catalog(&mut catalog, slot);
+        Ok(catalog)
+    }
+
+    /// The provider whose job snapshots carry `kind`.
+    fn provider(&self, kind: &str) -> Option<&Arc<dyn ToolProvider>> {
+        self.providers
+            .iter()
+            .find(|provider| provider.kind() == kind)
+    }
+
+    /// Stops taking new calls' tasks and waits for the started ones (at
+    /// shutdown, after the listener has stopped).
+    pub async fn finish_started_calls(&self) {
+        self.calls.close();
+        if !self.calls.is_empty() {
+            tracing::info!(
+                calls = self.calls.len(),
+                "waiting for started tool calls to finish"
+            );
+        }
+        self.calls.wait().await;
+    }
+
+    /// Offers each change to the live model sessions it concerns; one result per
+    /// change.
+    async fn sync_changes(
+        &self,
+        guard: &crate::model_sessions::MutationGuard<'_>,
+        changes: &[CatalogChange],
+    ) -> Vec<std::result::Result<(), String>> {
+        let mut results = Vec::with_capacity(changes.len());
+        for change in changes {
+            results.push(self.model_sessions.sync(guard, self, change).await);
+        }
+        results
+    }
+}
+
+impl CatalogEvents for ToolRuntime {
+    fn mutate<'a>(
+        &'a self,
+        mutation: CatalogMutation<'a>,
+    ) -> BoxFuture<'a, Vec<std::result::Result<(), String>>> {
+        Box::pin(async move {
+            let guard = self.model_sessions.mutation_lock().await;
+            let changes = mutation.await;
+            self.sync_changes(&guard, &changes).await
+        })
+    }
+}
+
+impl OfferedCatalogs for ToolRuntime {
+    fn offered<'a>(&'a self, session: &'a Session, slot: Slot) -> BoxFuture<'a, Result<Catalog>> {
+        Box::pin(self.offered_catalog(session, Some(slot)))
+    }
+}

@@ -1,0 +1,261 @@
+//! The remote provider: each character's registered callbacks in its sessions'
+//! catalogs, the remote half of the call path (where the plugin eviction rule
+//! lives), and the snapshots deferred callbacks run from.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use super::{FailureEffect, RemoteRegistry, RemoteTool};
+use crate::call::{JobInvocation, ToolCall, ToolOutcome};
+use crate::catalog::{
+    CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, ToolHandler,
+    ToolProvider,
+};
+use crate::domain::CallbackUrl;
+use crate::domain::tool::ToolMetadata;
+use crate::error::Result;
+use crate::store::Session;
+
+/// The `kind` of remote job snapshots.
+const KIND: &str = "remote";
+
+/// Offers the callbacks registered for a session's character.
+pub struct RemoteProvider {
+    registry: Arc<RemoteRegistry>,
+}
+
+impl RemoteProvider {
+    pub fn new(registry: Arc<RemoteRegistry>) -> Self {
+        Self { registry }
+    }
+}
+
+impl ToolProvider for RemoteProvider {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let entries = self
+            .registry
+            .list(&session.character_id)
+            .into_iter()
+            .map(|tool| {
+                let spec = tool.spec();
+                let handler = RemoteHandler {
+                    tool,
+                    registry: self.registry.clone(),
+                };
+                CatalogEntry::available(spec, Arc::new(handler))
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(entries)))
+    }
+
+    fn restore(
+        &self,
+        invocation: &JobInvocation,
+    ) -> std::result::Result<Arc<dyn ToolHandler>, String> {
+        let text = |field: &str| {
+            invocation
+                .tool
+                .get(field)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("the job snapshot has no {field:?}"))
+        };
+        let callback_url = CallbackUrl::parse(&text("callback_url")?)
+            .map_err(|err| format!("stored callback URL is invalid: {err}"))?;
+        let timeout_seconds = invocation
+            .tool
+            .get("timeout_seconds")
+            .and_then(Value::as_f64)
+            .ok_or("the job snapshot has no timeout_seconds")?;
+        let tool = RemoteTool {
+            name: text("name")?,
+            description: String::new(),
+            parameters: Value::Object(Default::default()),
+            callback_url,
+            source: text("source")?,
+            timeout_seconds,
+            role: text("role")?,
+            metadata: ToolMetadata::declared(
+                invocation.effective_side_effect_level(),
+                Vec::new(),
+                None,
+            ),
+        };
+        Ok(Arc::new(RemoteHandler {
+            tool: Arc::new(tool),
+            registry: self.registry.clone(),
+        }))
+    }
+}
+
+/// Runs one registered callback.
+#[derive(Debug)]
+struct RemoteHandler {
+    tool: Arc<RemoteTool>,
+    registry: Arc<RemoteRegistry>,
+}
+
+impl ToolHandler for RemoteHandler {
+    fn invoke<'a>(
+        &'a self,
+        cx: &'a CallContext<'a>,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(self.call(cx, args))
+    }
+
+    fn snapshot(&self, call: &ToolCall, args: &Value) -> Option<JobInvocation> {
+        let tool = &self.tool;
+        let mut fields = serde_json::Map::new();
+        fields.insert("name".into(), tool.name.clone().into());
+        fields.insert("callback_url".into(), tool.callback_url.as_str().into());
+        fields.insert("source".into(), tool.source.clone().into());
+        fields.insert("role".into(), tool.role.clone().into());
+        fields.insert("timeout_seconds".into(), tool.timeout_seconds.into());
+        Some(JobInvocation {
+            kind: KIND.to_owned(),
+            call_id: call.call_id.clone(),
+            raw_arguments: call.arguments.raw.clone(),
+            arguments: args.clone(),
+            side_effect_level: Some(tool.metadata.side_effect_level),
+            tool: fields,
+        })
+    }
+}
+
+impl RemoteHandler {
+    /// Runs the callback and applies the plugin eviction rule.
+    async fn call(&self, cx: &CallContext<'_>, args: &Value) -> ToolOutcome {
+        let tool = &self.tool;
+        let exchange = self.registry.client().call(tool, cx.call, args).await;
+        let outcome = match (exchange.effect, exchange.outcome) {
+            // The callback never received the call: nothing can have happened.
+            (FailureEffect::Count, ToolOutcome::Error(message)) => {
+                ToolOutcome::not_started(message)
+            }
+            (_, outcome) => outcome,
+        };
+        if !tool.is_plugin() {
+            return outcome;
+        }
+        let origin = tool.callback_url.origin();
+        match exchange.effect {
+            FailureEffect::Count => {
+                if self
+                    .registry
+                    .failures()
+                    .record_failure(origin, &tool.source)
+                {
+                    let evicted = self.evict_origin(cx.catalog_events).await;
+                    if let ToolOutcome::NotStarted {
+                        message,
+                        retry_after_ms,
+                    } = outcome
+                    {
+                        return ToolOutcome::NotStarted {
+                            message: format!(
+                                "{message}; after {} consecutive connection failures the {} tool(s) of {} at {origin} were unregistered",
+                                super::EVICTION_THRESHOLD,
+                                evicted,
+                                tool.source
+                            ),
+                            retry_after_ms,
+                        };
+                    }
+                }
+            }
+            FailureEffect::Reset => self.registry.failures().reset(origin, &tool.source),
+            FailureEffect::Neutral => {}
+        }
+        outcome
+    }
+
+    /// Evicts the source's tools at this origin from every registry and
+    /// synchronises the affected model sessions; returns how many registrations
+    /// were removed.
+    async fn evict_origin(&self, events: &dyn CatalogEvents) -> usize {
+        let origin = self.tool.callback_url.origin().to_owned();
+        let source = self.tool.source.clone();
+        let registry = self.registry.clone();
+        let mut count = 0;
+        let counted = &mut count;
+        events
+            .mutate(Box::pin(async move {
+                let evicted = registry.evict_origin(&origin, &source);
+                evicted
+                    .into_iter()
+                    .map(|(character_id, names)| {
+                        *counted += names.len();
+                        tracing::warn!(%origin, %source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
+                        CatalogChange {
+                            scope: CatalogScope::Character(character_id),
+                            removed: names,
+                            ..Default::default()
+                        }
+                    })
+                    .collect()
+            }))
+            .await
+            .into_iter()
+            .filter_map(std::result::Result::err)
+            .for_each(|error| {
+                tracing::warn!(%error, "a model session refused the catalog after eviction")
+            });
+        count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::CallArguments;
+    use crate::domain::tool::{SideEffectLevel, Slot};
+
+    #[test]
+    fn snapshots_keep_the_tools_side_effect_level() {
+        let tool = RemoteTool {
+            name: "send_mail".into(),
+            description: String::new(),
+            parameters: Value::Object(Default::default()),
+            callback_url: CallbackUrl::parse("http://127.0.0.1:9/cb").unwrap(),
+            source: "mail".into(),
+            timeout_seconds: 2.0,
+            role: "Lanlan".into(),
+            metadata: ToolMetadata::declared(SideEffectLevel::Irreversible, vec![], None),
+        };
+        let registry = Arc::new(
+            RemoteRegistry::new(&crate::config::Settings::for_data_dir(
+                std::path::Path::new("/tmp"),
+            ))
+            .unwrap(),
+        );
+        let handler = RemoteHandler {
+            tool: Arc::new(tool),
+            registry: registry.clone(),
+        };
+        let call = ToolCall {
+            name: "send_mail".into(),
+            arguments: CallArguments::from_json(None),
+            call_id: "c1".into(),
+            caller_slot: Slot::Narrator,
+            floor_id: None,
+            run_id: None,
+            step: None,
+        };
+        let snapshot = handler.snapshot(&call, &serde_json::json!({})).unwrap();
+        let stored: JobInvocation =
+            serde_json::from_value(serde_json::to_value(&snapshot).unwrap()).unwrap();
+        assert_eq!(
+            stored.side_effect_level,
+            Some(SideEffectLevel::Irreversible)
+        );
+        let restored = RemoteProvider::new(registry).restore(&stored);
+        assert!(restored.is_ok());
+    }
+}
