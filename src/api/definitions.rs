@@ -227,14 +227,18 @@ async fn update_definition(
     let changes = DefinitionChanges::from(body);
     // Before the lookup: an empty PATCH is wrong whatever it targets.
     changes.check_not_empty()?;
-    let existing = state.runtime.store.definition(&account.id, &id).await?;
-    let updated = definition::update(&existing, changes.clone())?;
-    definition::check_update_allowed(
-        &updated,
-        &changes,
-        state.runtime.settings.enable_unsafe_script_handler,
-    )?;
-    let saved = state.runtime.store.save_definition(updated).await?;
+    let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
+    // Merged and checked against the row as it is inside the write transaction, so
+    // a concurrent update is neither lost nor merged past these checks.
+    let saved = state
+        .runtime
+        .store
+        .update_definition(&account.id, &id, |existing| {
+            let updated = definition::update(existing, changes.clone())?;
+            definition::check_update_allowed(&updated, &changes, scripts_enabled)?;
+            Ok(updated)
+        })
+        .await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
     Ok(axum::Json(Data { data: saved }))
 }
@@ -252,14 +256,20 @@ async fn toggle_definition(
     Path(id): Path<String>,
     Json(body): Json<ToggleDefinition>,
 ) -> ApiResult<axum::Json<Data<ToolDefinition>>> {
-    let mut found = state.runtime.store.definition(&account.id, &id).await?;
-    definition::check_toggle_allowed(
-        &found,
-        body.enabled,
-        state.runtime.settings.enable_unsafe_script_handler,
-    )?;
-    found.enabled = body.enabled;
-    let saved = state.runtime.store.save_definition(found).await?;
+    let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
+    // Inside the write transaction, like the PATCH: flipping `enabled` on a stale
+    // copy would write back the other fields as they were before a concurrent PATCH.
+    let saved = state
+        .runtime
+        .store
+        .update_definition(&account.id, &id, |existing| {
+            definition::check_toggle_allowed(existing, body.enabled, scripts_enabled)?;
+            Ok(ToolDefinition {
+                enabled: body.enabled,
+                ..existing.clone()
+            })
+        })
+        .await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
     Ok(axum::Json(Data { data: saved }))
 }

@@ -249,9 +249,37 @@ impl Store {
         Ok(definitions)
     }
 
-    /// Writes every field of an existing definition back, bumping `updated_at`.
-    pub async fn save_definition(&self, mut definition: ToolDefinition) -> Result<ToolDefinition> {
-        definition.updated_at = now_ms().max(definition.updated_at);
+    /// Replaces the account's definition `id` with what `change` computes from the
+    /// stored one, bumping `updated_at`, and returns what was stored. The
+    /// transaction takes the write lock before reading (`BEGIN IMMEDIATE`) and
+    /// `change` cannot await, so two concurrent updates (a PATCH of one field and
+    /// a toggle, say) cannot lose one another's change: the later one merges into
+    /// what the earlier one wrote. `change` does the merging and every check; its
+    /// error aborts the transaction with nothing written.
+    pub async fn update_definition(
+        &self,
+        account_id: &str,
+        id: &str,
+        change: impl FnOnce(&ToolDefinition) -> Result<ToolDefinition>,
+    ) -> Result<ToolDefinition> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
+        let existing = match sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await?
+        {
+            Some(row) => from_row(&row)?,
+            None => return Err(Error::not_found(format!("tool definition {id:?}"))),
+        };
+        let mut definition = change(&existing)?;
+        // `change` decides the client-settable fields only.
+        definition.id = existing.id;
+        definition.account_id = existing.account_id;
+        definition.created_at = existing.created_at;
+        definition.updated_at = now_ms().max(existing.updated_at);
+        // Holding the write lock since the read, the row is still there.
         let result = sqlx::query(
             "UPDATE tool_definitions SET name = ?, description = ?, parameters_json = ?, side_effect_level = ?, \
              allowed_slots_json = ?, source = ?, source_id = ?, enabled = ?, handler_type = ?, handler_json = ?, \
@@ -270,18 +298,21 @@ impl Store {
         .bind(definition.updated_at)
         .bind(&definition.id)
         .bind(&definition.account_id)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await;
-        self.definition_cache.invalidate(&definition.account_id);
         match result {
-            Ok(done) if done.rows_affected() == 0 => Err(Error::not_found(format!(
-                "tool definition {:?}",
-                definition.id
-            ))),
-            Ok(_) => Ok(definition),
-            Err(err) if super::is_unique_violation(&err) => Err(conflict(&definition)),
-            Err(err) => Err(err.into()),
+            Ok(_) => {}
+            // Dropping `tx` rolls back; nothing changed, so the cache stays valid.
+            Err(err) if super::is_unique_violation(&err) => return Err(conflict(&definition)),
+            Err(err) => return Err(err.into()),
         }
+        let committed = tx.commit().await;
+        // After the commit (even a failed one, whose outcome is unknown): a reader
+        // that read the old rows before this point is refused by the generation
+        // guard, and one that reads after it sees the new rows.
+        self.definition_cache.invalidate(account_id);
+        committed?;
+        Ok(definition)
     }
 
     /// Deletes the account's definition with that id.
@@ -395,5 +426,62 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[tokio::test]
+    async fn a_refused_update_writes_nothing_and_releases_the_lock() {
+        let (store, _dir) = store().await;
+        store
+            .create_definition("acct_a", def("taken", None))
+            .await
+            .unwrap();
+        let created = store
+            .create_definition("acct_a", def("t", None))
+            .await
+            .unwrap();
+        // Read into the cache, so that a missed invalidation would show.
+        assert_eq!(store.enabled_definitions("acct_a").await.unwrap().len(), 2);
+        let refused = store
+            .update_definition("acct_a", &created.id, |_| Err(Error::validation("no")))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), "validation_error");
+        let conflict = store
+            .update_definition("acct_a", &created.id, |existing| {
+                Ok(ToolDefinition {
+                    name: "taken".into(),
+                    ..existing.clone()
+                })
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(conflict.code(), "tool_definition_conflict");
+        assert_eq!(
+            store
+                .update_definition("acct_b", &created.id, |existing| Ok(existing.clone()))
+                .await
+                .unwrap_err()
+                .code(),
+            "not_found"
+        );
+        assert_eq!(
+            store.definition("acct_a", &created.id).await.unwrap(),
+            created
+        );
+        // Rolled back rather than left holding the write lock: the next write goes through.
+        let disabled = store
+            .update_definition("acct_a", &created.id, |existing| {
+                Ok(ToolDefinition {
+                    enabled: false,
+                    ..existing.clone()
+                })
+            })
+            .await
+            .unwrap();
+        assert!(!disabled.enabled);
+        assert_eq!(disabled.created_at, created.created_at);
+        let enabled = store.enabled_definitions("acct_a").await.unwrap();
+        assert_eq!(enabled.len(), 1);
+        assert_eq!(enabled[0].name, "taken");
     }
 }
