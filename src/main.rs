@@ -1,5 +1,7 @@
 //! The `toolgate` binary: parse settings, build the app, serve.
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 use toolgate::app::{App, shutdown_signal};
 use toolgate::config::{Cli, Command, LogFormat, Settings};
@@ -33,7 +35,13 @@ fn init_tracing(format: LogFormat) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
+        // is honoured on a terminal, as the library would by default.
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+            builder.with_ansi(colour).init()
+        }
+        LogFormat::Json => builder.json().with_ansi(false).init(),
     }
 }

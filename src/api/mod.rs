@@ -3,6 +3,7 @@
 
 mod accounts;
 mod auth;
+mod browser_guard;
 mod catalog;
 mod characters;
 mod definitions;

@@ -34,6 +34,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(unregister_tool))
         .routes(routes!(clear_tools))
         .routes(routes!(list_tools))
+        .route_layer(axum::middleware::from_fn(
+            super::browser_guard::refuse_browser_requests,
+        ))
 }
 
 /// Admits loopback peers only, judged by the TCP peer address. Forwarding headers

@@ -1,0 +1,324 @@
+//! Black-box tests of the browser guard on `/api/tools` (cross-site requests and
+//! DNS rebinding are refused before the body is read, plugin clients are not) and
+//! of colour-free logs when stderr is not a terminal.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{ADMIN_TOKEN, Reply, TestServer, read_reply, register_remote, spawn_app};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+const TOOL: &str = r#"{"name": "sneaky", "callback_url": "http://127.0.0.1:9/x"}"#;
+
+/// A POST through reqwest with the given extra headers; reqwest sets a loopback
+/// Host from the URL.
+async fn post(
+    server: &TestServer,
+    path: &str,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut request = server
+        .client
+        .post(server.url(path))
+        .header("content-type", content_type)
+        .body(body.to_owned());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    read_reply(request.send().await.expect("request")).await
+}
+
+/// One HTTP/1.1 request written by hand, so the Host header is exactly `head`'s.
+async fn raw(server: &TestServer, head: &str, body: &str) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let request = format!(
+        "{head}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut response))
+        .await
+        .expect("response within 30s")
+        .expect("read");
+    let response = String::from_utf8(response).expect("UTF-8 response");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str(body).ok())
+        .unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Names registered for the default character.
+async fn registered(server: &TestServer) -> Vec<String> {
+    let reply = read_reply(
+        server
+            .client
+            .get(server.url("/api/tools"))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.body["tools_by_role"]["Lanlan"]
+        .as_array()
+        .expect("Lanlan's tools")
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn assert_forbidden(reply: &Reply) {
+    assert_eq!(reply.status, 403, "{reply:?}");
+    assert_eq!(reply.code(), "forbidden", "{reply:?}");
+}
+
+#[tokio::test]
+async fn a_text_plain_register_from_a_foreign_origin_is_refused() {
+    let server = spawn_app().await;
+    let reply = post(
+        &server,
+        "/api/tools/register",
+        "text/plain",
+        &[("origin", "http://evil.example")],
+        TOOL,
+    )
+    .await;
+    assert_forbidden(&reply);
+    assert!(registered(&server).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cross_site_clear_is_refused_and_registrations_survive() {
+    let server = spawn_app().await;
+    register_remote(
+        &server,
+        json!({"name": "kept", "callback_url": "http://127.0.0.1:9/x", "source": "plugin:kept"}),
+    )
+    .await;
+    for body in ["{}", r#"{"source": "plugin:kept"}"#] {
+        let reply = post(
+            &server,
+            "/api/tools/clear",
+            "application/json",
+            &[("sec-fetch-site", "cross-site")],
+            body,
+        )
+        .await;
+        assert_forbidden(&reply);
+    }
+    assert_eq!(registered(&server).await, ["kept"]);
+}
+
+#[tokio::test]
+async fn a_null_origin_is_refused() {
+    let server = spawn_app().await;
+    let reply = post(
+        &server,
+        "/api/tools/register",
+        "application/json",
+        &[("origin", "null")],
+        TOOL,
+    )
+    .await;
+    assert_forbidden(&reply);
+    assert!(registered(&server).await.is_empty());
+}
+
+#[tokio::test]
+async fn invalid_json_from_a_foreign_origin_is_403_not_a_body_error() {
+    let server = spawn_app().await;
+    let reply = post(
+        &server,
+        "/api/tools/register",
+        "application/json",
+        &[("origin", "http://evil.example")],
+        "{not json",
+    )
+    .await;
+    assert_forbidden(&reply);
+}
+
+#[tokio::test]
+async fn a_rebinding_host_is_refused() {
+    let server = spawn_app().await;
+    let port = server.addr.port();
+    let (status, body) = raw(
+        &server,
+        &format!("POST /api/tools/register HTTP/1.1\r\nHost: evil.example:{port}"),
+        TOOL,
+    )
+    .await;
+    assert_eq!((status, &body["error"]["code"]), (403, &json!("forbidden")));
+    let (status, body) = raw(&server, "GET /api/tools HTTP/1.1\r\nHost: evil.example", "").await;
+    assert_eq!((status, &body["error"]["code"]), (403, &json!("forbidden")));
+    // No Host at all cannot prove the request is meant for loopback.
+    let (status, body) = raw(&server, "POST /api/tools/register HTTP/1.1", TOOL).await;
+    assert_eq!((status, &body["error"]["code"]), (403, &json!("forbidden")));
+    assert!(registered(&server).await.is_empty());
+
+    // The same hand-written request with a loopback Host goes through.
+    let (status, body) = raw(
+        &server,
+        &format!("POST /api/tools/register HTTP/1.1\r\nHost: localhost:{port}"),
+        TOOL,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(registered(&server).await, ["sneaky"]);
+}
+
+#[tokio::test]
+async fn loopback_pages_and_plugin_clients_are_admitted() {
+    let server = spawn_app().await;
+    let port = server.addr.port();
+    let loopback_127 = format!("http://127.0.0.1:{port}");
+    let loopback_name = format!("http://localhost:{port}");
+    let cases: [(&str, Vec<(&str, &str)>); 4] = [
+        // Like N.E.K.O.'s httpx client: no Origin, no Sec-Fetch-*.
+        ("plain", vec![]),
+        ("origin_127", vec![("origin", loopback_127.as_str())]),
+        ("origin_localhost", vec![("origin", loopback_name.as_str())]),
+        (
+            "same_origin",
+            vec![
+                ("origin", loopback_127.as_str()),
+                ("sec-fetch-site", "same-origin"),
+            ],
+        ),
+    ];
+    for (name, headers) in &cases {
+        let body = json!({"name": name, "callback_url": "http://127.0.0.1:9/x"}).to_string();
+        let reply = post(
+            &server,
+            "/api/tools/register",
+            "application/json",
+            headers,
+            &body,
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{name}: {reply:?}");
+    }
+    let mut names = registered(&server).await;
+    names.sort();
+    assert_eq!(
+        names,
+        ["origin_127", "origin_localhost", "plain", "same_origin"]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Logs on a pipe or in a file carry no ANSI escape codes.
+// ---------------------------------------------------------------------------
+
+/// Runs the binary with stderr on a pipe, sends one refused request (which logs
+/// at info), stops it and returns everything it wrote to stderr.
+async fn stderr_of_a_run(extra_args: &[&str]) -> Vec<u8> {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(temp.path().join("data"))
+        .args(extra_args)
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_LISTEN")
+        .env_remove("TOOLGATE_DATA_DIR")
+        .env_remove("TOOLGATE_LOG_FORMAT")
+        .env_remove("TOOLGATE_CONFIG")
+        // NO_COLOR in the test's environment would hide a missing terminal check.
+        .env_remove("NO_COLOR")
+        .env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn toolgate");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let collected = tokio::spawn(async move {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes).await;
+        bytes
+    });
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(addr) = line.strip_prefix("toolgate listening on http://") {
+                return addr.trim().to_owned();
+            }
+        }
+        panic!("toolgate exited before listening");
+    })
+    .await
+    .expect("listening within 60s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let response = reqwest::Client::new()
+        .get(format!("http://{addr}/api/tools"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 403);
+
+    let pid = child.id().expect("running").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exit within 30s of SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    collected.await.expect("stderr reader")
+}
+
+fn assert_colourless_log_of_a_refusal(log: &[u8]) {
+    let text = String::from_utf8_lossy(log);
+    assert!(
+        text.contains("refused"),
+        "the refusal was not logged: {text}"
+    );
+    assert!(
+        !log.contains(&0x1b),
+        "ANSI escape codes in a non-terminal log: {text:?}"
+    );
+}
+
+#[tokio::test]
+async fn text_and_json_logs_on_a_pipe_carry_no_colour() {
+    assert_colourless_log_of_a_refusal(&stderr_of_a_run(&[]).await);
+    assert_colourless_log_of_a_refusal(&stderr_of_a_run(&["--log-format", "json"]).await);
+}
+
+#[tokio::test]
+async fn logs_in_a_file_carry_no_colour() {
+    let mut server = spawn_app().await;
+    let reply = post(
+        &server,
+        "/api/tools/register",
+        "text/plain",
+        &[("origin", "http://evil.example")],
+        TOOL,
+    )
+    .await;
+    assert_forbidden(&reply);
+    assert!(server.stop().await.success());
+    // The helpers send stderr to this file.
+    let log = std::fs::read(server.data_dir.join("..").join("server.log")).expect("server.log");
+    assert_colourless_log_of_a_refusal(&log);
+}
