@@ -15,6 +15,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use common::events::Events;
 use common::{Reply, SpawnOptions, TestServer, read_reply, spawn_app, spawn_with};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -265,95 +266,6 @@ async fn start_callbacks() -> Callbacks {
 async fn dead_port() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
-}
-
-// ---------------------------------------------------------------------------
-// Helpers: an SSE subscriber of GET /sessions/{id}/events.
-// ---------------------------------------------------------------------------
-
-struct Events {
-    response: reqwest::Response,
-    buffer: String,
-    /// Data of the `ready` event that opened the stream.
-    ready: Value,
-}
-
-#[derive(Debug, Clone)]
-struct Sse {
-    kind: String,
-    data: Value,
-}
-
-impl Events {
-    async fn open(server: &TestServer, session: &str) -> Self {
-        let response = server
-            .client
-            .get(server.url(&format!("/sessions/{session}/events")))
-            .bearer_auth(&server.token)
-            .timeout(Duration::from_secs(3600))
-            .send()
-            .await
-            .expect("open event stream");
-        assert_eq!(response.status(), 200);
-        assert!(
-            response.headers()[header::CONTENT_TYPE.as_str()]
-                .to_str()
-                .unwrap()
-                .starts_with("text/event-stream")
-        );
-        let mut events = Self {
-            response,
-            buffer: String::new(),
-            ready: Value::Null,
-        };
-        let ready = events.next().await;
-        assert_eq!(ready.kind, "ready", "{ready:?}");
-        events.ready = ready.data;
-        events
-    }
-
-    /// The next event (comments and keep-alives skipped); fails after 10 s.
-    async fn next(&mut self) -> Sse {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(end) = self.buffer.find("\n\n") {
-                    let block: String = self.buffer.drain(..end + 2).collect();
-                    let mut kind = "message".to_owned();
-                    let mut data = String::new();
-                    for line in block.lines() {
-                        if let Some(value) = line.strip_prefix("event:") {
-                            kind = value.trim().to_owned();
-                        } else if let Some(value) = line.strip_prefix("data:") {
-                            data.push_str(value.trim_start());
-                        }
-                    }
-                    if data.is_empty() {
-                        continue;
-                    }
-                    return Sse {
-                        kind,
-                        data: serde_json::from_str(&data).expect("event data is JSON"),
-                    };
-                }
-                let chunk = self
-                    .response
-                    .chunk()
-                    .await
-                    .expect("read event stream")
-                    .expect("event stream ended");
-                self.buffer.push_str(&String::from_utf8_lossy(&chunk));
-            }
-        })
-        .await
-        .expect("no event within 10 s")
-    }
-
-    /// The next `catalog_changed` event.
-    async fn changed(&mut self) -> Value {
-        let event = self.next().await;
-        assert_eq!(event.kind, "catalog_changed", "{event:?}");
-        event.data
-    }
 }
 
 fn strings(value: &Value) -> Vec<String> {

@@ -11,6 +11,7 @@ use super::auth::CurrentAccount;
 use super::envelope::{Data, List};
 use super::error::ApiResult;
 use super::extract::{Json, Path, Query};
+use crate::catalog::{CatalogChange, CatalogScope};
 use crate::domain::PageRequest;
 use crate::domain::definition::{
     self, DefinitionChanges, DefinitionSource, HandlerType, ScriptHandler, ToolDefinition,
@@ -158,10 +159,12 @@ async fn create_definition(
 ) -> ApiResult<(StatusCode, axum::Json<Data<ToolDefinition>>)> {
     let draft = definition::create(body.into())?;
     definition::check_create_allowed(&draft, state.runtime.settings.enable_unsafe_script_handler)?;
-    let created = state
-        .runtime
-        .store
-        .create_definition(&account.id, draft)
+    let runtime = &state.runtime;
+    let created = runtime
+        .write_catalog(
+            Box::pin(runtime.store.create_definition(&account.id, draft)),
+            |created| definition_change(&account.id, created, ChangeKind::Added),
+        )
         .await?;
     tracing::info!(definition = %created.id, name = %created.name, "tool definition created");
     Ok((StatusCode::CREATED, axum::Json(Data { data: created })))
@@ -230,13 +233,17 @@ async fn update_definition(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Merged and checked against the row as it is inside the write transaction, so
     // a concurrent update is neither lost nor merged past these checks.
-    let saved = state
-        .runtime
+    let runtime = &state.runtime;
+    let write = runtime
         .store
         .update_definition(&account.id, &id, |existing| {
             let updated = definition::update(existing, changes.clone())?;
             definition::check_update_allowed(&updated, &changes, scripts_enabled)?;
             Ok(updated)
+        });
+    let saved = runtime
+        .write_catalog(Box::pin(write), |saved| {
+            definition_change(&account.id, saved, ChangeKind::Updated)
         })
         .await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
@@ -259,8 +266,8 @@ async fn toggle_definition(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Inside the write transaction, like the PATCH: flipping `enabled` on a stale
     // copy would write back the other fields as they were before a concurrent PATCH.
-    let saved = state
-        .runtime
+    let runtime = &state.runtime;
+    let write = runtime
         .store
         .update_definition(&account.id, &id, |existing| {
             definition::check_toggle_allowed(existing, body.enabled, scripts_enabled)?;
@@ -268,6 +275,15 @@ async fn toggle_definition(
                 enabled: body.enabled,
                 ..existing.clone()
             })
+        });
+    let saved = runtime
+        .write_catalog(Box::pin(write), |saved| {
+            let kind = if saved.enabled {
+                ChangeKind::Added
+            } else {
+                ChangeKind::Removed
+            };
+            definition_change(&account.id, saved, kind)
         })
         .await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
@@ -284,13 +300,46 @@ async fn delete_definition(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Value>>> {
-    state
-        .runtime
-        .store
-        .delete_definition(&account.id, &id)
+    let runtime = &state.runtime;
+    let write = async {
+        let existing = runtime.store.definition(&account.id, &id).await?;
+        runtime.store.delete_definition(&account.id, &id).await?;
+        Ok(existing)
+    };
+    runtime
+        .write_catalog(Box::pin(write), |deleted| {
+            definition_change(&account.id, deleted, ChangeKind::Removed)
+        })
         .await?;
     tracing::info!(definition = %id, "tool definition deleted");
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": id, "deleted": true }),
     }))
+}
+
+/// How a definition write changed its account's catalogs.
+enum ChangeKind {
+    Added,
+    Updated,
+    Removed,
+}
+
+/// The `catalog_changed` a definition write sends to its account's live model
+/// sessions.
+fn definition_change(
+    account_id: &str,
+    definition: &ToolDefinition,
+    kind: ChangeKind,
+) -> CatalogChange {
+    let names = vec![definition.name.clone()];
+    let mut change = CatalogChange {
+        scope: CatalogScope::Account(account_id.to_owned()),
+        ..Default::default()
+    };
+    match kind {
+        ChangeKind::Added => change.added = names,
+        ChangeKind::Updated => change.updated = names,
+        ChangeKind::Removed => change.removed = names,
+    }
+    change
 }

@@ -9,6 +9,7 @@ use utoipa_axum::routes;
 use super::auth::CurrentAccount;
 use super::error::ApiResult;
 use super::extract::{Path, body_bytes, parse_json};
+use crate::catalog::{CatalogChange, CatalogScope};
 use crate::permissions::{METADATA_KEY, ToolPermissions};
 use crate::state::AppState;
 
@@ -90,13 +91,20 @@ async fn save(
     state: &AppState,
     account_id: &str,
     session_id: &str,
-    compute: impl FnOnce(&Value) -> crate::error::Result<ToolPermissions>,
+    compute: impl FnOnce(&Value) -> crate::error::Result<ToolPermissions> + Send,
 ) -> ApiResult<axum::Json<Value>> {
-    let stored = state
-        .runtime
-        .store
-        .update_session_metadata_key(account_id, session_id, METADATA_KEY, |metadata| {
-            compute(metadata).map(|permissions| permissions.to_json())
+    let runtime = &state.runtime;
+    let write = runtime.store.update_session_metadata_key(
+        account_id,
+        session_id,
+        METADATA_KEY,
+        |metadata| compute(metadata).map(|permissions| permissions.to_json()),
+    );
+    // Permissions decide what the session's model is offered.
+    let stored = runtime
+        .write_catalog(Box::pin(write), |_| CatalogChange {
+            scope: CatalogScope::Session(session_id.to_owned()),
+            ..Default::default()
         })
         .await?;
     tracing::info!(session = session_id, permissions = %stored, "tool permissions changed");

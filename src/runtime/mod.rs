@@ -110,6 +110,35 @@ impl ToolRuntime {
         self.calls.wait().await;
     }
 
+    /// Runs a stored write that changes catalogs (a definition, a session's
+    /// permissions) under the catalog mutation lock, then offers the new
+    /// catalogs to the live model sessions `change` names, before answering. A
+    /// model session that refuses the new catalog keeps its old one and is
+    /// logged: the write itself stands.
+    pub async fn write_catalog<T: Send>(
+        &self,
+        write: BoxFuture<'_, Result<T>>,
+        change: impl FnOnce(&T) -> CatalogChange + Send,
+    ) -> Result<T> {
+        let mut written = None;
+        let slot = &mut written;
+        let results = self
+            .mutate(Box::pin(async move {
+                let outcome = write.await;
+                let changes = match &outcome {
+                    Ok(value) => vec![change(value)],
+                    Err(_) => Vec::new(),
+                };
+                *slot = Some(outcome);
+                changes
+            }))
+            .await;
+        for error in results.into_iter().filter_map(std::result::Result::err) {
+            tracing::warn!(%error, "a live model session refused the changed catalog");
+        }
+        written.unwrap_or_else(|| Err(anyhow::anyhow!("the catalog write did not run").into()))
+    }
+
     /// Offers each change to the live model sessions it concerns; one result per
     /// change.
     async fn sync_changes(
@@ -140,6 +169,11 @@ impl CatalogEvents for ToolRuntime {
 
 impl OfferedCatalogs for ToolRuntime {
     fn offered<'a>(&'a self, session: &'a Session, slot: Slot) -> BoxFuture<'a, Result<Catalog>> {
-        Box::pin(self.offered_catalog(session, Some(slot)))
+        Box::pin(async move {
+            // A model session holds the session as it was when it opened; its
+            // permissions may have changed since.
+            let current = self.store.session(&session.account_id, &session.id).await?;
+            self.offered_catalog(&current, Some(slot)).await
+        })
     }
 }

@@ -2,6 +2,8 @@
 //! temporary data directory and talk to it over real HTTP.
 #![allow(dead_code)]
 
+pub mod events;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;

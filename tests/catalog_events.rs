@@ -1,0 +1,199 @@
+//! `catalog_changed` follows every change of what a session's model may see or
+//! call: tool definitions (create, patch, toggle, delete) and the session's
+//! permissions, not only `/api/tools`. And what a live model session is offered
+//! is what a call would allow.
+
+mod common;
+
+use common::events::Events;
+use common::{SpawnOptions, TestServer, spawn_with};
+use serde_json::{Value, json};
+
+fn scripts_on() -> SpawnOptions {
+    SpawnOptions {
+        env: vec![("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into())],
+        ..Default::default()
+    }
+}
+
+fn names(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array, got {value}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn definition() -> Value {
+    json!({
+        "name": "lookup_npc",
+        "description": "find an NPC",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}}},
+        "side_effect_level": "none",
+        "source": "custom",
+        "handler_type": "script",
+        "handler": {"script": "return { found: true };"}
+    })
+}
+
+async fn offered_names(server: &TestServer, session: &str) -> Vec<String> {
+    let reply = server
+        .get(&format!("/sessions/{session}/tools/runtime?slot=narrator"))
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let mut names: Vec<String> = reply.body["data"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn definition_writes_reach_live_model_sessions() {
+    let server = spawn_with(scripts_on()).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    assert!(!names(&events.ready["tools"]).contains(&"lookup_npc".to_owned()));
+
+    let created = server.post("/tools/definitions", definition()).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    let changed = events.changed().await;
+    assert_eq!(names(&changed["added"]), ["lookup_npc"]);
+    assert!(names(&changed["tools"]).contains(&"lookup_npc".to_owned()));
+
+    let patched = server
+        .patch(
+            &format!("/tools/definitions/{id}"),
+            json!({"description": "find a character"}),
+        )
+        .await;
+    assert_eq!(patched.status, 200, "{patched:?}");
+    assert_eq!(names(&events.changed().await["updated"]), ["lookup_npc"]);
+
+    let toggled = server
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(toggled.status, 200, "{toggled:?}");
+    let changed = events.changed().await;
+    assert_eq!(names(&changed["removed"]), ["lookup_npc"]);
+    assert!(!names(&changed["tools"]).contains(&"lookup_npc".to_owned()));
+
+    let toggled = server
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": true}),
+        )
+        .await;
+    assert_eq!(toggled.status, 200, "{toggled:?}");
+    assert_eq!(names(&events.changed().await["added"]), ["lookup_npc"]);
+
+    let deleted = server.delete(&format!("/tools/definitions/{id}")).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let changed = events.changed().await;
+    assert_eq!(names(&changed["removed"]), ["lookup_npc"]);
+    assert!(!names(&changed["tools"]).contains(&"lookup_npc".to_owned()));
+}
+
+#[tokio::test]
+async fn a_refused_definition_write_sends_nothing() {
+    let server = spawn_with(scripts_on()).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let created = server.post("/tools/definitions", definition()).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    events.changed().await;
+    // A name conflict is refused; the next event must be the permission change
+    // below, not one for the refused write.
+    let conflict = server.post("/tools/definitions", definition()).await;
+    assert_eq!(conflict.status, 409, "{conflict:?}");
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let changed = events.changed().await;
+    assert!(names(&changed["added"]).is_empty(), "{changed}");
+}
+
+#[tokio::test]
+async fn permission_changes_reach_the_sessions_model_and_only_it() {
+    let server = spawn_with(SpawnOptions::default()).await;
+    let session = server.create_session().await;
+    let other = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let mut other_events = Events::open(&server, &other).await;
+    assert!(names(&events.ready["tools"]).contains(&"roll_dice".to_owned()));
+
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["roll_dice"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let changed = events.changed().await;
+    let offered = names(&changed["tools"]);
+    assert!(!offered.contains(&"roll_dice".to_owned()), "{changed}");
+    // What the model is offered is exactly what a narrator call may run.
+    assert_eq!(offered, offered_names(&server, &session).await);
+    let call = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "roll_dice", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(call.body["data"]["status"], "denied", "{call:?}");
+
+    // The other session's permissions did not change: it gets no event. Its
+    // next event is the one caused by a change of its own.
+    let reply = server
+        .patch(
+            &format!("/sessions/{other}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["get_time"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let changed = other_events.changed().await;
+    let offered = names(&changed["tools"]);
+    assert!(offered.contains(&"roll_dice".to_owned()), "{changed}");
+    assert!(!offered.contains(&"get_time".to_owned()), "{changed}");
+}
+
+#[tokio::test]
+async fn a_model_session_is_offered_what_its_slot_may_call() {
+    let server = spawn_with(SpawnOptions::default()).await;
+    let session = server.create_session().await;
+    let reply = server
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_allow_list": {"verifier": ["get_time"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let verifier = Events::open_path(
+        &server,
+        &format!("/sessions/{session}/events?slot=verifier"),
+    )
+    .await;
+    assert_eq!(names(&verifier.ready["tools"]), ["get_time"]);
+    assert_eq!(verifier.ready["slot"], "verifier");
+    let narrator = Events::open(&server, &session).await;
+    assert_eq!(
+        names(&narrator.ready["tools"]),
+        offered_names(&server, &session).await
+    );
+    let bad = server
+        .get(&format!("/sessions/{session}/events?slot=writer"))
+        .await;
+    assert_eq!(bad.status, 400, "{bad:?}");
+}

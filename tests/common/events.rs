@@ -1,0 +1,101 @@
+//! An SSE subscriber of `GET /sessions/{id}/events`: a live model session, as
+//! tests see it.
+
+use std::time::Duration;
+
+use reqwest::header;
+use serde_json::Value;
+
+use super::TestServer;
+
+/// An open event stream.
+pub struct Events {
+    pub response: reqwest::Response,
+    buffer: String,
+    /// Data of the `ready` event that opened the stream.
+    pub ready: Value,
+}
+
+/// One event of the stream.
+#[derive(Debug, Clone)]
+pub struct Sse {
+    pub kind: String,
+    pub data: Value,
+}
+
+impl Events {
+    pub async fn open(server: &TestServer, session: &str) -> Self {
+        Self::open_path(server, &format!("/sessions/{session}/events")).await
+    }
+
+    /// Opens the stream at `path` (e.g. with a `?slot=` query).
+    pub async fn open_path(server: &TestServer, path: &str) -> Self {
+        let response = server
+            .client
+            .get(server.url(path))
+            .bearer_auth(&server.token)
+            .timeout(Duration::from_secs(3600))
+            .send()
+            .await
+            .expect("open event stream");
+        assert_eq!(response.status(), 200);
+        assert!(
+            response.headers()[header::CONTENT_TYPE.as_str()]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let mut events = Self {
+            response,
+            buffer: String::new(),
+            ready: Value::Null,
+        };
+        let ready = events.next().await;
+        assert_eq!(ready.kind, "ready", "{ready:?}");
+        events.ready = ready.data;
+        events
+    }
+
+    /// The next event (comments and keep-alives skipped); fails after 10 s.
+    pub async fn next(&mut self) -> Sse {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let mut kind = "message".to_owned();
+                    let mut data = String::new();
+                    for line in block.lines() {
+                        if let Some(value) = line.strip_prefix("event:") {
+                            kind = value.trim().to_owned();
+                        } else if let Some(value) = line.strip_prefix("data:") {
+                            data.push_str(value.trim_start());
+                        }
+                    }
+                    if data.is_empty() {
+                        continue;
+                    }
+                    return Sse {
+                        kind,
+                        data: serde_json::from_str(&data).expect("event data is JSON"),
+                    };
+                }
+                let chunk = self
+                    .response
+                    .chunk()
+                    .await
+                    .expect("read event stream")
+                    .expect("event stream ended");
+                self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await
+        .expect("no event within 10 s")
+    }
+
+    /// The next `catalog_changed` event.
+    pub async fn changed(&mut self) -> Value {
+        let event = self.next().await;
+        assert_eq!(event.kind, "catalog_changed", "{event:?}");
+        event.data
+    }
+}
