@@ -41,7 +41,7 @@ pub async fn ensure_defaults(store: &Store, settings: &Settings) -> anyhow::Resu
         .create_character(&created.account.id, &name, "The default character.", "")
         .await
     {
-        Ok(_) | Err(Error::Conflict { .. }) => {}
+        Ok(_) | Err(Error::Refused { .. }) => {}
         Err(err) => return Err(anyhow::Error::new(err).context("creating the default character")),
     }
     Ok(Bootstrap {

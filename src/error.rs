@@ -1,7 +1,65 @@
-//! The domain error: every failure below the HTTP layer is one of these, each with a
-//! stable machine-readable code. The API layer maps them to status codes.
+//! The domain error and the one table of error codes. Every failure below the
+//! HTTP layer is an [`Error`]; every error the API answers carries an
+//! [`ErrorCode`] from the table, whose entry fixes its HTTP status and says what
+//! it means. A new code is added to the table, never written as a literal.
 
 use std::fmt;
+
+macro_rules! error_codes {
+    ($($variant:ident => ($text:literal, $status:literal, $meaning:literal),)+) => {
+        /// Every stable, machine-readable error code the API answers with.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ErrorCode {
+            $(#[doc = $meaning] $variant,)+
+        }
+
+        impl ErrorCode {
+            /// The whole table, in order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant),+];
+
+            /// The code as clients see it.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $text),+ }
+            }
+
+            /// The HTTP status this code is answered with.
+            pub fn status(self) -> u16 {
+                match self { $(ErrorCode::$variant => $status),+ }
+            }
+
+            /// What the code means, in one line.
+            pub fn meaning(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $meaning),+ }
+            }
+        }
+    };
+}
+
+error_codes! {
+    ValidationError => ("validation_error", 400, "The request does not satisfy the contract (the message says how); 422 on /api/tools, as its contract says."),
+    Unauthorized => ("unauthorized", 401, "No valid API key was given."),
+    Forbidden => ("forbidden", 403, "The caller may not do this (not the admin account, or a browser cross-site or rebinding request to /api/tools)."),
+    LoopbackOnly => ("loopback_only", 403, "The runtime tools API accepts loopback TCP peers only."),
+    ToolScriptHandlerDisabled => ("tool_script_handler_disabled", 403, "Script handlers are off on this server (ENABLE_UNSAFE_SCRIPT_HANDLER is not true)."),
+    NotFound => ("not_found", 404, "The thing does not exist, or belongs to another account."),
+    MethodNotAllowed => ("method_not_allowed", 405, "The route does not accept that method."),
+    RequestTimeout => ("request_timeout", 408, "The request took longer than the server allows."),
+    AccountConflict => ("account_conflict", 409, "An account with that name exists."),
+    CharacterConflict => ("character_conflict", 409, "A character with that name exists in the account."),
+    ToolDefinitionConflict => ("tool_definition_conflict", 409, "A definition with that identity (source, source_id, name) exists in the account."),
+    RunNotOpen => ("run_not_open", 409, "The run was committed or discarded; open a new run."),
+    ToolReplayConfirmationRequired => ("tool_replay_confirmation_required", 409, "Regenerating would repeat executions that are not replay-safe; resend with confirmed_execution_ids."),
+    PayloadTooLarge => ("payload_too_large", 413, "The request body is over the server's limit."),
+    InternalError => ("internal_error", 500, "The server failed; the cause is in its log, never in the answer."),
+    ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// A failure in the domain or storage layer.
 #[derive(Debug, thiserror::Error)]
@@ -13,16 +71,20 @@ pub enum Error {
     /// deliberately indistinguishable).
     #[error("{0}")]
     NotFound(String),
-    /// A uniqueness rule was violated; `code` names which (e.g. `character_conflict`).
+    /// A rule of the table refused the request (a conflict, a switch that is
+    /// off, a closed run, a server shutting down).
     #[error("{message}")]
-    Conflict { code: &'static str, message: String },
-    /// The caller is authenticated but not allowed to do this; `code` names the rule.
-    #[error("{message}")]
-    Forbidden { code: &'static str, message: String },
+    Refused { code: ErrorCode, message: String },
     /// Opening a run would repeat executions that are not replay-safe; the client
-    /// must confirm them (`confirmed_execution_ids`).
-    #[error("regenerating this floor would repeat {} tool execution(s) that are not replay-safe; resend with confirmed_execution_ids listing them", .0.len())]
-    ReplayConfirmationRequired(Vec<crate::store::BlockingExecution>),
+    /// must confirm them (`confirmed_execution_ids`). `blocking_executions` is
+    /// the list the client is shown.
+    #[error(
+        "regenerating this floor would repeat {count} tool execution(s) that are not replay-safe; resend with confirmed_execution_ids listing them"
+    )]
+    ReplayConfirmationRequired {
+        count: usize,
+        blocking_executions: serde_json::Value,
+    },
     /// Something the caller cannot fix went wrong; the cause is logged, never shown.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -37,14 +99,22 @@ impl Error {
         Error::NotFound(format!("{what} not found"))
     }
 
-    /// The stable machine-readable code of this error.
-    pub fn code(&self) -> &'static str {
+    /// A refusal with `code` from the table.
+    pub fn refused(code: ErrorCode, message: impl Into<String>) -> Self {
+        Error::Refused {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The code of this error in the table.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Validation(_) => "validation_error",
-            Error::NotFound(_) => "not_found",
-            Error::Conflict { code, .. } | Error::Forbidden { code, .. } => code,
-            Error::ReplayConfirmationRequired(_) => "tool_replay_confirmation_required",
-            Error::Internal(_) => "internal_error",
+            Error::Validation(_) => ErrorCode::ValidationError,
+            Error::NotFound(_) => ErrorCode::NotFound,
+            Error::Refused { code, .. } => *code,
+            Error::ReplayConfirmationRequired { .. } => ErrorCode::ToolReplayConfirmationRequired,
+            Error::Internal(_) => ErrorCode::InternalError,
         }
     }
 }
@@ -57,3 +127,21 @@ impl From<sqlx::Error> for Error {
 
 /// Shorthand for results in the domain and storage layers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_consistent() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+            let serialized = serde_json::to_value(code).unwrap();
+            assert_eq!(serialized, code.as_str());
+            assert!((400..600).contains(&code.status()), "{code}");
+            assert!(!code.meaning().is_empty());
+        }
+        assert_eq!(ErrorCode::ShuttingDown.status(), 503);
+    }
+}

@@ -173,8 +173,8 @@ impl ModelSessionHub {
     ) -> Result<Subscription> {
         let _guard = self.mutation_lock().await;
         if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Forbidden {
-                code: "shutting_down",
+            return Err(Error::Refused {
+                code: crate::error::ErrorCode::ShuttingDown,
                 message: "the server is shutting down".into(),
             });
         }

@@ -669,3 +669,33 @@ async fn sessions_follow_their_characters_rename_and_deletion() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// The OpenAPI document carries the error-code table, and every code an error
+/// answer uses is in it.
+#[tokio::test]
+async fn the_error_code_table_is_served() {
+    let server = common::spawn_app().await;
+    let doc = server.get("/openapi.json").await.body;
+    let schema = &doc["components"]["schemas"]["ErrorCode"];
+    let codes: Vec<&str> = schema["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("ErrorCode has no enum: {schema}"))
+        .iter()
+        .map(|code| code.as_str().unwrap())
+        .collect();
+    for code in [
+        "validation_error",
+        "run_not_open",
+        "shutting_down",
+        "loopback_only",
+    ] {
+        assert!(codes.contains(&code), "{code} missing from {codes:?}");
+    }
+    let description = schema["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains("| `shutting_down` | 503 |"),
+        "{description}"
+    );
+    let missing = server.get("/no/such/route").await;
+    assert!(codes.contains(&missing.code()), "{missing:?}");
+}

@@ -41,9 +41,7 @@ async fn create_account(
     Json(body): Json<CreateAccount>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<CreatedAccount>>)> {
     if !caller.is_admin {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
+        return Err(ApiError::forbidden(
             "only the admin account may create accounts",
         ));
     }

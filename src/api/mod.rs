@@ -34,6 +34,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 use self::error::ApiError;
+use crate::error::ErrorCode;
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -42,13 +43,13 @@ use crate::state::AppState;
         title = "toolgate",
         description = "Tool runtime for AI character chat servers"
     ),
-    components(schemas(error::ErrorBody))
+    components(schemas(error::ErrorBody, error::ErrorDetail, ErrorCode))
 )]
 struct ApiDoc;
 
 /// The API's routes and its generated OpenAPI document.
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(accounts::router())
         .merge(characters::router())
         .merge(sessions::router())
@@ -62,7 +63,25 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(runtime_tools::router())
         .merge(events::router())
         .merge(definitions::router())
-        .split_for_parts()
+        .split_for_parts();
+    let (router, mut openapi) = routes;
+    describe_error_codes(&mut openapi);
+    (router, openapi)
+}
+
+/// Puts the error-code table (every code, its status and meaning) into the
+/// `ErrorCode` schema's description, so the document carries the whole table.
+fn describe_error_codes(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{RefOr, schema::Schema};
+    let Some(components) = openapi.components.as_mut() else {
+        return;
+    };
+    if let Some(RefOr::T(Schema::Object(schema))) = components.schemas.get_mut("ErrorCode") {
+        schema.description = Some(format!(
+            "The error-code table: every code the API answers with, its HTTP status and meaning.\n\n{}",
+            error::error_code_table_markdown()
+        ));
+    }
 }
 
 /// The whole HTTP application for `state`.
@@ -84,8 +103,7 @@ pub fn router(state: AppState) -> Router {
     .fallback(|| async { ApiError::not_found("no such route") })
     .method_not_allowed_fallback(|| async {
         ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "this route does not accept that method",
         )
     })
@@ -95,8 +113,7 @@ pub fn router(state: AppState) -> Router {
     .layer(CatchPanicLayer::custom(|_panic| {
         tracing::error!("a request handler panicked");
         ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
+            ErrorCode::InternalError,
             "the server failed to handle this request; the cause is in its log",
         )
         .into_response()

@@ -21,7 +21,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{body_bytes, parse_json};
 use crate::domain::callback_url::is_loopback_ip;
 use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel};
-use crate::error::Error;
+use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
     DeclaredMetadata, FailedRole, MutationReport, NewRemoteTool, RegistrationInput, RemoteTool,
@@ -56,8 +56,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LoopbackClient {
             _ => {
                 tracing::warn!(peer = ?peer, path = %parts.uri.path(), "refused a non-loopback caller of /api/tools");
                 Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "loopback_only",
+                    ErrorCode::LoopbackOnly,
                     "the runtime tools API accepts loopback clients only",
                 ))
             }
@@ -67,11 +66,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LoopbackClient {
 
 /// The contract answers schema errors with 422.
 fn unprocessable(message: impl Into<String>) -> ApiError {
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "validation_error",
-        message,
-    )
+    ApiError::validation(message).with_status(StatusCode::UNPROCESSABLE_ENTITY)
 }
 
 fn from_domain(err: Error) -> ApiError {

@@ -17,9 +17,6 @@ pub const MAX_SOURCE_ID_BYTES: usize = 256;
 /// Longest tool name; model providers accept names of `[a-zA-Z0-9_-]{1,64}`.
 pub const MAX_NAME_CHARS: usize = 64;
 
-/// The stable code of a refused script-handler change.
-pub const SCRIPT_DISABLED_CODE: &str = "tool_script_handler_disabled";
-
 /// Where a definition comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -323,8 +320,8 @@ fn dedupe(slots: Vec<Slot>) -> Vec<Slot> {
 }
 
 fn script_disabled(action: &str) -> Error {
-    Error::Forbidden {
-        code: SCRIPT_DISABLED_CODE,
+    Error::Refused {
+        code: crate::error::ErrorCode::ToolScriptHandlerDisabled,
         message: format!(
             "script handlers are disabled on this server, so a definition with a script handler cannot be {action}; the operator can allow them with ENABLE_UNSAFE_SCRIPT_HANDLER=true"
         ),
@@ -446,7 +443,7 @@ mod tests {
         let def = create(script_changes()).unwrap();
         assert_eq!(
             check_create_allowed(&def, false).unwrap_err().code(),
-            SCRIPT_DISABLED_CODE
+            crate::error::ErrorCode::ToolScriptHandlerDisabled
         );
         assert!(check_create_allowed(&def, true).is_ok());
         let rename = DefinitionChanges {

@@ -227,8 +227,8 @@ impl CallJournal<'_> {
     /// A call that lost the race against its run's commit or discard.
     pub(super) fn run_not_open(&self) -> Error {
         let run = self.scope.run.as_ref().map(|r| r.id.as_str()).unwrap_or("");
-        Error::Conflict {
-            code: "run_not_open",
+        Error::Refused {
+            code: crate::error::ErrorCode::RunNotOpen,
             message: format!(
                 "run {run} was committed or discarded while this call was being made; open a new run"
             ),

@@ -37,8 +37,8 @@ impl CallScope {
                 return Err(Error::not_found(format!("run {run_id:?}")));
             }
             if run.state != "open" {
-                return Err(Error::Conflict {
-                    code: "run_not_open",
+                return Err(Error::Refused {
+                    code: crate::error::ErrorCode::RunNotOpen,
                     message: format!("run {run_id} is already {}; open a new run", run.state),
                 });
             }

@@ -33,7 +33,11 @@ impl ToolRuntime {
                 count = unconfirmed.len(),
                 "run refused: replay confirmation required"
             );
-            return Err(Error::ReplayConfirmationRequired(unconfirmed));
+            return Err(Error::ReplayConfirmationRequired {
+                count: unconfirmed.len(),
+                blocking_executions: serde_json::to_value(&unconfirmed)
+                    .map_err(|err| Error::Internal(err.into()))?,
+            });
         }
         let run = self.store.open_run(account_id, &floor, &confirmed).await?;
         tracing::info!(run_id = %run.id, floor_id, "run opened");

@@ -116,8 +116,8 @@ impl Store {
         .await;
         match result {
             Ok(_) => Ok(NewAccount { account, api_key }),
-            Err(err) if super::is_unique_violation(&err) => Err(Error::Conflict {
-                code: "account_conflict",
+            Err(err) if super::is_unique_violation(&err) => Err(Error::Refused {
+                code: crate::error::ErrorCode::AccountConflict,
                 message: "an account with this API key already exists".into(),
             }),
             Err(err) => Err(err.into()),

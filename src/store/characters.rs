@@ -45,8 +45,8 @@ fn from_row(row: &SqliteRow) -> Character {
 }
 
 fn name_conflict(name: &str) -> Error {
-    Error::Conflict {
-        code: "character_conflict",
+    Error::Refused {
+        code: crate::error::ErrorCode::CharacterConflict,
         message: format!("a character named {name:?} already exists"),
     }
 }

@@ -71,8 +71,8 @@ fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
 }
 
 fn conflict(definition: &ToolDefinition) -> Error {
-    Error::Conflict {
-        code: "tool_definition_conflict",
+    Error::Refused {
+        code: crate::error::ErrorCode::ToolDefinitionConflict,
         message: format!(
             "this account already has a tool definition named {:?} with source {} and source_id {}",
             definition.name,
@@ -372,7 +372,7 @@ mod tests {
             .create_definition("acct_a", def("t", None))
             .await
             .unwrap_err();
-        assert_eq!(err.code(), "tool_definition_conflict");
+        assert_eq!(err.code().as_str(), "tool_definition_conflict");
         // The store itself keeps '' apart from NULL even though the API refuses ''.
         let mut empty = def("t", Some("x"));
         empty.source_id = Some(String::new());
@@ -417,7 +417,7 @@ mod tests {
                 .await
                 .unwrap_err()
                 .code(),
-            "not_found"
+            crate::error::ErrorCode::NotFound
         );
         assert!(
             store
@@ -445,7 +445,7 @@ mod tests {
             .update_definition("acct_a", &created.id, |_| Err(Error::validation("no")))
             .await
             .unwrap_err();
-        assert_eq!(refused.code(), "validation_error");
+        assert_eq!(refused.code().as_str(), "validation_error");
         let conflict = store
             .update_definition("acct_a", &created.id, |existing| {
                 Ok(ToolDefinition {
@@ -455,14 +455,14 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert_eq!(conflict.code(), "tool_definition_conflict");
+        assert_eq!(conflict.code().as_str(), "tool_definition_conflict");
         assert_eq!(
             store
                 .update_definition("acct_b", &created.id, |existing| Ok(existing.clone()))
                 .await
                 .unwrap_err()
                 .code(),
-            "not_found"
+            crate::error::ErrorCode::NotFound
         );
         assert_eq!(
             store.definition("acct_a", &created.id).await.unwrap(),

@@ -336,8 +336,8 @@ impl Store {
             Err(err) => return err.into(),
             Ok(None) => return Error::not_found(format!("run {:?}", scope.run_id)),
             Ok(Some(state)) if state != "open" => {
-                return Error::Conflict {
-                    code: "run_not_open",
+                return Error::Refused {
+                    code: crate::error::ErrorCode::RunNotOpen,
                     message: format!(
                         "run {} is already {state}; its writes can no longer change",
                         scope.run_id
