@@ -225,20 +225,17 @@ impl ModelSessionHub {
     /// The live model sessions a change concerns.
     fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
         let live = self.live();
+        let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
+            live.values()
+                .flatten()
+                .filter(|model_session| keep(&model_session.session))
+                .cloned()
+                .collect()
+        };
         match scope {
             CatalogScope::Character(id) => live.get(id).cloned().unwrap_or_default(),
-            CatalogScope::Account(id) => live
-                .values()
-                .flatten()
-                .filter(|model_session| model_session.session.account_id == *id)
-                .cloned()
-                .collect(),
-            CatalogScope::Session(id) => live
-                .values()
-                .flatten()
-                .filter(|model_session| model_session.session.id == *id)
-                .cloned()
-                .collect(),
+            CatalogScope::Account(id) => matching(&|session| session.account_id == *id),
+            CatalogScope::Session(id) => matching(&|session| session.id == *id),
         }
     }
 

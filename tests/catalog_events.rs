@@ -6,7 +6,7 @@
 mod common;
 
 use common::events::Events;
-use common::{SpawnOptions, TestServer, spawn_with};
+use common::{SpawnOptions, TestServer, spawn_with, strings as names};
 use serde_json::{Value, json};
 
 fn scripts_on() -> SpawnOptions {
@@ -14,15 +14,6 @@ fn scripts_on() -> SpawnOptions {
         env: vec![("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into())],
         ..Default::default()
     }
-}
-
-fn names(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("expected an array, got {value}"))
-        .iter()
-        .map(|v| v.as_str().unwrap().to_owned())
-        .collect()
 }
 
 fn definition() -> Value {

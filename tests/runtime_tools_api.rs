@@ -16,7 +16,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::events::Events;
-use common::{Reply, SpawnOptions, TestServer, read_reply, spawn_app, spawn_with};
+use common::{Reply, SpawnOptions, TestServer, read_reply, spawn_app, spawn_with, strings};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -266,15 +266,6 @@ async fn start_callbacks() -> Callbacks {
 async fn dead_port() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
-}
-
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .unwrap_or_else(|| panic!("expected an array, got {value}"))
-        .iter()
-        .map(|v| v.as_str().unwrap().to_owned())
-        .collect()
 }
 
 // ---------------------------------------------------------------------------

@@ -81,17 +81,7 @@ impl ToolRuntime {
                 return journal.replay_blocked(entry, &args, &parent).await;
             }
         };
-        let admission = Admission {
-            step_limit: scope
-                .run
-                .as_ref()
-                .and(call.step)
-                .map(|_| permissions.max_steps_per_generation),
-            call_limit: scope
-                .floor_id
-                .is_some()
-                .then_some(permissions.max_calls_per_turn),
-        };
+        let admission = admission(&scope, &call, &permissions);
         let deferred = (entry.spec.metadata.result_visibility()
             == ResultVisibility::DeferredReceipt)
             .then(|| entry.handler.snapshot(&call, &args))
@@ -162,6 +152,22 @@ impl ToolRuntime {
             return Ok(ReplayCheck::Blocked(parent));
         }
         Ok(ReplayCheck::Proceed(Some(parent)))
+    }
+}
+
+/// The limits a started call's row must fit in: the run's steps when the call
+/// names its step, and the call budget of its run (or floor outside runs).
+fn admission(scope: &CallScope, call: &ToolCall, permissions: &ToolPermissions) -> Admission {
+    Admission {
+        step_limit: scope
+            .run
+            .as_ref()
+            .and(call.step)
+            .map(|_| permissions.max_steps_per_generation),
+        call_limit: scope
+            .floor_id
+            .is_some()
+            .then_some(permissions.max_calls_per_turn),
     }
 }
 

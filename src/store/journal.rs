@@ -274,41 +274,12 @@ impl Store {
         account_id: &str,
         query: CallRecordQuery,
     ) -> Result<Page<CallRecord>> {
-        let mut conditions = vec!["account_id = ?".to_owned()];
-        let mut binds = vec![account_id.to_owned()];
-        if let Some(page_id) = &query.page_id {
-            conditions.push("page_id = ?".into());
-            binds.push(page_id.clone());
-        }
-        if let Some(floor_id) = &query.floor_id {
-            conditions.push("floor_id = ?".into());
-            binds.push(floor_id.clone());
-        }
-        let mut outer = Vec::new();
-        let mut outer_binds = Vec::new();
-        if let Some(slot) = query.caller_slot {
-            outer.push("caller_slot = ?");
-            outer_binds.push(slot.as_str().to_owned());
-        }
-        if let Some(status) = query.status {
-            outer.push("legacy_status = ?");
-            outer_binds.push(status.as_str().to_owned());
-        }
-        let outer_sql = if outer.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", outer.join(" AND "))
-        };
-        // seq numbers the calls of each page in the order they were made, before
-        // any filter, so a record keeps its seq whatever the query.
-        let base = format!(
-            "SELECT id, page_id, caller_slot, tool_name, args_json, result_json, duration_ms, created_at, \
-             {} AS legacy_status, \
-             ROW_NUMBER() OVER (PARTITION BY page_id ORDER BY created_at, id) - 1 AS seq \
-             FROM tool_execution_record WHERE {}",
-            legacy_status_sql(),
-            conditions.join(" AND ")
-        );
+        let CallRecordSql {
+            base,
+            outer_sql,
+            binds,
+            outer_binds,
+        } = call_record_sql(account_id, &query);
         let total_sql = format!("SELECT COUNT(*) FROM ({base}) {outer_sql}");
         let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(total_sql));
         for bind in binds.iter().chain(&outer_binds) {
@@ -358,6 +329,59 @@ impl Store {
             total,
             request: query.page,
         })
+    }
+}
+
+/// The SQL of the call-record projection: the numbered rows of the account's
+/// journal (`base`) and the filters applied after numbering (`outer_sql`).
+struct CallRecordSql {
+    base: String,
+    outer_sql: String,
+    binds: Vec<String>,
+    outer_binds: Vec<String>,
+}
+
+fn call_record_sql(account_id: &str, query: &CallRecordQuery) -> CallRecordSql {
+    let mut conditions = vec!["account_id = ?".to_owned()];
+    let mut binds = vec![account_id.to_owned()];
+    if let Some(page_id) = &query.page_id {
+        conditions.push("page_id = ?".into());
+        binds.push(page_id.clone());
+    }
+    if let Some(floor_id) = &query.floor_id {
+        conditions.push("floor_id = ?".into());
+        binds.push(floor_id.clone());
+    }
+    let mut outer = Vec::new();
+    let mut outer_binds = Vec::new();
+    if let Some(slot) = query.caller_slot {
+        outer.push("caller_slot = ?");
+        outer_binds.push(slot.as_str().to_owned());
+    }
+    if let Some(status) = query.status {
+        outer.push("legacy_status = ?");
+        outer_binds.push(status.as_str().to_owned());
+    }
+    let outer_sql = if outer.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", outer.join(" AND "))
+    };
+    // seq numbers the calls of each page in the order they were made, before
+    // any filter, so a record keeps its seq whatever the query.
+    let base = format!(
+        "SELECT id, page_id, caller_slot, tool_name, args_json, result_json, duration_ms, created_at, \
+         {} AS legacy_status, \
+         ROW_NUMBER() OVER (PARTITION BY page_id ORDER BY created_at, id) - 1 AS seq \
+         FROM tool_execution_record WHERE {}",
+        legacy_status_sql(),
+        conditions.join(" AND ")
+    );
+    CallRecordSql {
+        base,
+        outer_sql,
+        binds,
+        outer_binds,
     }
 }
 

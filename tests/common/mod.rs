@@ -294,3 +294,13 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The strings of a JSON array (panics with the value when it is not one).
+pub fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected an array, got {value}"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
