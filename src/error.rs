@@ -19,6 +19,14 @@ pub enum Error {
     /// The caller is authenticated but not allowed to do this; `code` names the rule.
     #[error("{message}")]
     Forbidden { code: &'static str, message: String },
+    /// The server cannot do this now but may soon (e.g. it is shutting down);
+    /// `retry_after_seconds` is when the caller should try again.
+    #[error("{message}")]
+    Unavailable {
+        code: &'static str,
+        message: String,
+        retry_after_seconds: u64,
+    },
     /// Opening a run would repeat executions that are not replay-safe; the client
     /// must confirm them (`confirmed_execution_ids`).
     #[error("regenerating this floor would repeat {} tool execution(s) that are not replay-safe; resend with confirmed_execution_ids listing them", .0.len())]
@@ -42,7 +50,9 @@ impl Error {
         match self {
             Error::Validation(_) => "validation_error",
             Error::NotFound(_) => "not_found",
-            Error::Conflict { code, .. } | Error::Forbidden { code, .. } => code,
+            Error::Conflict { code, .. }
+            | Error::Forbidden { code, .. }
+            | Error::Unavailable { code, .. } => code,
             Error::ReplayConfirmationRequired(_) => "tool_replay_confirmation_required",
             Error::Internal(_) => "internal_error",
         }

@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -28,6 +27,10 @@ use crate::store::Session;
 
 /// Events a model session's stream may hold before the session counts as stuck.
 const EVENT_BUFFER: usize = 1024;
+
+/// `Retry-After` for streams refused at shutdown: a restarting server is usually
+/// back within seconds, and a client reconnecting sooner only meets a refusal.
+const SHUTDOWN_RETRY_AFTER_SECONDS: u64 = 5;
 
 /// One event for a model session's subscriber.
 #[derive(Debug, Clone)]
@@ -143,16 +146,33 @@ impl ModelSession {
 /// Proof that the caller holds the mutation lock.
 pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>);
 
+/// The live model sessions and whether shutdown has begun, under one lock: a
+/// session joins only while that lock shows the hub open, and `close_all`
+/// closes it and ends every stream under the same lock, so no stream can join
+/// after `close_all` ended the others.
+#[derive(Debug, Default)]
+struct Live {
+    closed: bool,
+    by_character: HashMap<String, Vec<Arc<ModelSession>>>,
+}
+
 /// Every live model session of the server, by character id.
 #[derive(Debug, Default)]
 pub struct ModelSessionHub {
-    live: Mutex<HashMap<String, Vec<Arc<ModelSession>>>>,
+    live: Mutex<Live>,
     mutation: tokio::sync::Mutex<()>,
-    closed: AtomicBool,
+}
+
+fn shutting_down() -> Error {
+    Error::Unavailable {
+        code: "shutting_down",
+        message: "the server is shutting down".into(),
+        retry_after_seconds: SHUTDOWN_RETRY_AFTER_SECONDS,
+    }
 }
 
 impl ModelSessionHub {
-    fn live(&self) -> MutexGuard<'_, HashMap<String, Vec<Arc<ModelSession>>>> {
+    fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -161,8 +181,9 @@ impl ModelSessionHub {
         MutationGuard(self.mutation.lock().await)
     }
 
-    /// Opens a model session for `session`; it lives until the subscription drops.
-    /// The first event is `ready`, carrying the catalog the session took.
+    /// Opens a model session for `session`; it lives until the subscription drops
+    /// or `close_all` ends it. The first event is `ready`, carrying the catalog
+    /// the session took. Once shutdown has begun it is refused (`Unavailable`).
     pub async fn open(
         self: &Arc<Self>,
         runtime: &ToolRuntime,
@@ -170,11 +191,10 @@ impl ModelSessionHub {
         provider: ModelProvider,
     ) -> Result<Subscription> {
         let _guard = self.mutation_lock().await;
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Forbidden {
-                code: "shutting_down",
-                message: "the server is shutting down".into(),
-            });
+        // Spares building a catalog for nothing; the check that counts is the
+        // one taken together with joining, below.
+        if self.live().closed {
+            return Err(shutting_down());
         }
         let catalog = runtime.catalog(&session).await?;
         let (accepted, error) = match provider.accept(&catalog) {
@@ -205,10 +225,17 @@ impl ModelSessionHub {
         let _ = model_session.deliver(ready);
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
-        self.live()
-            .entry(character_id.clone())
-            .or_default()
-            .push(model_session);
+        {
+            // `close_all` may have run while the catalog was built.
+            let mut live = self.live();
+            if live.closed {
+                return Err(shutting_down());
+            }
+            live.by_character
+                .entry(character_id.clone())
+                .or_default()
+                .push(model_session);
+        }
         tracing::info!(model_session = %id, character_id = %character_id, "model session opened");
         Ok(Subscription {
             hub: self.clone(),
@@ -228,6 +255,7 @@ impl ModelSessionHub {
     ) -> std::result::Result<(), String> {
         let sessions: Vec<Arc<ModelSession>> = self
             .live()
+            .by_character
             .get(&change.character_id)
             .cloned()
             .unwrap_or_default();
@@ -297,6 +325,7 @@ impl ModelSessionHub {
     pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
         let targets: Vec<Arc<ModelSession>> = self
             .live()
+            .by_character
             .values()
             .flatten()
             .filter(|model_session| model_session.session.id == session_id)
@@ -312,18 +341,21 @@ impl ModelSessionHub {
 
     fn remove(&self, character_id: &str, id: &str) {
         let mut live = self.live();
-        if let Some(sessions) = live.get_mut(character_id) {
+        if let Some(sessions) = live.by_character.get_mut(character_id) {
             sessions.retain(|session| session.id != id);
             if sessions.is_empty() {
-                live.remove(character_id);
+                live.by_character.remove(character_id);
             }
         }
     }
 
-    /// Ends every stream (at shutdown) so that open connections can close.
+    /// Ends every stream (at shutdown) so that open connections can close, and
+    /// refuses every later `open`. It takes the lock `open` joins under rather
+    /// than the mutation lock, so shutdown never queues behind a catalog sync.
     pub fn close_all(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.live().clear();
+        let mut live = self.live();
+        live.closed = true;
+        live.by_character.clear();
     }
 }
 
@@ -372,5 +404,45 @@ mod tests {
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(provider.check_tools(&refs[..128]).is_ok());
         assert!(provider.check_tools(&refs).unwrap_err().contains("128"));
+    }
+
+    fn session() -> Session {
+        Session {
+            id: "sess_test".into(),
+            account_id: "acct_test".into(),
+            character_id: "char_test".into(),
+            character: "Lanlan".into(),
+            title: String::new(),
+            metadata: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn open_after_close_all_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(None, dir.path()).await.unwrap();
+        let settings = crate::config::Settings::for_data_dir(dir.path());
+        let runtime = ToolRuntime::new(store.clone(), Arc::new(settings)).unwrap();
+        let hub = runtime.model_sessions.clone();
+        hub.close_all();
+        let refused = hub
+            .open(&runtime, session(), ModelProvider::OpenAiCompatible)
+            .await;
+        match refused {
+            Err(Error::Unavailable {
+                code,
+                retry_after_seconds,
+                ..
+            }) => {
+                assert_eq!(code, "shutting_down");
+                assert!(retry_after_seconds > 0);
+            }
+            Err(other) => panic!("refused with the wrong error: {other:?}"),
+            Ok(_) => panic!("a model session opened after close_all"),
+        }
+        assert!(hub.live().by_character.is_empty());
+        store.close().await;
     }
 }

@@ -1,7 +1,7 @@
 //! The HTTP error: one envelope `{"error":{"code","message"}}` for every failure.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
@@ -15,6 +15,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub extra: Map<String, Value>,
+    /// Sent as `Retry-After` when the client should come back later.
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl ApiError {
@@ -24,6 +26,7 @@ impl ApiError {
             code,
             message: message.into(),
             extra: Map::new(),
+            retry_after_seconds: None,
         }
     }
 
@@ -60,6 +63,15 @@ impl From<Error> for ApiError {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Conflict { .. } => StatusCode::CONFLICT,
             Error::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Error::Unavailable {
+                retry_after_seconds,
+                ..
+            } => {
+                let mut api =
+                    Self::new(StatusCode::SERVICE_UNAVAILABLE, err.code(), err.to_string());
+                api.retry_after_seconds = Some(*retry_after_seconds);
+                return api;
+            }
             Error::ReplayConfirmationRequired(blocking) => {
                 let blocking = serde_json::to_value(blocking).unwrap_or_default();
                 return Self::new(StatusCode::CONFLICT, err.code(), err.to_string())
@@ -84,7 +96,13 @@ impl IntoResponse for ApiError {
         error.insert("code".into(), json!(self.code));
         error.insert("message".into(), json!(self.message));
         error.extend(self.extra);
-        (self.status, Json(json!({ "error": error }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": error }))).into_response();
+        if let Some(seconds) = self.retry_after_seconds {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -152,5 +170,20 @@ mod tests {
             let api = ApiError::from(error);
             assert_eq!((api.status, api.code), (status, code));
         }
+    }
+
+    #[test]
+    fn unavailable_is_503_with_retry_after() {
+        let api = ApiError::from(Error::Unavailable {
+            code: "shutting_down",
+            message: "bye".into(),
+            retry_after_seconds: 5,
+        });
+        assert_eq!(
+            (api.status, api.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+        );
+        let response = api.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "5");
     }
 }

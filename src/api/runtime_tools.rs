@@ -6,7 +6,7 @@
 //! roles 404 and non-loopback callers 403. No API key is needed: the TCP peer
 //! address is the credential.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::state::AppState;
 use crate::tools::remote::{
     DeclaredMetadata, FailedRole, MutationReport, NewRemoteTool, RegistrationInput, RemoteTool,
-    Role,
+    Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -103,35 +103,6 @@ fn json_kind(value: &Value) -> &'static str {
     }
 }
 
-/// The roles a request targets: one existing character, or every character that
-/// exists now when `role` is null or empty.
-async fn target_roles(state: &AppState, role: Option<&str>) -> ApiResult<Vec<Role>> {
-    match role {
-        None | Some("") => {
-            let characters = state.store.all_characters().await?;
-            let existing: HashSet<String> = characters.iter().map(|c| c.id.clone()).collect();
-            // Registries of deleted characters can never be reached again.
-            state.runtime.remote.retain_characters(&existing);
-            Ok(characters
-                .into_iter()
-                .map(|c| Role {
-                    character_id: c.id,
-                    name: c.name,
-                })
-                .collect())
-        }
-        Some(name) => match state.store.character_any_account(name).await? {
-            Some(c) => Ok(vec![Role {
-                character_id: c.id,
-                name: c.name,
-            }]),
-            None => Err(ApiError::not_found(format!(
-                "role {name:?} not found: no character has that name"
-            ))),
-        },
-    }
-}
-
 /// Body of `POST /api/tools/register`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -202,12 +173,15 @@ async fn register_tool(
         },
     })
     .map_err(from_domain)?;
-    let roles = target_roles(&state, body.role.as_deref()).await?;
     let registered = tool.name.clone();
     let MutationReport {
         affected_roles,
         failed_roles,
-    } = state.runtime.register_remote(&roles, tool).await;
+    } = state
+        .runtime
+        .register_remote(Target::from_role(body.role.as_deref()), tool)
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(RegisterToolResponse {
         ok: !affected_roles.is_empty(),
         registered,
@@ -254,8 +228,11 @@ async fn unregister_tool(
     if body.name.is_empty() {
         return Err(unprocessable("name must not be empty"));
     }
-    let roles = target_roles(&state, body.role.as_deref()).await?;
-    let (removed, report) = state.runtime.unregister_remote(&roles, &body.name).await;
+    let (removed, report) = state
+        .runtime
+        .unregister_remote(Target::from_role(body.role.as_deref()), &body.name)
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(UnregisterToolResponse {
         ok: mutation_ok(&report),
         removed,
@@ -303,8 +280,11 @@ async fn clear_tools(
     if body.source.is_empty() {
         return Err(unprocessable("source must not be empty"));
     }
-    let roles = target_roles(&state, body.role.as_deref()).await?;
-    let (removed, report) = state.runtime.clear_remote(&roles, &body.source).await;
+    let (removed, report) = state
+        .runtime
+        .clear_remote(Target::from_role(body.role.as_deref()), &body.source)
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(ClearToolsResponse {
         ok: mutation_ok(&report),
         removed,
@@ -381,11 +361,13 @@ async fn list_tools(
             .find(|(key, _)| key == "role")
             .map(|(_, value)| value.into_owned())
     });
-    let roles = target_roles(&state, role.as_deref()).await?;
-    let tools_by_role = roles
+    let tools_by_role = state
+        .runtime
+        .list_remote(Target::from_role(role.as_deref()))
+        .await
+        .map_err(from_domain)?
         .into_iter()
-        .map(|role| {
-            let tools = state.runtime.remote.list(&role.character_id);
+        .map(|(role, tools)| {
             (
                 role.name,
                 tools.iter().map(|tool| ListedTool::from(&**tool)).collect(),

@@ -22,10 +22,11 @@ use crate::domain::tool::{
     ToolMetadata, ToolSpec,
 };
 use crate::error::{Error, Result};
+use crate::model_sessions::MutationGuard;
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
-pub use manager::{FailedRole, MutationReport, Role};
+pub use manager::{FailedRole, MutationReport, Role, Target};
 
 /// Sources with this prefix belong to plugins and fall under the eviction rule.
 pub const PLUGIN_SOURCE_PREFIX: &str = "plugin:";
@@ -316,9 +317,15 @@ impl RemoteRegistry {
         evicted
     }
 
-    /// Drops the registries of characters that no longer exist.
-    pub fn retain_characters(&self, existing: &HashSet<String>) {
-        self.lock().retain(|id, _| existing.contains(id));
+    /// Drops the registries of characters not in `existing`; returns how many.
+    /// Sound only when `existing` was read from the store while holding the
+    /// mutation lock passed here (see the ordering argument in `manager`), so
+    /// it is reachable from this module only.
+    fn retain_characters(&self, _held: &MutationGuard<'_>, existing: &HashSet<String>) -> usize {
+        let mut registries = self.lock();
+        let before = registries.len();
+        registries.retain(|id, _| existing.contains(id));
+        before - registries.len()
     }
 
     /// One character's tools, by name.
