@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -144,16 +143,32 @@ impl ModelSession {
 /// Proof that the caller holds the mutation lock.
 pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>);
 
+/// The live model sessions and whether shutdown has begun, under one lock: a
+/// session joins only while that lock shows the hub open, and `close_all`
+/// closes it and ends every stream under the same lock, so no stream can join
+/// after `close_all` ended the others.
+#[derive(Debug, Default)]
+struct Live {
+    closed: bool,
+    by_character: HashMap<String, Vec<Arc<ModelSession>>>,
+}
+
 /// Every live model session of the server, by character id.
 #[derive(Debug, Default)]
 pub struct ModelSessionHub {
-    live: Mutex<HashMap<String, Vec<Arc<ModelSession>>>>,
+    live: Mutex<Live>,
     mutation: tokio::sync::Mutex<()>,
-    closed: AtomicBool,
+}
+
+fn shutting_down() -> Error {
+    Error::refused(
+        crate::error::ErrorCode::ShuttingDown,
+        "the server is shutting down",
+    )
 }
 
 impl ModelSessionHub {
-    fn live(&self) -> MutexGuard<'_, HashMap<String, Vec<Arc<ModelSession>>>> {
+    fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -162,8 +177,9 @@ impl ModelSessionHub {
         MutationGuard(self.mutation.lock().await)
     }
 
-    /// Opens a model session for `session`; it lives until the subscription drops.
-    /// The first event is `ready`, carrying the catalog the session took.
+    /// Opens a model session for `session`; it lives until the subscription drops
+    /// or `close_all` ends it. The first event is `ready`, carrying the catalog
+    /// the session took. Once shutdown has begun it is refused (`shutting_down`).
     pub async fn open(
         self: &Arc<Self>,
         catalogs: &dyn OfferedCatalogs,
@@ -172,11 +188,10 @@ impl ModelSessionHub {
         provider: ModelProvider,
     ) -> Result<Subscription> {
         let _guard = self.mutation_lock().await;
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(Error::Refused {
-                code: crate::error::ErrorCode::ShuttingDown,
-                message: "the server is shutting down".into(),
-            });
+        // Spares building a catalog for nothing; the check that counts is the
+        // one taken together with joining, below.
+        if self.live().closed {
+            return Err(shutting_down());
         }
         let catalog = catalogs.offered(&session, slot).await?;
         let (accepted, error) = match provider.accept(&catalog) {
@@ -209,10 +224,17 @@ impl ModelSessionHub {
         let _ = model_session.deliver(ready);
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
-        self.live()
-            .entry(character_id.clone())
-            .or_default()
-            .push(model_session);
+        {
+            // `close_all` may have run while the catalog was built.
+            let mut live = self.live();
+            if live.closed {
+                return Err(shutting_down());
+            }
+            live.by_character
+                .entry(character_id.clone())
+                .or_default()
+                .push(model_session);
+        }
         tracing::info!(model_session = %id, character_id = %character_id, "model session opened");
         Ok(Subscription {
             hub: self.clone(),
@@ -225,6 +247,7 @@ impl ModelSessionHub {
     /// The live model sessions a change concerns.
     fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
         let live = self.live();
+        let live = &live.by_character;
         let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
             live.values()
                 .flatten()
@@ -317,6 +340,7 @@ impl ModelSessionHub {
     pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
         let targets: Vec<Arc<ModelSession>> = self
             .live()
+            .by_character
             .values()
             .flatten()
             .filter(|model_session| model_session.session.id == session_id)
@@ -332,18 +356,21 @@ impl ModelSessionHub {
 
     fn remove(&self, character_id: &str, id: &str) {
         let mut live = self.live();
-        if let Some(sessions) = live.get_mut(character_id) {
+        if let Some(sessions) = live.by_character.get_mut(character_id) {
             sessions.retain(|session| session.id != id);
             if sessions.is_empty() {
-                live.remove(character_id);
+                live.by_character.remove(character_id);
             }
         }
     }
 
-    /// Ends every stream (at shutdown) so that open connections can close.
+    /// Ends every stream (at shutdown) so that open connections can close, and
+    /// refuses every later `open`. It takes the lock `open` joins under rather
+    /// than the mutation lock, so shutdown never queues behind a catalog sync.
     pub fn close_all(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.live().clear();
+        let mut live = self.live();
+        live.closed = true;
+        live.by_character.clear();
     }
 }
 
@@ -392,5 +419,53 @@ mod tests {
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(provider.check_tools(&refs[..128]).is_ok());
         assert!(provider.check_tools(&refs).unwrap_err().contains("128"));
+    }
+
+    fn session() -> Session {
+        Session {
+            id: "sess_test".into(),
+            account_id: "acct_test".into(),
+            character_id: "char_test".into(),
+            character: "Lanlan".into(),
+            title: String::new(),
+            metadata: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    /// Catalogs for a hub test: always empty.
+    struct EmptyCatalogs;
+
+    impl OfferedCatalogs for EmptyCatalogs {
+        fn offered<'a>(
+            &'a self,
+            session: &'a Session,
+            _slot: Slot,
+        ) -> BoxFuture<'a, Result<Catalog>> {
+            Box::pin(std::future::ready(Ok(Catalog::assemble(
+                &session.id,
+                Vec::new(),
+            ))))
+        }
+    }
+
+    #[tokio::test]
+    async fn open_after_close_all_is_refused() {
+        let hub = Arc::new(ModelSessionHub::default());
+        hub.close_all();
+        let refused = hub
+            .open(
+                &EmptyCatalogs,
+                session(),
+                Slot::Narrator,
+                ModelProvider::OpenAiCompatible,
+            )
+            .await;
+        match refused {
+            Err(err) => assert_eq!(err.code(), crate::error::ErrorCode::ShuttingDown),
+            Ok(_) => panic!("a model session opened after close_all"),
+        }
+        assert!(hub.live().by_character.is_empty());
     }
 }

@@ -43,6 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 200, content_type = "text/event-stream",
             description = "events `ready` then `catalog_changed` (JSON data: role, added, updated, removed, accepted, error, tools)"),
         (status = 404, description = "no such session for this account"),
+        (status = 503, description = "`shutting_down`: the server is stopping; retry after `Retry-After` seconds"),
     ))]
 async fn session_events(
     State(state): State<AppState>,

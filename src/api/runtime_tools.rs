@@ -6,7 +6,7 @@
 //! roles 404 and non-loopback callers 403. No API key is needed: the TCP peer
 //! address is the credential.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
@@ -25,7 +25,7 @@ use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
     DeclaredMetadata, FailedRole, MutationReport, NewRemoteTool, RegistrationInput, RemoteTool,
-    Role,
+    Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -101,35 +101,6 @@ fn json_kind(value: &Value) -> &'static str {
     }
 }
 
-/// The roles a request targets: one existing character, or every character that
-/// exists now when `role` is null or empty.
-async fn target_roles(state: &AppState, role: Option<&str>) -> ApiResult<Vec<Role>> {
-    match role {
-        None | Some("") => {
-            let characters = state.runtime.store.all_characters().await?;
-            let existing: HashSet<String> = characters.iter().map(|c| c.id.clone()).collect();
-            // Registries of deleted characters can never be reached again.
-            state.runtime.remote.retain_characters(&existing);
-            Ok(characters
-                .into_iter()
-                .map(|c| Role {
-                    character_id: c.id,
-                    name: c.name,
-                })
-                .collect())
-        }
-        Some(name) => match state.runtime.store.character_any_account(name).await? {
-            Some(c) => Ok(vec![Role {
-                character_id: c.id,
-                name: c.name,
-            }]),
-            None => Err(ApiError::not_found(format!(
-                "role {name:?} not found: no character has that name"
-            ))),
-        },
-    }
-}
-
 /// Body of `POST /api/tools/register`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -200,7 +171,6 @@ async fn register_tool(
         },
     })
     .map_err(from_domain)?;
-    let roles = target_roles(&state, body.role.as_deref()).await?;
     let registered = tool.name.clone();
     let MutationReport {
         affected_roles,
@@ -208,8 +178,14 @@ async fn register_tool(
     } = state
         .runtime
         .remote
-        .register_into(&state.runtime, &roles, tool)
-        .await;
+        .register_into(
+            &state.runtime,
+            &state.runtime.store,
+            Target::from_role(body.role.as_deref()),
+            tool,
+        )
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(RegisterToolResponse {
         ok: !affected_roles.is_empty(),
         registered,
@@ -256,12 +232,17 @@ async fn unregister_tool(
     if body.name.is_empty() {
         return Err(unprocessable("name must not be empty"));
     }
-    let roles = target_roles(&state, body.role.as_deref()).await?;
     let (removed, report) = state
         .runtime
         .remote
-        .unregister_from(&state.runtime, &roles, &body.name)
-        .await;
+        .unregister_from(
+            &state.runtime,
+            &state.runtime.store,
+            Target::from_role(body.role.as_deref()),
+            &body.name,
+        )
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(UnregisterToolResponse {
         ok: mutation_ok(&report),
         removed,
@@ -309,12 +290,17 @@ async fn clear_tools(
     if body.source.is_empty() {
         return Err(unprocessable("source must not be empty"));
     }
-    let roles = target_roles(&state, body.role.as_deref()).await?;
     let (removed, report) = state
         .runtime
         .remote
-        .clear_from(&state.runtime, &roles, &body.source)
-        .await;
+        .clear_from(
+            &state.runtime,
+            &state.runtime.store,
+            Target::from_role(body.role.as_deref()),
+            &body.source,
+        )
+        .await
+        .map_err(from_domain)?;
     Ok(axum::Json(ClearToolsResponse {
         ok: mutation_ok(&report),
         removed,
@@ -391,11 +377,14 @@ async fn list_tools(
             .find(|(key, _)| key == "role")
             .map(|(_, value)| value.into_owned())
     });
-    let roles = target_roles(&state, role.as_deref()).await?;
-    let tools_by_role = roles
+    let tools_by_role = state
+        .runtime
+        .remote
+        .list_roles(&state.runtime.store, Target::from_role(role.as_deref()))
+        .await
+        .map_err(from_domain)?
         .into_iter()
-        .map(|role| {
-            let tools = state.runtime.remote.list(&role.character_id);
+        .map(|(role, tools)| {
             (
                 role.name,
                 tools.iter().map(|tool| ListedTool::from(&**tool)).collect(),

@@ -304,3 +304,22 @@ pub fn strings(value: &Value) -> Vec<String> {
         .map(|v| v.as_str().unwrap().to_owned())
         .collect()
 }
+
+impl TestServer {
+    /// Sends SIGTERM without waiting, so a test can race something against it.
+    pub fn terminate(&self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    /// Waits up to `timeout` for the server to exit. None when it is still
+    /// running; it stays owned here and is killed when the server is dropped.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut().expect("running");
+        let status = tokio::time::timeout(timeout, child.wait()).await.ok()?;
+        self.child = None;
+        Some(status.expect("wait"))
+    }
+}

@@ -1,9 +1,33 @@
-//! The session-manager operations behind `/api/tools`: mutate the registries of
-//! the target characters and synchronise their live model sessions, as one
-//! catalog mutation.
+//! The session-manager operations behind `/api/tools`: resolve the target
+//! characters, mutate their registries and synchronise their live model
+//! sessions, all as one catalog mutation (under its lock).
+
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
 use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope};
+use crate::error::{Error, Result};
+use crate::store::{Character, Store};
+
+/// Which characters a Runtime Tools request addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// Every character that exists when the operation runs.
+    AllRoles,
+    /// The one character of this name; unknown names are `NotFound`.
+    Role(&'a str),
+}
+
+impl<'a> Target<'a> {
+    /// The contract's `role` field: null or "" targets every current role.
+    pub fn from_role(role: Option<&'a str>) -> Self {
+        match role {
+            None | Some("") => Target::AllRoles,
+            Some(name) => Target::Role(name),
+        }
+    }
+}
 
 /// A character addressed as a role: its id keys the registry, its name is shown.
 #[derive(Debug, Clone)]
@@ -53,22 +77,101 @@ fn change_for(role: &Role, change: CatalogChange) -> (String, CatalogChange) {
     )
 }
 
-/// Applies a registry mutation that yields (role name, change) pairs as one
-/// catalog mutation and reports which roles took it.
+/// The roles `target` names, as the store has them now.
+async fn resolve_roles(store: &Store, target: Target<'_>) -> Result<Vec<Role>> {
+    let to_role = |c: Character| Role {
+        character_id: c.id,
+        name: c.name,
+    };
+    match target {
+        Target::AllRoles => Ok(store
+            .all_characters()
+            .await?
+            .into_iter()
+            .map(to_role)
+            .collect()),
+        Target::Role(name) => match store.character_any_account(name).await? {
+            Some(character) => Ok(vec![to_role(character)]),
+            None => Err(Error::NotFound(format!(
+                "role {name:?} not found: no character has that name"
+            ))),
+        },
+    }
+}
+
+/// Resolves a mutation's roles inside the catalog mutation and, when it targets
+/// every role, drops the registries of deleted characters in the same step.
+async fn mutation_roles(
+    registry: &RemoteRegistry,
+    store: &Store,
+    target: Target<'_>,
+) -> Result<Vec<Role>> {
+    let roles = resolve_roles(store, target).await?;
+    if target == Target::AllRoles {
+        // Why this cannot drop a live character's registration: every registry
+        // insert happens inside a catalog mutation (one at a time, under its
+        // lock), after its own role was read from the store inside it. So any
+        // registration already in a registry read its character before this list
+        // was read, and a committed character stays visible to later reads; one
+        // missing here was deleted since, and ids are never reused. A character
+        // created after this read has no registration yet: its registration
+        // waits for this mutation. A list read outside the lock could miss a
+        // character whose registration then lands before the collection.
+        let existing: HashSet<String> =
+            roles.iter().map(|role| role.character_id.clone()).collect();
+        let dropped = registry.retain_characters(&existing);
+        if dropped > 0 {
+            tracing::debug!(dropped, "dropped the tool registries of deleted characters");
+        }
+    }
+    Ok(roles)
+}
+
+/// Runs a registry mutation on the roles `target` names, inside one catalog
+/// mutation, and reports which roles took it.
 async fn mutate(
+    registry: &RemoteRegistry,
     events: &dyn CatalogEvents,
-    mutation: impl FnOnce() -> Vec<(String, CatalogChange)> + Send,
-) -> MutationReport {
-    let mut names = Vec::new();
+    store: &Store,
+    target: Target<'_>,
+    mutation: impl FnOnce(&[Role]) -> Vec<(String, CatalogChange)> + Send,
+) -> Result<MutationReport> {
+    let mut names = Ok(Vec::new());
     let names_out = &mut names;
     let results = events
         .mutate(Box::pin(async move {
-            let (roles, changes): (Vec<_>, Vec<_>) = mutation().into_iter().unzip();
-            *names_out = roles;
-            changes
+            match mutation_roles(registry, store, target).await {
+                Ok(roles) => {
+                    let (roles, changes): (Vec<_>, Vec<_>) = mutation(&roles).into_iter().unzip();
+                    *names_out = Ok(roles);
+                    changes
+                }
+                Err(err) => {
+                    *names_out = Err(err);
+                    Vec::new()
+                }
+            }
         }))
         .await;
-    MutationReport::from_results(names, results)
+    Ok(MutationReport::from_results(names?, results))
+}
+
+impl RemoteRegistry {
+    /// Each role `target` names with its registrations, for listing.
+    pub async fn list_roles(
+        &self,
+        store: &Store,
+        target: Target<'_>,
+    ) -> Result<Vec<(Role, Vec<Arc<RemoteTool>>)>> {
+        let roles = resolve_roles(store, target).await?;
+        Ok(roles
+            .into_iter()
+            .map(|role| {
+                let tools = self.list(&role.character_id);
+                (role, tools)
+            })
+            .collect())
+    }
 }
 
 impl RemoteRegistry {
@@ -76,10 +179,11 @@ impl RemoteRegistry {
     pub async fn register_into(
         &self,
         events: &dyn CatalogEvents,
-        roles: &[Role],
+        store: &Store,
+        target: Target<'_>,
         tool: NewRemoteTool,
-    ) -> MutationReport {
-        let report = mutate(events, || {
+    ) -> Result<MutationReport> {
+        let report = mutate(self, events, store, target, |roles| {
             // A fresh registration means the plugin is back: its failure streak
             // starts over.
             self.failures()
@@ -96,7 +200,7 @@ impl RemoteRegistry {
                 })
                 .collect()
         })
-        .await;
+        .await?;
         tracing::info!(
             tool = %tool.name,
             source = %tool.source,
@@ -105,17 +209,18 @@ impl RemoteRegistry {
             failed = report.failed_roles.len(),
             "remote tool registered"
         );
-        report
+        Ok(report)
     }
 
     /// Removes `name` from every target role; true when any registry held it.
     pub async fn unregister_from(
         &self,
         events: &dyn CatalogEvents,
-        roles: &[Role],
+        store: &Store,
+        target: Target<'_>,
         name: &str,
-    ) -> (bool, MutationReport) {
-        let report = mutate(events, || {
+    ) -> Result<(bool, MutationReport)> {
+        let report = mutate(self, events, store, target, |roles| {
             roles
                 .iter()
                 .filter(|role| self.unregister(&role.character_id, name))
@@ -131,22 +236,23 @@ impl RemoteRegistry {
                 })
                 .collect()
         })
-        .await;
+        .await?;
         let removed = !(report.affected_roles.is_empty() && report.failed_roles.is_empty());
         tracing::info!(tool = %name, removed, affected = ?report.affected_roles, "remote tool unregistered");
-        (removed, report)
+        Ok((removed, report))
     }
 
     /// Removes every tool of `source` from the target roles; returns how many.
     pub async fn clear_from(
         &self,
         events: &dyn CatalogEvents,
-        roles: &[Role],
+        store: &Store,
+        target: Target<'_>,
         source: &str,
-    ) -> (usize, MutationReport) {
+    ) -> Result<(usize, MutationReport)> {
         let mut removed = 0;
         let counted = &mut removed;
-        let report = mutate(events, || {
+        let report = mutate(self, events, store, target, |roles| {
             roles
                 .iter()
                 .filter_map(|role| {
@@ -164,8 +270,8 @@ impl RemoteRegistry {
                 })
                 .collect()
         })
-        .await;
+        .await?;
         tracing::info!(%source, removed, affected = ?report.affected_roles, "remote tools cleared");
-        (removed, report)
+        Ok((removed, report))
     }
 }

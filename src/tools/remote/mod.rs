@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
-pub use manager::{FailedRole, MutationReport, Role};
+pub use manager::{FailedRole, MutationReport, Role, Target};
 pub use provider::RemoteProvider;
 
 /// Sources with this prefix belong to plugins and fall under the eviction rule.
@@ -317,9 +317,15 @@ impl RemoteRegistry {
         evicted
     }
 
-    /// Drops the registries of characters that no longer exist.
-    pub fn retain_characters(&self, existing: &HashSet<String>) {
-        self.lock().retain(|id, _| existing.contains(id));
+    /// Drops the registries of characters not in `existing`; returns how many.
+    /// Sound only when `existing` was read from the store inside the same
+    /// catalog mutation (see the ordering argument in `manager`), so it is
+    /// reachable from this module only.
+    fn retain_characters(&self, existing: &HashSet<String>) -> usize {
+        let mut registries = self.lock();
+        let before = registries.len();
+        registries.retain(|id, _| existing.contains(id));
+        before - registries.len()
     }
 
     /// One character's tools, by name.

@@ -1,0 +1,224 @@
+//! Black-box race tests, against the real binary: a registration for a character
+//! created concurrently with registrations for every role must not be lost, and
+//! an event stream opened while SIGTERM arrives must not keep the server alive.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Reply, TestServer, read_reply, spawn_app, wait_until};
+use serde_json::{Value, json};
+
+/// Rounds of "create a character, register for it" per worker.
+const ROUNDS: usize = 60;
+/// Workers running those rounds side by side.
+const ROUND_WORKERS: usize = 3;
+/// Loops registering without a role (every character) while the rounds run.
+const GLOBAL_WORKERS: usize = 3;
+/// Server starts, each stopped with SIGTERM while streams are opening.
+const SHUTDOWN_ITERATIONS: usize = 40;
+/// Tasks opening event streams back to back.
+const OPENERS: usize = 16;
+/// How long a server may take to exit after SIGTERM.
+const EXIT_WITHIN: Duration = Duration::from_secs(15);
+
+async fn register(server: &TestServer, body: Value) -> Reply {
+    read_reply(
+        server
+            .client
+            .post(server.url("/api/tools/register"))
+            .json(&body)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await
+}
+
+/// Names of the tools `GET /api/tools?role=<role>` lists.
+async fn tools_of(server: &TestServer, role: &str) -> BTreeSet<String> {
+    let url =
+        reqwest::Url::parse_with_params(&server.url("/api/tools"), [("role", role)]).expect("url");
+    let reply = read_reply(server.client.get(url).send().await.expect("request")).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.body["tools_by_role"][role]
+        .as_array()
+        .expect("the role's tools")
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn names(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| item.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registrations_for_new_characters_survive_concurrent_global_registrations() {
+    let server = Arc::new(spawn_app().await);
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Registrations without a role: each lists the characters and, on the old
+    // code, garbage-collected the registries of those absent from its list.
+    let mut globals = Vec::new();
+    for worker in 0..GLOBAL_WORKERS {
+        let server = server.clone();
+        let stop = stop.clone();
+        globals.push(tokio::spawn(async move {
+            let name = format!("everywhere_{worker}");
+            let mut reached = BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let reply = register(
+                    &server,
+                    json!({"name": name, "callback_url": "http://127.0.0.1:9/all"}),
+                )
+                .await;
+                assert_eq!(reply.status, 200, "{reply:?}");
+                reached.extend(names(&reply.body["affected_roles"]));
+            }
+            (name, reached)
+        }));
+    }
+
+    let mut rounds = Vec::new();
+    for worker in 0..ROUND_WORKERS {
+        let server = server.clone();
+        rounds.push(tokio::spawn(async move {
+            let mut created = Vec::new();
+            for round in 0..ROUNDS {
+                let role = format!("Race{worker}x{round}");
+                let reply = server
+                    .post(
+                        "/characters",
+                        json!({"name": role, "description": "", "persona": ""}),
+                    )
+                    .await;
+                assert_eq!(reply.status, 201, "{reply:?}");
+                let reply = register(
+                    &server,
+                    json!({"name": "mine", "callback_url": "http://127.0.0.1:9/mine", "role": role}),
+                )
+                .await;
+                assert_eq!(reply.status, 200, "{reply:?}");
+                assert_eq!(reply.body["affected_roles"], json!([role]), "{reply:?}");
+                created.push(role);
+            }
+            created
+        }));
+    }
+
+    let mut created = Vec::new();
+    for round in rounds {
+        created.extend(round.await.expect("round worker"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut reached_by = Vec::new();
+    for global in globals {
+        reached_by.push(global.await.expect("global worker"));
+    }
+
+    let mut lost = Vec::new();
+    for role in &created {
+        let tools = tools_of(&server, role).await;
+        if !tools.contains("mine") {
+            lost.push(format!("{role}: mine"));
+        }
+        for (name, reached) in &reached_by {
+            if reached.contains(role) && !tools.contains(name) {
+                lost.push(format!("{role}: {name}"));
+            }
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {} registrations for new characters were lost: {lost:?}",
+        lost.len(),
+        created.len()
+    );
+}
+
+/// Opens event streams back to back until the server stops answering, holding
+/// each open (reading to its end) so that a stream the server fails to end keeps
+/// a connection alive. Counts streams that answered 200.
+async fn open_streams(
+    base_url: String,
+    token: String,
+    session: String,
+    opened: Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    // No overall timeout: a stream must end because the server ends it.
+    let client = reqwest::Client::new();
+    let url = format!("{base_url}/sessions/{session}/events");
+    let mut holders = Vec::new();
+    loop {
+        let Ok(mut response) = client.get(&url).bearer_auth(&token).send().await else {
+            // Refused or reset: the listener is closed.
+            return holders;
+        };
+        match response.status().as_u16() {
+            200 => {
+                opened.fetch_add(1, Ordering::SeqCst);
+                holders.push(tokio::spawn(async move {
+                    while let Ok(Some(_)) = response.chunk().await {}
+                }));
+            }
+            503 => {
+                let retry_after = response.headers().get("retry-after").cloned();
+                let reply = read_reply(response).await;
+                assert_eq!(reply.code(), "shutting_down", "{reply:?}");
+                assert!(retry_after.is_some(), "503 without Retry-After: {reply:?}");
+            }
+            _ => panic!("unexpected answer: {:?}", read_reply(response).await),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_while_event_streams_open_always_exits() {
+    for iteration in 0..SHUTDOWN_ITERATIONS {
+        let mut server = spawn_app().await;
+        let session = server.create_session().await;
+        let opened = Arc::new(AtomicUsize::new(0));
+        let openers: Vec<_> = (0..OPENERS)
+            .map(|_| {
+                tokio::spawn(open_streams(
+                    server.base_url.clone(),
+                    server.token.clone(),
+                    session.clone(),
+                    opened.clone(),
+                ))
+            })
+            .collect();
+        // SIGTERM lands while the openers keep opening streams.
+        wait_until(Duration::from_secs(30), "the first event streams", || {
+            let opened = opened.clone();
+            async move { opened.load(Ordering::SeqCst) >= OPENERS }
+        })
+        .await;
+        server.terminate();
+        let status = server.wait_exit(EXIT_WITHIN).await;
+        let status = status.unwrap_or_else(|| {
+            panic!(
+                "iteration {iteration}: the server did not exit within {EXIT_WITHIN:?} of SIGTERM ({} streams opened)",
+                opened.load(Ordering::SeqCst)
+            )
+        });
+        assert!(status.success(), "iteration {iteration}: {status:?}");
+        for opener in openers {
+            for holder in opener.await.expect("opener") {
+                holder.await.expect("stream holder");
+            }
+        }
+    }
+}
