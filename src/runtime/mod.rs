@@ -21,7 +21,7 @@ use crate::model_sessions::{ModelSessionHub, OfferedCatalogs};
 use crate::permissions::ToolPermissions;
 use crate::store::{Session, Store};
 use crate::tools::builtin::BuiltinProvider;
-use crate::tools::preset::PresetProvider;
+use crate::tools::definitions::DefinitionProvider;
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
@@ -56,7 +56,7 @@ impl ToolRuntime {
         let providers: Vec<Arc<dyn ToolProvider>> = vec![
             Arc::new(BuiltinProvider::new(store.clone())),
             Arc::new(RemoteProvider::new(remote.clone())),
-            Arc::new(PresetProvider::new(
+            Arc::new(DefinitionProvider::new(
                 store.clone(),
                 scripts,
                 settings.enable_unsafe_script_handler,

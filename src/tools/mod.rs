@@ -1,6 +1,6 @@
 //! Tool providers: one module per kind of provider.
 
 pub mod builtin;
-pub mod preset;
+pub mod definitions;
 pub mod remote;
 pub mod script;

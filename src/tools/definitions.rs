@@ -1,5 +1,7 @@
-//! Preset tools: the account's custom definitions (`/tools/definitions`) offered
-//! to its sessions, run through the script sandbox.
+//! The definitions provider: the account's tool definitions (`/tools/definitions`,
+//! whatever their `source`) offered to its sessions and run through the script
+//! sandbox. The contract calls their provider type `preset`, so that word stays
+//! on the wire (`provider_type`, `provider_id`) and only there.
 
 use std::sync::Arc;
 
@@ -20,7 +22,7 @@ pub const SCRIPT_DISABLED_REASON: &str = "the script handler is disabled on this
 
 /// Runs one definition.
 #[derive(Debug)]
-struct PresetHandler {
+struct DefinitionHandler {
     definition_id: String,
     /// The script body, when the definition has a script handler.
     script: Option<Arc<str>>,
@@ -36,13 +38,13 @@ pub fn provider_id(definition: &ToolDefinition) -> String {
 /// The definitions provider: the account's enabled definitions, run through
 /// the script sandbox. Script tools stay visible while the switch is off, but
 /// unavailable, so that an operator can see why they are not called.
-pub struct PresetProvider {
+pub struct DefinitionProvider {
     store: Store,
     scripts: ScriptRunner,
     scripts_enabled: bool,
 }
 
-impl PresetProvider {
+impl DefinitionProvider {
     pub fn new(store: Store, scripts: ScriptRunner, scripts_enabled: bool) -> Self {
         Self {
             store,
@@ -52,7 +54,7 @@ impl PresetProvider {
     }
 }
 
-impl ToolProvider for PresetProvider {
+impl ToolProvider for DefinitionProvider {
     fn kind(&self) -> &'static str {
         "preset"
     }
@@ -63,7 +65,7 @@ impl ToolProvider for PresetProvider {
             Ok(definitions
                 .iter()
                 .map(|definition| {
-                    let handler = PresetHandler {
+                    let handler = DefinitionHandler {
                         definition_id: definition.id.clone(),
                         script: definition.script().map(Arc::from),
                         scripts: self.scripts.clone(),
@@ -76,7 +78,7 @@ impl ToolProvider for PresetProvider {
     }
 }
 
-fn entry(definition: ToolDefinition, tool: PresetHandler) -> CatalogEntry {
+fn entry(definition: ToolDefinition, tool: DefinitionHandler) -> CatalogEntry {
     let unavailable = if definition.has_script_handler() && !tool.scripts_enabled {
         Some(SCRIPT_DISABLED_REASON.to_owned())
     } else if tool.script.is_none() {
@@ -104,7 +106,7 @@ fn entry(definition: ToolDefinition, tool: PresetHandler) -> CatalogEntry {
     }
 }
 
-impl ToolHandler for PresetHandler {
+impl ToolHandler for DefinitionHandler {
     fn invoke<'a>(
         &'a self,
         _cx: &'a CallContext<'a>,
@@ -114,7 +116,7 @@ impl ToolHandler for PresetHandler {
     }
 }
 
-impl PresetHandler {
+impl DefinitionHandler {
     async fn run(&self, args: &Value) -> ToolOutcome {
         // The catalog already marks these unavailable; checking again here keeps
         // the switch authoritative even for a caller holding an older catalog.
@@ -147,8 +149,8 @@ mod tests {
     use crate::domain::tool::{Basis, SideEffectLevel, Slot};
     use crate::tools::script::ScriptLimits;
 
-    fn handler(scripts_enabled: bool) -> PresetHandler {
-        PresetHandler {
+    fn handler(scripts_enabled: bool) -> DefinitionHandler {
+        DefinitionHandler {
             definition_id: "tooldef_x".into(),
             script: Some(Arc::from("return 1;")),
             scripts: ScriptRunner::new(ScriptLimits::default(), 1),
