@@ -228,7 +228,7 @@ async fn invalid_requests_are_validation_errors() {
         with(json!({"enabled": "yes"})),
         with(json!({"handler_type": "http"})),
         with(json!({"handler_type": "script"})),
-        with(json!({"handler": {}})),
+        with(json!({"handler": {"script": ""}})),
         with(json!({"handler": {"script": "return 1;", "extra": true}})),
         with(json!({"handler": {"script": "   "}})),
         with(json!({"handler": {"script": "return 1;\0"}})),

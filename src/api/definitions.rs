@@ -157,7 +157,12 @@ async fn create_definition(
     CurrentAccount(account): CurrentAccount,
     Json(body): Json<CreateDefinition>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<ToolDefinition>>)> {
-    let draft = definition::create(body.into())?;
+    let changes = DefinitionChanges::from(body);
+    definition::check_script_switch(
+        &changes,
+        state.runtime.settings.enable_unsafe_script_handler,
+    )?;
+    let draft = definition::create(changes)?;
     definition::check_create_allowed(&draft, state.runtime.settings.enable_unsafe_script_handler)?;
     let runtime = &state.runtime;
     let created = runtime

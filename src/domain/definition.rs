@@ -63,10 +63,14 @@ impl HandlerType {
 }
 
 /// Configuration of the `script` handler: the body of `function (args) { ... }`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+/// The script is optional, as in TavernHeadless (whose own smoke run posts
+/// `"handler": {}`): a definition without one is listed, and calling it is a
+/// tool error that says there is nothing to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptHandler {
-    pub script: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
 }
 
 /// A stored custom tool definition, as the API shows it.
@@ -95,7 +99,7 @@ impl ToolDefinition {
     /// The script to run, when this definition has a script handler.
     pub fn script(&self) -> Option<&str> {
         match (self.handler_type, &self.handler) {
-            (Some(HandlerType::Script), Some(handler)) => Some(&handler.script),
+            (Some(HandlerType::Script), Some(handler)) => handler.script.as_deref(),
             _ => None,
         }
     }
@@ -237,7 +241,9 @@ fn apply(definition: &mut ToolDefinition, changes: DefinitionChanges) -> Result<
         (None, None) => {}
         // `script` is the only handler type, so a handler alone implies it.
         (Some(HandlerType::Script) | None, Some(handler)) => {
-            check_script(&handler.script)?;
+            if let Some(script) = &handler.script {
+                check_script(script)?;
+            }
             definition.handler_type = Some(HandlerType::Script);
             definition.handler = Some(handler);
         }
@@ -328,6 +334,22 @@ fn script_disabled(action: &str) -> Error {
     }
 }
 
+impl DefinitionChanges {
+    /// Whether the request asks for a script handler (a type or a handler).
+    pub fn asks_for_script(&self) -> bool {
+        self.handler_type == Some(HandlerType::Script) || self.handler.is_some()
+    }
+}
+
+/// The script switch decides before anything else: a request that asks for a
+/// script handler while the switch is off is refused whatever else it holds.
+pub fn check_script_switch(changes: &DefinitionChanges, scripts_enabled: bool) -> Result<()> {
+    if changes.asks_for_script() && !scripts_enabled {
+        return Err(script_disabled("written"));
+    }
+    Ok(())
+}
+
 /// The script switch on create: a script handler needs the switch on.
 pub fn check_create_allowed(definition: &ToolDefinition, scripts_enabled: bool) -> Result<()> {
     if definition.has_script_handler() && !scripts_enabled {
@@ -370,7 +392,7 @@ mod tests {
         DefinitionChanges {
             name: Some("lookup_npc".into()),
             handler: Some(ScriptHandler {
-                script: "return 1;".into(),
+                script: Some("return 1;".into()),
             }),
             ..Default::default()
         }
@@ -423,7 +445,7 @@ mod tests {
             },
             DefinitionChanges {
                 handler: Some(ScriptHandler {
-                    script: "x".repeat(MAX_SCRIPT_BYTES + 1),
+                    script: Some("x".repeat(MAX_SCRIPT_BYTES + 1)),
                 }),
                 ..script_changes()
             },

@@ -106,7 +106,7 @@ fn handler_json(definition: &ToolDefinition) -> Option<String> {
     definition
         .handler
         .as_ref()
-        .map(|handler| serde_json::json!({"script": handler.script}).to_string())
+        .map(|handler| serde_json::json!(handler).to_string())
 }
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
@@ -405,7 +405,7 @@ mod tests {
         input.side_effect_level = SideEffectLevel::Sandbox;
         input.handler_type = Some(HandlerType::Script);
         input.handler = Some(ScriptHandler {
-            script: "return 1;".into(),
+            script: Some("return 1;".into()),
         });
         input.enabled = false;
         let created = store.create_definition("acct_a", input).await.unwrap();

@@ -164,7 +164,7 @@ mod tests {
             side_effect_level: Some(SideEffectLevel::Sandbox),
             allowed_slots: Some(vec![Slot::Narrator]),
             handler: Some(ScriptHandler {
-                script: "return 1;".into(),
+                script: Some("return 1;".into()),
             }),
             ..Default::default()
         })
