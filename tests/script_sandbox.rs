@@ -362,3 +362,59 @@ async fn an_endless_promise_chain_is_stopped_by_the_deadline() {
         .await;
     assert_eq!(result["status"], "timeout");
 }
+
+/// A call refused because every sandbox slot stayed busy never ran: it is an
+/// `error` row whose provider did not start, and the caller is told when to
+/// retry. Calls that did run are `provider_started`.
+#[tokio::test]
+async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() {
+    let server = spawn_with(SpawnOptions {
+        env: vec![
+            ("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()),
+            ("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), "150".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let sandbox = Sandbox {
+        session: server.create_session().await,
+        server,
+    };
+    let looping = sandbox.define("while (true) {}").await;
+    // Slots are cores − 1 and a call waits at most 4 time limits for one, so
+    // this many calls at once always leaves some without a slot.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let calls = 8 * cores + 8;
+    let results =
+        futures::future::join_all((0..calls).map(|_| sandbox.call(&looping, json!({})))).await;
+    let busy: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["output"].as_str().unwrap_or_default().contains("busy"))
+        .collect();
+    assert!(
+        !busy.is_empty(),
+        "no call found the sandbox full: {results:?}"
+    );
+    for refused in &busy {
+        assert_eq!(refused["status"], "error", "{refused}");
+        assert!(
+            refused["output"].as_str().unwrap().contains("retry after"),
+            "{refused}"
+        );
+        let id = refused["execution_id"].as_str().unwrap();
+        let row = sandbox.server.get(&format!("/tool-executions/{id}")).await;
+        assert_eq!(row.body["data"]["provider_started"], false, "{row:?}");
+    }
+    let ran = results
+        .iter()
+        .find(|r| {
+            r["output"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("time limit")
+        })
+        .expect("some call ran until its time limit");
+    let id = ran["execution_id"].as_str().unwrap();
+    let row = sandbox.server.get(&format!("/tool-executions/{id}")).await;
+    assert_eq!(row.body["data"]["provider_started"], true, "{row:?}");
+}

@@ -186,6 +186,10 @@ pub struct ExecutionRecord {
     pub attempt_no: i64,
     pub runtime_job_id: Option<String>,
     pub replay_parent_execution_id: Option<String>,
+    /// Whether the provider received the call: false for refusals and for calls
+    /// that never reached it (refused connection, full sandbox, a switch that is
+    /// off), which count as neither steps, replay parents nor budget.
+    pub provider_started: bool,
     pub created_at: i64,
 }
 

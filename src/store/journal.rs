@@ -89,7 +89,7 @@ pub struct ExecutionFinish {
 const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, caller_slot, provider_id, \
     provider_type, tool_name, args_json, result_json, status, lifecycle_state, commit_outcome, \
     side_effect_level, replay_safety, error_message, duration_ms, started_at, finished_at, \
-    delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at";
+    delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, provider_started, created_at";
 
 fn json_column(row: &SqliteRow, column: &str) -> serde_json::Value {
     row.get::<Option<String>, _>(column)
@@ -133,6 +133,7 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         attempt_no: row.get("attempt_no"),
         runtime_job_id: row.get("runtime_job_id"),
         replay_parent_execution_id: row.get("replay_parent_execution_id"),
+        provider_started: row.get("provider_started"),
         created_at: row.get("created_at"),
     }
 }
