@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Wall-clock limit of one script-handler call, in milliseconds.
     #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS")]
     pub script_timeout_ms: Option<u64>,
+    /// Time budget of validating one call's arguments against its tool's schema,
+    /// in milliseconds (default 1000); a call over it is refused, never run.
+    #[arg(long, env = "TOOLGATE_ARGUMENT_VALIDATION_TIMEOUT_MS")]
+    pub argument_validation_timeout_ms: Option<u64>,
     /// Heap limit of one script-handler call, in bytes.
     #[arg(long, env = "TOOLGATE_SCRIPT_MEMORY_LIMIT_BYTES")]
     pub script_memory_limit_bytes: Option<usize>,
@@ -96,6 +100,7 @@ struct FileSettings {
     job_workers: Option<usize>,
     enable_unsafe_script_handler: Option<bool>,
     script_timeout_ms: Option<u64>,
+    argument_validation_timeout_ms: Option<u64>,
     script_memory_limit_bytes: Option<usize>,
 }
 
@@ -114,6 +119,7 @@ pub struct Settings {
     pub enable_unsafe_script_handler: bool,
     pub script_timeout_ms: u64,
     pub script_memory_limit_bytes: usize,
+    pub argument_validation_timeout_ms: u64,
 }
 
 impl Settings {
@@ -123,6 +129,8 @@ impl Settings {
     pub const DEFAULT_SCRIPT_TIMEOUT_MS: u64 = 1000;
     /// Heap limit of one script-handler call.
     pub const DEFAULT_SCRIPT_MEMORY_BYTES: usize = 16 * 1024 * 1024;
+    /// Time budget of one call's argument validation.
+    pub const DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS: u64 = 1000;
 
     /// Settings for tests and embedding: port 0 and the given data directory.
     pub fn for_data_dir(data_dir: &Path) -> Self {
@@ -147,6 +155,9 @@ impl Settings {
         let settings = Self::from_parts(args, file);
         if settings.body_limit_bytes == 0 || settings.callback_response_limit_bytes == 0 {
             anyhow::bail!("body limits must be greater than zero");
+        }
+        if settings.argument_validation_timeout_ms == 0 {
+            anyhow::bail!("the argument validation time budget must be above 0 ms");
         }
         if settings.script_timeout_ms == 0 || settings.script_memory_limit_bytes < 1024 * 1024 {
             anyhow::bail!(
@@ -193,6 +204,10 @@ impl Settings {
                 .script_timeout_ms
                 .or(file.script_timeout_ms)
                 .unwrap_or(Self::DEFAULT_SCRIPT_TIMEOUT_MS),
+            argument_validation_timeout_ms: args
+                .argument_validation_timeout_ms
+                .or(file.argument_validation_timeout_ms)
+                .unwrap_or(Self::DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS),
             script_memory_limit_bytes: args
                 .script_memory_limit_bytes
                 .or(file.script_memory_limit_bytes)

@@ -532,6 +532,7 @@ mod tests {
                 name: name.into(),
                 description: String::new(),
                 parameters: json!({"type": "object", "properties": {}}),
+                validator: Default::default(),
                 provider_id: provider_id.into(),
                 provider_type: ProviderType::Remote,
                 source: "plugin:test".into(),

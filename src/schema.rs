@@ -2,7 +2,7 @@
 //! that call arguments satisfy it (draft 2020-12 unless the schema says otherwise).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -19,6 +19,9 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
             "parameters must be at most {MAX_SCHEMA_BYTES} bytes"
         ));
     }
+    // Before compiling: a schema whose references fan out costs more to compile
+    // and to validate against than its text suggests.
+    check_cost(schema)?;
     jsonschema::meta::validate(schema).map_err(|err| {
         let path = err.instance_path().to_string();
         if path.is_empty() {
@@ -32,68 +35,210 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
         .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))
 }
 
-/// Compiled validators by schema text. Compiling a schema costs far more than
-/// validating against it (BENCHMARKS.md), and a tool's schema is the same on
-/// every call, so each distinct schema is compiled once.
-struct ValidatorCache {
-    by_schema: HashMap<String, Arc<jsonschema::Validator>>,
-    bytes: usize,
+/// How much a schema may cost, measured on its JSON without expanding it and
+/// before it is compiled.
+#[derive(Debug, Clone, Copy)]
+pub struct SchemaCost {
+    /// JSON values in the schema text.
+    pub nodes: usize,
+    /// Deepest nesting of the schema text.
+    pub depth: usize,
+    /// JSON values the schema would have with every local `$ref` expanded in
+    /// place (a reference back into its own ancestors counts once): what a
+    /// validator may walk for one argument. Saturates at `usize::MAX`.
+    pub expanded_nodes: usize,
 }
 
-impl ValidatorCache {
-    /// Schema text kept at most; past it the cache starts over.
-    const MAX_BYTES: usize = 16 * 1024 * 1024;
-}
+/// Deepest nesting accepted in a parameter schema.
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+/// Longest chain of nested values and references followed while measuring.
+const MAX_REFERENCE_CHAIN: usize = 512;
+/// Most JSON values a parameter schema may expand to through its references.
+pub const MAX_EXPANDED_NODES: usize = 100_000;
 
-static VALIDATORS: LazyLock<Mutex<ValidatorCache>> = LazyLock::new(|| {
-    Mutex::new(ValidatorCache {
-        by_schema: HashMap::new(),
-        bytes: 0,
-    })
-});
-
-/// The compiled validator of `schema`, from the cache when it was seen before.
-fn validator(schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
-    let key = schema.to_string();
-    // Each update is a single insert or clear: a poisoned cache is still whole.
-    let cache = || VALIDATORS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(validator) = cache().by_schema.get(&key) {
-        return Ok(validator.clone());
+/// Measures `schema` in one pass over its JSON plus one over its references:
+/// linear in its size, whatever its references fan out to.
+pub fn measure(schema: &Value) -> SchemaCost {
+    let mut own = HashMap::new();
+    let mut depth = 0;
+    let nodes = count(schema, "", 1, &mut depth, &mut own);
+    let mut memo = HashMap::new();
+    let mut visiting = std::collections::HashSet::new();
+    let expanded_nodes = expanded("", &own, &mut memo, &mut visiting);
+    SchemaCost {
+        nodes,
+        depth,
+        expanded_nodes,
     }
-    let validator = Arc::new(
-        jsonschema::validator_for(schema)
-            .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))?,
-    );
-    let mut cache = cache();
-    if cache.bytes + key.len() > ValidatorCache::MAX_BYTES {
-        cache.by_schema.clear();
-        cache.bytes = 0;
-    }
-    cache.bytes += key.len();
-    cache.by_schema.insert(key, validator.clone());
-    Ok(validator)
 }
 
-/// Validates call arguments against a tool's parameter schema.
-pub fn validate_arguments(schema: &Value, args: &Value) -> Result<(), String> {
-    let validator = validator(schema)?;
-    let problems: Vec<String> = validator
-        .iter_errors(args)
-        .take(5)
-        .map(|err| {
-            let path = err.instance_path().to_string();
-            if path.is_empty() {
-                err.to_string()
-            } else {
-                format!("{path}: {err}")
+/// What one JSON value holds: its own node count (without the subtrees of its
+/// nested values that are separately addressable) and the local references it
+/// makes, by JSON pointer.
+#[derive(Debug, Default)]
+struct OwnCost {
+    nodes: usize,
+    refs: Vec<String>,
+    children: Vec<String>,
+}
+
+fn count(
+    value: &Value,
+    pointer: &str,
+    level: usize,
+    depth: &mut usize,
+    own: &mut HashMap<String, OwnCost>,
+) -> usize {
+    *depth = (*depth).max(level);
+    let mut cost = OwnCost {
+        nodes: 1,
+        ..Default::default()
+    };
+    let mut total = 1;
+    let mut visit = |key: String, child: &Value, cost: &mut OwnCost| {
+        let child_pointer = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+        total += count(child, &child_pointer, level + 1, depth, own);
+        cost.children.push(child_pointer);
+    };
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                if (key == "$ref" || key == "$dynamicRef" || key == "$recursiveRef")
+                    && let Some(target) = child.as_str()
+                {
+                    if let Some(local) = target.strip_prefix('#') {
+                        cost.refs.push(percent_decode(local));
+                    }
+                    continue;
+                }
+                visit(key.clone(), child, &mut cost);
             }
-        })
-        .collect();
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                visit(index.to_string(), child, &mut cost);
+            }
+        }
+        _ => {}
     }
+    own.insert(pointer.to_owned(), cost);
+    total
+}
+
+fn percent_decode(pointer: &str) -> String {
+    form_urlencoded::parse(format!("p={}", pointer.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_else(|| pointer.to_owned())
+}
+
+/// The expanded size of the value at `pointer`, memoised per pointer; a
+/// reference to a value being expanded (recursion) counts as one node.
+fn expanded(
+    pointer: &str,
+    own: &HashMap<String, OwnCost>,
+    memo: &mut HashMap<String, usize>,
+    visiting: &mut std::collections::HashSet<String>,
+) -> usize {
+    if let Some(size) = memo.get(pointer) {
+        return *size;
+    }
+    let Some(cost) = own.get(pointer) else {
+        // A reference to something that is not in the schema (an anchor, a
+        // remote document): compiling decides whether it is usable.
+        return 1;
+    };
+    if visiting.len() >= MAX_REFERENCE_CHAIN {
+        // Deeper chains are refused as over the expansion limit, and stopping
+        // here bounds this recursion.
+        return usize::MAX;
+    }
+    if !visiting.insert(pointer.to_owned()) {
+        return 1;
+    }
+    let mut size = cost.nodes;
+    for next in cost.children.iter().chain(&cost.refs) {
+        size = size.saturating_add(expanded(next, own, memo, visiting));
+    }
+    visiting.remove(pointer);
+    memo.insert(pointer.to_owned(), size);
+    size
+}
+
+/// Refuses a schema whose cost is over the limits, naming the limit.
+pub fn check_cost(schema: &Value) -> Result<(), String> {
+    let cost = measure(schema);
+    if cost.depth > MAX_SCHEMA_DEPTH {
+        return Err(format!(
+            "parameters nest {} levels deep; the limit is {MAX_SCHEMA_DEPTH}",
+            cost.depth
+        ));
+    }
+    if cost.expanded_nodes > MAX_EXPANDED_NODES {
+        return Err(format!(
+            "parameters expand through their $ref/allOf references to more than {MAX_EXPANDED_NODES} schema nodes (the limit); flatten the schema or share fewer references"
+        ));
+    }
+    Ok(())
+}
+
+/// A tool's compiled validator, compiled on first use and then shared by every
+/// copy of the tool's spec: a schema is compiled once, not per call.
+#[derive(Clone, Default)]
+pub struct SchemaValidator(Arc<OnceLock<Result<Arc<jsonschema::Validator>, String>>>);
+
+impl std::fmt::Debug for SchemaValidator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0.get() {
+            None => "SchemaValidator(not compiled)",
+            Some(Ok(_)) => "SchemaValidator(compiled)",
+            Some(Err(_)) => "SchemaValidator(unusable)",
+        })
+    }
+}
+
+/// Derived data: two specs are equal whatever their validators' state.
+impl PartialEq for SchemaValidator {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl SchemaValidator {
+    /// Validates `args` against `schema`, compiling it first if this is the
+    /// first call. CPU-heavy: run it off the async workers.
+    pub fn validate(&self, schema: &Value, args: &Value) -> Result<(), String> {
+        let validator = self
+            .0
+            .get_or_init(|| {
+                jsonschema::validator_for(schema)
+                    .map(Arc::new)
+                    .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
+            })
+            .clone()?;
+        let problems: Vec<String> = validator
+            .iter_errors(args)
+            .take(5)
+            .map(|err| {
+                let path = err.instance_path().to_string();
+                if path.is_empty() {
+                    err.to_string()
+                } else {
+                    format!("{path}: {err}")
+                }
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Validates call arguments against a schema (compiling it for this call only).
+pub fn validate_arguments(schema: &Value, args: &Value) -> Result<(), String> {
+    SchemaValidator::default().validate(schema, args)
 }
 
 #[cfg(test)]
@@ -109,6 +254,51 @@ mod tests {
             check_parameter_schema(&json!({"type": "object", "required": "location"})).is_err()
         );
         assert!(check_parameter_schema(&json!({"type": "object", "properties": {}})).is_ok());
+    }
+
+    /// Ten levels of five references each: 2 KB of text, 5^10 nodes expanded.
+    fn fan_out_schema(levels: usize, refs: usize) -> Value {
+        let mut defs = serde_json::Map::new();
+        for level in 0..levels {
+            let next: Vec<Value> = (0..refs)
+                .map(|_| json!({"$ref": format!("#/$defs/l{}", level + 1)}))
+                .collect();
+            defs.insert(format!("l{level}"), json!({"allOf": next}));
+        }
+        defs.insert(format!("l{levels}"), json!({"type": "object"}));
+        json!({"type": "object", "$defs": defs, "allOf": [{"$ref": "#/$defs/l0"}]})
+    }
+
+    #[test]
+    fn fan_out_is_measured_without_expanding() {
+        let schema = fan_out_schema(10, 5);
+        assert!(schema.to_string().len() < 4096);
+        let started = std::time::Instant::now();
+        let cost = measure(&schema);
+        assert!(cost.expanded_nodes > 5usize.pow(10), "{cost:?}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(
+            check_parameter_schema(&schema)
+                .unwrap_err()
+                .contains("expand")
+        );
+        // A modest shared definition is fine, and so is recursion.
+        assert!(check_parameter_schema(&fan_out_schema(3, 3)).is_ok());
+        let tree = json!({"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}}});
+        assert!(check_parameter_schema(&tree).is_ok());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let mut schema = json!({"type": "string"});
+        for _ in 0..100 {
+            schema = json!({"type": "object", "properties": {"a": schema}});
+        }
+        assert!(
+            check_parameter_schema(&schema)
+                .unwrap_err()
+                .contains("levels deep")
+        );
     }
 
     #[test]

@@ -84,6 +84,10 @@ pub struct ToolDefinition {
     /// JSON Schema of the arguments.
     #[schema(value_type = Object)]
     pub parameters: Value,
+    /// `parameters` compiled once per stored version (the definition cache
+    /// keeps it between calls).
+    #[serde(skip)]
+    pub validator: crate::schema::SchemaValidator,
     pub side_effect_level: SideEffectLevel,
     pub allowed_slots: Vec<Slot>,
     pub source: DefinitionSource,
@@ -180,6 +184,7 @@ pub fn create(changes: DefinitionChanges) -> Result<ToolDefinition> {
         name,
         description: String::new(),
         parameters: default_parameters(),
+        validator: Default::default(),
         side_effect_level: SideEffectLevel::None,
         allowed_slots: Vec::new(),
         source: DefinitionSource::Custom,
@@ -218,6 +223,8 @@ fn apply(definition: &mut ToolDefinition, changes: DefinitionChanges) -> Result<
     if let Some(parameters) = changes.parameters {
         check_parameters(&parameters)?;
         definition.parameters = parameters;
+        // The compiled form belongs to the schema it was compiled from.
+        definition.validator = Default::default();
     }
     if let Some(level) = changes.side_effect_level {
         definition.side_effect_level = level;

@@ -225,6 +225,8 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON Schema of the arguments.
     pub parameters: serde_json::Value,
+    /// `parameters` compiled, shared by every copy of this tool's spec.
+    pub validator: crate::schema::SchemaValidator,
     pub provider_id: String,
     pub provider_type: ProviderType,
     pub source: String,

@@ -3,6 +3,8 @@
 //! replay guard, admit the call against its run's steps and budget, run it, and
 //! journal every decided call.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use super::ToolRuntime;
@@ -67,7 +69,7 @@ impl ToolRuntime {
         {
             return journal.denied(entry, refusal).await;
         }
-        let args = match self.checked_arguments(entry, &call) {
+        let args = match self.checked_arguments(entry, &call).await {
             Ok(args) => args,
             Err(problem) => {
                 return journal
@@ -118,16 +120,36 @@ impl ToolRuntime {
     }
 
     /// The call's arguments if they parse and satisfy the tool's schema, else
-    /// the model-visible reason.
-    fn checked_arguments(
+    /// the model-visible reason. Validation is CPU work of a size the tool's
+    /// author chose, so it runs on the blocking pool within a time budget: a
+    /// schema that takes too long refuses the call instead of stalling the
+    /// async workers.
+    async fn checked_arguments(
         &self,
         entry: &CatalogEntry,
         call: &ToolCall,
     ) -> std::result::Result<Value, String> {
         let args = call.arguments.parsed.clone()?;
-        crate::schema::validate_arguments(&entry.spec.parameters, &args)
-            .map_err(|problem| format!("invalid arguments: {problem}"))?;
-        Ok(args)
+        let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
+        let validator = entry.spec.validator.clone();
+        let schema = entry.spec.parameters.clone();
+        let checked = args.clone();
+        let validation = tokio::task::spawn_blocking(move || validator.validate(&schema, &checked));
+        match tokio::time::timeout(budget, validation).await {
+            Ok(Ok(Ok(()))) => Ok(args),
+            Ok(Ok(Err(problem))) => Err(format!("invalid arguments: {problem}")),
+            Ok(Err(join)) => {
+                tracing::error!(error = %join, tool = ?call.name, "argument validation failed");
+                Err("the arguments could not be validated because of a server error".into())
+            }
+            Err(_) => {
+                tracing::warn!(tool = ?call.name, budget_ms = budget.as_millis() as u64, "argument validation over its time budget; call refused");
+                Err(format!(
+                    "the arguments were not validated within the time budget of {} ms (the tool's schema is too costly); the call was not run",
+                    budget.as_millis()
+                ))
+            }
+        }
     }
 
     /// Whether this call repeats an execution of an earlier attempt on the floor.

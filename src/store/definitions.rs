@@ -53,6 +53,7 @@ fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
         ),
     };
     Ok(ToolDefinition {
+        validator: Default::default(),
         id: row.get("id"),
         account_id: row.get("account_id"),
         name: row.get("name"),

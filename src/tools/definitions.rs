@@ -98,6 +98,7 @@ fn entry(definition: ToolDefinition, tool: DefinitionHandler) -> CatalogEntry {
         name: definition.name,
         description: definition.description,
         parameters: definition.parameters,
+        validator: definition.validator,
     };
     let entry = CatalogEntry::available(spec, Arc::new(tool));
     match unavailable {

@@ -148,6 +148,7 @@ fn register<T: Builtin>(tool: T) -> Registered {
             name: T::NAME.to_owned(),
             description: T::DESCRIPTION.to_owned(),
             parameters,
+            validator: Default::default(),
             provider_id: T::PROVIDER.id().to_owned(),
             provider_type: ProviderType::Builtin,
             source: T::PROVIDER.source().to_owned(),
