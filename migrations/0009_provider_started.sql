@@ -10,7 +10,8 @@ ALTER TABLE tool_execution_record ADD COLUMN provider_started INTEGER NOT NULL D
 UPDATE tool_execution_record SET provider_started = CASE
     WHEN status IN ('denied', 'blocked') THEN 0
     WHEN status = 'error' AND (error_message LIKE 'invalid arguments:%'
-        OR error_message LIKE 'tool arguments %') THEN 0
+        OR error_message LIKE 'tool arguments %'
+        OR error_message LIKE 'could not connect to the callback at %') THEN 0
     ELSE 1 END;
 
 -- The call budget is now counted from the journal per run (or per floor outside

@@ -102,7 +102,14 @@ impl ToolRuntime {
         };
         let execution_id = match admitted {
             Opened::Running(id) => id,
-            Opened::Deferred(result) => return Ok(result),
+            Opened::Deferred(result) => {
+                // Outside a run the job is claimable at once; inside one, the
+                // commit releases it and wakes the workers.
+                if scope.run.is_none() {
+                    self.jobs.wake();
+                }
+                return Ok(result);
+            }
             Opened::Refused(refusal) => {
                 return journal
                     .refused_admission(entry, refusal, &permissions)

@@ -101,7 +101,7 @@ impl Store {
         row: &super::NewExecution,
         job: &NewJob,
     ) -> Result<super::Admitted> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let admitted = super::journal::insert_execution_with(&mut tx, row).await?;
         if admitted != super::Admitted::Yes {
             return Ok(admitted);
@@ -177,7 +177,7 @@ impl Store {
     ) -> Result<Option<Delivery>> {
         let (output, is_error) = (&settled.output, settled.is_error);
         let now = now_ms();
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let job_state = if is_error { "failed" } else { "succeeded" };
         let error_message = is_error.then(|| output.as_str().unwrap_or_default().to_owned());
         let changed = sqlx::query(
@@ -199,7 +199,8 @@ impl Store {
         }
         sqlx::query(
             "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, lifecycle_state = 'finished', \
-             finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ? WHERE id = ?",
+             finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ?, \
+             commit_outcome = CASE WHEN ? = 'uncertain' THEN 'uncertain' ELSE commit_outcome END WHERE id = ?",
         )
         .bind(settled.status.as_str())
         .bind((!is_error).then(|| output.to_string()))
@@ -207,6 +208,7 @@ impl Store {
         .bind(now)
         .bind(now)
         .bind(settled.provider_started)
+        .bind(settled.status.as_str())
         .bind(&job.execution_id)
         .execute(&mut *tx)
         .await?;
@@ -245,7 +247,7 @@ impl Store {
     /// lost) become `uncertain` and are never re-run. Returns their ids.
     pub async fn expire_lost_jobs(&self, all_running: bool) -> Result<Vec<String>> {
         let now = now_ms();
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         let ids: Vec<String> = sqlx::query_scalar(
             "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?, finished_at = ?, \
              error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \

@@ -95,7 +95,7 @@ impl Store {
         let now = now_ms();
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
              VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
@@ -145,7 +145,7 @@ impl Store {
         content: Option<&str>,
     ) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         close_run(&mut tx, &run, "committed").await?;
         if let Some(content) = content {
             sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
@@ -168,7 +168,7 @@ impl Store {
     /// its buffered effects are dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
         close_run(&mut tx, &run, "discarded").await?;
         sqlx::query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
