@@ -34,7 +34,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Create an account (admin only). The API key is shown only in this response.
 #[utoipa::path(post, path = "/accounts", tag = "accounts", request_body = CreateAccount,
-    responses((status = 201, body = Data<CreatedAccount>), (status = 403, description = "caller is not the admin account")))]
+    responses((status = 201, description = "the new account, with the only copy of its API key", body = Data<CreatedAccount>),
+        (status = 403, description = "`forbidden`: the caller is not the admin account"),
+        (status = 409, description = "account_conflict")))]
 async fn create_account(
     State(state): State<AppState>,
     CurrentAccount(caller): CurrentAccount,

@@ -53,7 +53,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Create a character; names are unique across the server.
 #[utoipa::path(post, path = "/characters", tag = "characters", request_body = CreateCharacter,
-    responses((status = 201, body = Data<Character>), (status = 409, description = "character_conflict")))]
+    responses((status = 201, description = "the created character", body = Data<Character>),
+        (status = 409, description = "character_conflict")))]
 async fn create_character(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -72,7 +73,7 @@ async fn create_character(
 
 /// List the account's characters (sort_by `created_at` | `name`).
 #[utoipa::path(get, path = "/characters", tag = "characters", params(ListParams),
-    responses((status = 200, body = List<Character>)))]
+    responses((status = 200, description = "a page of the account's characters", body = List<Character>)))]
 async fn list_characters(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -89,7 +90,8 @@ async fn list_characters(
 
 /// Get one of the account's characters by name.
 #[utoipa::path(get, path = "/characters/{name}", tag = "characters",
-    params(("name" = String, Path)), responses((status = 200, body = Data<Character>), (status = 404)))]
+    params(("name" = String, Path)),
+    responses((status = 200, description = "the character", body = Data<Character>), (status = 404)))]
 async fn get_character(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -101,7 +103,9 @@ async fn get_character(
 
 /// Change a character's name, description or persona.
 #[utoipa::path(patch, path = "/characters/{name}", tag = "characters", request_body = UpdateCharacter,
-    params(("name" = String, Path)), responses((status = 200, body = Data<Character>), (status = 404), (status = 409)))]
+    params(("name" = String, Path)),
+    responses((status = 200, description = "the changed character", body = Data<Character>), (status = 404),
+        (status = 409, description = "character_conflict")))]
 async fn update_character(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -134,7 +138,8 @@ async fn update_character(
 
 /// Delete a character together with its sessions.
 #[utoipa::path(delete, path = "/characters/{name}", tag = "characters",
-    params(("name" = String, Path)), responses((status = 200), (status = 404)))]
+    params(("name" = String, Path)),
+    responses((status = 200, description = "deleted with its sessions: `{\"data\": {id, name, deleted: true}}`"), (status = 404)))]
 async fn delete_character(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

@@ -148,7 +148,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Create a tool definition. Script handlers need `ENABLE_UNSAFE_SCRIPT_HANDLER=true`.
 #[utoipa::path(post, path = "/tools/definitions", tag = "tool definitions",
     request_body = CreateDefinition,
-    responses((status = 201, body = Data<ToolDefinition>),
+    responses((status = 201, description = "the created definition", body = Data<ToolDefinition>),
         (status = 400, description = "validation_error"),
         (status = 403, description = "tool_script_handler_disabled"),
         (status = 409, description = "tool_definition_conflict")))]
@@ -179,7 +179,8 @@ async fn create_definition(
 /// sort_by `updated_at` | `name`).
 #[utoipa::path(get, path = "/tools/definitions", tag = "tool definitions",
     params(DefinitionListParams),
-    responses((status = 200, body = List<ToolDefinition>), (status = 400, description = "validation_error")))]
+    responses((status = 200, description = "a page of the account's definitions", body = List<ToolDefinition>),
+        (status = 400, description = "validation_error")))]
 async fn list_definitions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -208,7 +209,7 @@ async fn list_definitions(
 /// Get one of the account's tool definitions.
 #[utoipa::path(get, path = "/tools/definitions/{id}", tag = "tool definitions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Data<ToolDefinition>), (status = 404, description = "not_found")))]
+    responses((status = 200, description = "the definition", body = Data<ToolDefinition>), (status = 404, description = "not_found")))]
 async fn get_definition(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -221,7 +222,7 @@ async fn get_definition(
 /// Change some fields of a tool definition (at least one).
 #[utoipa::path(patch, path = "/tools/definitions/{id}", tag = "tool definitions",
     request_body = UpdateDefinition, params(("id" = String, Path)),
-    responses((status = 200, body = Data<ToolDefinition>),
+    responses((status = 200, description = "the changed definition", body = Data<ToolDefinition>),
         (status = 400, description = "validation_error"),
         (status = 403, description = "tool_script_handler_disabled"),
         (status = 404, description = "not_found"),
@@ -258,7 +259,7 @@ async fn update_definition(
 /// Enable or disable a tool definition.
 #[utoipa::path(patch, path = "/tools/definitions/{id}/toggle", tag = "tool definitions",
     request_body = ToggleDefinition, params(("id" = String, Path)),
-    responses((status = 200, body = Data<ToolDefinition>),
+    responses((status = 200, description = "the definition, enabled or disabled as asked", body = Data<ToolDefinition>),
         (status = 400, description = "validation_error"),
         (status = 403, description = "tool_script_handler_disabled"),
         (status = 404, description = "not_found")))]

@@ -25,7 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Query the execution journal; needs session_id, floor_id or run_id.
 #[utoipa::path(get, path = "/tool-executions", tag = "journal", params(ExecutionQueryParams),
-    responses((status = 200, body = List<ExecutionRecord>), (status = 400)))]
+    responses((status = 200, description = "a page of the matching journal rows", body = List<ExecutionRecord>), (status = 400)))]
 async fn list_executions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -44,7 +44,7 @@ async fn list_executions(
 
 /// One journal row.
 #[utoipa::path(get, path = "/tool-executions/{id}", tag = "journal", params(("id" = String, Path)),
-    responses((status = 200, body = Data<ExecutionRecord>), (status = 404)))]
+    responses((status = 200, description = "the journal row", body = Data<ExecutionRecord>), (status = 404)))]
 async fn get_execution(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -62,7 +62,7 @@ async fn get_execution(
 /// Query the execution journal of one floor.
 #[utoipa::path(get, path = "/floors/{id}/tool-executions", tag = "journal",
     params(("id" = String, Path), FloorExecutionQueryParams),
-    responses((status = 200, body = List<ExecutionRecord>), (status = 404)))]
+    responses((status = 200, description = "a page of the floor's journal rows", body = List<ExecutionRecord>), (status = 404)))]
 async fn list_floor_executions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -87,7 +87,7 @@ async fn list_floor_executions(
 
 /// Legacy call-records: a projection of the journal with five statuses.
 #[utoipa::path(get, path = "/tools/call-records", tag = "journal", params(CallRecordQueryParams),
-    responses((status = 200, body = List<CallRecord>), (status = 400)))]
+    responses((status = 200, description = "a page of call records", body = List<CallRecord>), (status = 400)))]
 async fn list_call_records(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

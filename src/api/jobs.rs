@@ -19,7 +19,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Show a runtime job (a deferred tool call).
 #[utoipa::path(get, path = "/runtime-jobs/{id}", tag = "jobs", params(("id" = String, Path)),
-    responses((status = 200, body = Data<RuntimeJob>), (status = 404)))]
+    responses((status = 200, description = "the job", body = Data<RuntimeJob>), (status = 404)))]
 async fn get_job(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -33,7 +33,7 @@ async fn get_job(
 /// Results of deferred tool calls delivered to the session, oldest first: what
 /// the model is shown on its next turn.
 #[utoipa::path(get, path = "/sessions/{id}/tool-results", tag = "jobs", params(("id" = String, Path)),
-    responses((status = 200, body = Data<Vec<Delivery>>), (status = 404)))]
+    responses((status = 200, description = "the delivered results, oldest first", body = Data<Vec<Delivery>>), (status = 404)))]
 async fn list_tool_results(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

@@ -29,7 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Store a memory for the session.
 #[utoipa::path(post, path = "/sessions/{id}/memories", tag = "sessions", request_body = NewMemory,
     params(("id" = String, Path)),
-    responses((status = 201, body = Data<Memory>), (status = 400), (status = 404)))]
+    responses((status = 201, description = "the stored memory", body = Data<Memory>), (status = 400), (status = 404)))]
 async fn add_memory(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -47,7 +47,7 @@ async fn add_memory(
 /// List the session's memories, oldest first.
 #[utoipa::path(get, path = "/sessions/{id}/memories", tag = "sessions",
     params(("id" = String, Path)),
-    responses((status = 200, body = Data<Vec<Memory>>), (status = 404)))]
+    responses((status = 200, description = "the session's memories, oldest first", body = Data<Vec<Memory>>), (status = 404)))]
 async fn list_memories(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

@@ -30,7 +30,7 @@ use axum::routing::get;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use utoipa::OpenApi;
+use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 
 use self::error::ApiError;
@@ -66,6 +66,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .split_for_parts();
     let (router, mut openapi) = routes;
     describe_error_codes(&mut openapi);
+    DocumentContract.modify(&mut openapi);
     (router, openapi)
 }
 
@@ -82,6 +83,175 @@ fn describe_error_codes(openapi: &mut utoipa::openapi::OpenApi) {
             error::error_code_table_markdown()
         ));
     }
+}
+
+/// Name of the security scheme of the platform API: the account's API key as
+/// `Authorization: Bearer <api key>` (see `auth.rs`).
+const BEARER_SCHEME: &str = "api_key";
+
+/// The routes that take no API key: health, the OpenAPI document, and the
+/// loopback-only runtime tools API (its peer check guards it instead).
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/openapi.json" | "/api/tools") || path.starts_with("/api/tools/")
+}
+
+/// What every operation shares and its annotation does not spell out, applied
+/// to the merged document (after `split_for_parts`, so it sees every route):
+///
+/// - the bearer scheme in `components.securitySchemes`, required (`security`)
+///   by every operation outside [`is_public`], each of which also documents its
+///   401 `unauthorized`;
+/// - every error response (4xx, 5xx and the `default` one every operation gets
+///   for the errors it does not list) is the error envelope [`error::ErrorBody`];
+///   a 503 also carries `Retry-After`;
+/// - every response is described: an error by its code from the table (a bare
+///   code is expanded to its meaning; a status only one code has gets that code),
+///   anything else by its status's reason.
+struct DocumentContract;
+
+impl Modify for DocumentContract {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .bearer_format("API key")
+            .description(Some(
+                "The account's API key (`tg_...`) as `Authorization: Bearer <api key>`; \
+                 a missing or unknown key is answered 401 `unauthorized`.",
+            ))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(BEARER_SCHEME, SecurityScheme::Http(scheme));
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let public = is_public(path);
+            for operation in operations_mut(item) {
+                if !public {
+                    require_api_key(operation);
+                }
+                complete_responses(&mut operation.responses);
+            }
+        }
+    }
+}
+
+/// Every operation of a path item, whatever its method.
+fn operations_mut(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.options,
+        &mut item.head,
+        &mut item.patch,
+        &mut item.trace,
+        &mut item.query,
+    ]
+    .into_iter()
+    .filter_map(Option::as_mut)
+    .chain(item.additional_operations.values_mut())
+}
+
+fn require_api_key(operation: &mut utoipa::openapi::path::Operation) {
+    use utoipa::openapi::security::SecurityRequirement;
+    operation.security.get_or_insert_with(|| {
+        vec![SecurityRequirement::new(
+            BEARER_SCHEME,
+            Vec::<String>::new(),
+        )]
+    });
+    operation
+        .responses
+        .responses
+        .entry("401".to_owned())
+        .or_insert_with(|| utoipa::openapi::Response::new(ErrorCode::Unauthorized.as_str()).into());
+}
+
+fn complete_responses(responses: &mut utoipa::openapi::Responses) {
+    use utoipa::openapi::{Content, Ref, RefOr, Response};
+    responses
+        .responses
+        .entry("default".to_owned())
+        .or_insert_with(|| {
+            Response::new(
+                "Any other failure (for example `validation_error`, `payload_too_large` or \
+                 `internal_error`): the error envelope, its `code` from the ErrorCode table, \
+                 which also fixes the status.",
+            )
+            .into()
+        });
+    for (status, response) in responses.responses.iter_mut() {
+        // A reference names a shared response, complete where it is defined.
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        if status == "default" || status.starts_with(['4', '5']) {
+            response.description = error_description(status, &response.description);
+            if response.content.is_empty() {
+                let envelope = Content::new(Some(Ref::from_schema_name("ErrorBody")));
+                response
+                    .content
+                    .insert("application/json".to_owned(), envelope.into());
+            }
+            if status == "503" {
+                response
+                    .headers
+                    .entry("Retry-After".to_owned())
+                    .or_insert_with(|| retry_after_header().into());
+            }
+        } else if response.description.trim().is_empty() {
+            response.description = status_reason(status);
+        }
+    }
+}
+
+/// The description of an error response: a bare code becomes the code with its
+/// meaning; a status only one code has is prefixed with that code.
+fn error_description(status: &str, given: &str) -> String {
+    let given = given.trim();
+    if let Some(code) = ErrorCode::ALL.iter().find(|code| code.as_str() == given) {
+        return format!("`{code}`: {}", code.meaning());
+    }
+    let status_number = status.parse::<u16>().ok();
+    let codes: Vec<ErrorCode> = ErrorCode::ALL
+        .iter()
+        .copied()
+        .filter(|code| status_number == Some(code.status()))
+        .collect();
+    let names_a_code = ErrorCode::ALL
+        .iter()
+        .any(|code| given.contains(&format!("`{code}`")));
+    match (codes.as_slice(), given.is_empty()) {
+        ([code], true) => format!("`{code}`: {}", code.meaning()),
+        ([code], false) if !names_a_code => format!("`{code}`: {given}"),
+        (_, false) => given.to_owned(),
+        ([], true) => status_reason(status),
+        (codes, true) => {
+            let names: Vec<String> = codes.iter().map(|code| format!("`{code}`")).collect();
+            format!("{}: {}", status_reason(status), names.join(" or "))
+        }
+    }
+}
+
+/// The canonical reason of a status ("Created" for 201).
+fn status_reason(status: &str) -> String {
+    status
+        .parse::<u16>()
+        .ok()
+        .and_then(|status| StatusCode::from_u16(status).ok())
+        .and_then(|status| status.canonical_reason())
+        .map_or_else(|| format!("HTTP {status}"), str::to_owned)
+}
+
+fn retry_after_header() -> utoipa::openapi::header::Header {
+    use utoipa::openapi::schema::{Object, Type};
+    let mut header = utoipa::openapi::header::Header::new(Object::with_type(Type::Integer));
+    header.description = Some("Seconds to wait before retrying, on the server's successor.".into());
+    header
 }
 
 /// The whole HTTP application for `state`.

@@ -43,7 +43,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// are not replay-safe and are not confirmed.
 #[utoipa::path(post, path = "/floors/{id}/runs", tag = "runs", request_body = OpenRun,
     params(("id" = String, Path)),
-    responses((status = 201, body = Data<Run>), (status = 404), (status = 409, description = "tool_replay_confirmation_required")))]
+    responses((status = 201, description = "the opened run, a new page on the floor", body = Data<Run>), (status = 404),
+        (status = 409, description = "tool_replay_confirmation_required")))]
 async fn open_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -70,7 +71,7 @@ fn run_json(run: &Run) -> serde_json::Value {
 
 /// Get a run.
 #[utoipa::path(get, path = "/runs/{id}", tag = "runs", params(("id" = String, Path)),
-    responses((status = 200, body = Data<Run>), (status = 404)))]
+    responses((status = 200, description = "the run", body = Data<Run>), (status = 404)))]
 async fn get_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -85,7 +86,9 @@ async fn get_run(
 /// Commit a run: its page becomes active, its executions `committed`, its buffered
 /// effects are applied and its deferred jobs are queued.
 #[utoipa::path(post, path = "/runs/{id}/commit", tag = "runs", request_body = CommitRun,
-    params(("id" = String, Path)), responses((status = 200, body = Data<Run>), (status = 404), (status = 409)))]
+    params(("id" = String, Path)),
+    responses((status = 200, description = "the committed run", body = Data<Run>), (status = 404),
+        (status = 409, description = "run_not_open")))]
 async fn commit_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -103,7 +106,9 @@ async fn commit_run(
 
 /// Discard a run: its executions become `discarded`, its effects are dropped.
 #[utoipa::path(post, path = "/runs/{id}/discard", tag = "runs",
-    params(("id" = String, Path)), responses((status = 200, body = Data<Run>), (status = 404), (status = 409)))]
+    params(("id" = String, Path)),
+    responses((status = 200, description = "the discarded run", body = Data<Run>), (status = 404),
+        (status = 409, description = "run_not_open")))]
 async fn discard_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

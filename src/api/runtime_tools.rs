@@ -145,10 +145,10 @@ pub struct RegisterToolResponse {
 #[utoipa::path(post, path = "/api/tools/register", tag = "runtime-tools",
     request_body = RegisterToolBody,
     responses(
-        (status = 200, body = RegisterToolResponse),
-        (status = 403, description = "caller is not on loopback"),
+        (status = 200, description = "registered (or replaced), with the roles that took it", body = RegisterToolResponse),
+        (status = 403, description = "`loopback_only`: the caller is not on loopback; `forbidden`: a browser cross-site or rebinding request"),
         (status = 404, description = "unknown role"),
-        (status = 422, description = "schema error"),
+        (status = 422, description = "`validation_error` (answered 422 here, as the contract says): the body is not a JSON object of the contract's shape"),
     ))]
 async fn register_tool(
     State(state): State<AppState>,
@@ -218,10 +218,10 @@ pub struct UnregisterToolResponse {
 #[utoipa::path(post, path = "/api/tools/unregister", tag = "runtime-tools",
     request_body = UnregisterToolBody,
     responses(
-        (status = 200, body = UnregisterToolResponse),
-        (status = 403, description = "caller is not on loopback"),
+        (status = 200, description = "whether the name was removed, with the roles that took the change", body = UnregisterToolResponse),
+        (status = 403, description = "`loopback_only`: the caller is not on loopback; `forbidden`: a browser cross-site or rebinding request"),
         (status = 404, description = "unknown role"),
-        (status = 422, description = "schema error"),
+        (status = 422, description = "`validation_error` (answered 422 here, as the contract says): the body is not a JSON object of the contract's shape"),
     ))]
 async fn unregister_tool(
     State(state): State<AppState>,
@@ -276,10 +276,10 @@ pub struct ClearToolsResponse {
 #[utoipa::path(post, path = "/api/tools/clear", tag = "runtime-tools",
     request_body = ClearToolsBody,
     responses(
-        (status = 200, body = ClearToolsResponse),
-        (status = 403, description = "caller is not on loopback"),
+        (status = 200, description = "how many registrations were removed, with the roles that took the change", body = ClearToolsResponse),
+        (status = 403, description = "`loopback_only`: the caller is not on loopback; `forbidden`: a browser cross-site or rebinding request"),
         (status = 404, description = "unknown role"),
-        (status = 422, description = "schema error"),
+        (status = 422, description = "`validation_error` (answered 422 here, as the contract says): the body is not a JSON object of the contract's shape"),
     ))]
 async fn clear_tools(
     State(state): State<AppState>,
@@ -363,8 +363,8 @@ pub struct ListToolsResponse {
 #[utoipa::path(get, path = "/api/tools", tag = "runtime-tools",
     params(("role" = Option<String>, Query, description = "only this role; 404 when it does not exist")),
     responses(
-        (status = 200, body = ListToolsResponse),
-        (status = 403, description = "caller is not on loopback"),
+        (status = 200, description = "the registrations of every role (or of the one asked for)", body = ListToolsResponse),
+        (status = 403, description = "`loopback_only`: the caller is not on loopback; `forbidden`: a browser cross-site or rebinding request"),
         (status = 404, description = "unknown role"),
     ))]
 async fn list_tools(

@@ -54,7 +54,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Start a session with one of the account's characters.
 #[utoipa::path(post, path = "/sessions", tag = "sessions", request_body = CreateSession,
-    responses((status = 201, body = Data<Session>), (status = 404, description = "unknown character")))]
+    responses((status = 201, description = "the started session", body = Data<Session>), (status = 404, description = "unknown character")))]
 async fn create_session(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -73,7 +73,7 @@ async fn create_session(
 
 /// List the account's sessions.
 #[utoipa::path(get, path = "/sessions", tag = "sessions", params(SessionListParams),
-    responses((status = 200, body = List<Session>)))]
+    responses((status = 200, description = "a page of the account's sessions", body = List<Session>)))]
 async fn list_sessions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -96,7 +96,7 @@ async fn list_sessions(
 
 /// Get one session.
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path)), responses((status = 200, body = Data<Session>), (status = 404)))]
+    params(("id" = String, Path)), responses((status = 200, description = "the session", body = Data<Session>), (status = 404)))]
 async fn get_session(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -109,7 +109,8 @@ async fn get_session(
 
 /// Delete a session with its floors.
 #[utoipa::path(delete, path = "/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path)), responses((status = 200), (status = 404)))]
+    params(("id" = String, Path)),
+    responses((status = 200, description = "deleted with its floors: `{\"data\": {id, deleted: true}}`"), (status = 404)))]
 async fn delete_session(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -123,7 +124,7 @@ async fn delete_session(
 
 /// Append a user turn (a floor) to the session.
 #[utoipa::path(post, path = "/sessions/{id}/floors", tag = "sessions", request_body = AppendFloor,
-    params(("id" = String, Path)), responses((status = 201, body = Data<Floor>), (status = 404)))]
+    params(("id" = String, Path)), responses((status = 201, description = "the appended floor", body = Data<Floor>), (status = 404)))]
 async fn append_floor(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
@@ -140,7 +141,8 @@ async fn append_floor(
 
 /// List the session's floors, oldest first, with their pages and active page.
 #[utoipa::path(get, path = "/sessions/{id}/floors", tag = "sessions",
-    params(("id" = String, Path)), responses((status = 200, body = Data<Vec<Floor>>), (status = 404)))]
+    params(("id" = String, Path)),
+    responses((status = 200, description = "the session's floors, oldest first", body = Data<Vec<Floor>>), (status = 404)))]
 async fn list_floors(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
