@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use clap::Parser;
 use toolgate::app::{App, shutdown_signal};
 use toolgate::config::{Cli, Command, LogFormat, Settings};
+use toolgate::logging::SanitizedStderr;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -31,17 +32,18 @@ async fn main() -> anyhow::Result<()> {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
+    // is honoured on a terminal, as the library would by default.
+    let colour = format == LogFormat::Text
+        && std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(SanitizedStderr {
+            keep_escape: colour,
+        });
     match format {
-        // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
-        // is honoured on a terminal, as the library would by default.
-        LogFormat::Text => {
-            let colour = std::io::stderr().is_terminal()
-                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-            builder.with_ansi(colour).init()
-        }
+        LogFormat::Text => builder.with_ansi(colour).init(),
         LogFormat::Json => builder.json().with_ansi(false).init(),
     }
 }

@@ -321,7 +321,7 @@ impl ModelSessionHub {
                 }
             }
             if let Some(reason) = error {
-                tracing::warn!(model_session = %model_session.id, %reason, "model session refused the new catalog");
+                tracing::warn!(model_session = %model_session.id, reason = ?reason, "model session refused the new catalog");
                 refusals.push(format!(
                     "model session {} of session {} refused the catalog: {reason}",
                     model_session.id, model_session.session.id

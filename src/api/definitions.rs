@@ -171,7 +171,7 @@ async fn create_definition(
             |created| definition_change(&account.id, created, ChangeKind::Added),
         )
         .await?;
-    tracing::info!(definition = %created.id, name = %created.name, "tool definition created");
+    tracing::info!(definition = %created.id, name = ?created.name, "tool definition created");
     Ok((StatusCode::CREATED, axum::Json(Data { data: created })))
 }
 

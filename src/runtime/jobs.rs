@@ -97,7 +97,7 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
 }
 
 async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
-    tracing::info!(job_id = %job.id, tool = %job.tool_name, attempt = job.attempts, "job started");
+    tracing::info!(job_id = %job.id, tool = ?job.tool_name, attempt = job.attempts, "job started");
     let invocation: JobInvocation = match serde_json::from_value(job.invocation.clone()) {
         Ok(invocation) => invocation,
         Err(err) => {

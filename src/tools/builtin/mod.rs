@@ -354,7 +354,7 @@ async fn call(
             ToolOutcome::Success(output)
         }
         Err(ToolError(message)) => {
-            tracing::info!(tool = name, session = %session.id, %message, "builtin tool answered an error");
+            tracing::info!(tool = name, session = %session.id, message = ?message, "builtin tool answered an error");
             ToolOutcome::Error(message)
         }
     }

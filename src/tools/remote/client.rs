@@ -112,8 +112,8 @@ impl CallbackClient {
             Err(err) => failed_request(tool, &err),
         };
         tracing::info!(
-            tool = %tool.name,
-            source = %tool.source,
+            tool = ?tool.name,
+            source = ?tool.source,
             origin = %tool.callback_url.origin(),
             call_id = %call.call_id,
             effect = ?exchange.effect,

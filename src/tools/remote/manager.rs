@@ -202,9 +202,9 @@ impl RemoteRegistry {
         })
         .await?;
         tracing::info!(
-            tool = %tool.name,
-            source = %tool.source,
-            callback = %tool.callback_url,
+            tool = ?tool.name,
+            source = ?tool.source,
+            callback = ?tool.callback_url,
             affected = ?report.affected_roles,
             failed = report.failed_roles.len(),
             "remote tool registered"
@@ -238,7 +238,7 @@ impl RemoteRegistry {
         })
         .await?;
         let removed = !(report.affected_roles.is_empty() && report.failed_roles.is_empty());
-        tracing::info!(tool = %name, removed, affected = ?report.affected_roles, "remote tool unregistered");
+        tracing::info!(tool = ?name, removed, affected = ?report.affected_roles, "remote tool unregistered");
         Ok((removed, report))
     }
 
@@ -271,7 +271,7 @@ impl RemoteRegistry {
                 .collect()
         })
         .await?;
-        tracing::info!(%source, removed, affected = ?report.affected_roles, "remote tools cleared");
+        tracing::info!(source = ?source, removed, affected = ?report.affected_roles, "remote tools cleared");
         Ok((removed, report))
     }
 }

@@ -193,7 +193,7 @@ impl RemoteHandler {
                     .into_iter()
                     .map(|(character_id, names)| {
                         *counted += names.len();
-                        tracing::warn!(%origin, %source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
+                        tracing::warn!(%origin, source = ?source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
                         CatalogChange {
                             scope: CatalogScope::Character(character_id),
                             removed: names,
