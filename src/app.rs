@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
+use crate::listener::{self, ConnectionLimits};
 use crate::runtime::ToolRuntime;
 use crate::state::AppState;
 use crate::store::Store;
@@ -16,6 +17,7 @@ use crate::store::Store;
 /// A server that is bound to its address and ready to serve.
 pub struct App {
     listener: TcpListener,
+    limits: ConnectionLimits,
     state: AppState,
     pub bootstrap: Bootstrap,
 }
@@ -23,6 +25,10 @@ pub struct App {
 impl App {
     /// Opens storage, creates first-start defaults and binds the listener.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        // Before anything opens a descriptor: idle clients must not be able to
+        // take them all (the connection cap is fitted under this limit).
+        let open_files = listener::raise_open_file_limit();
+        let limits = ConnectionLimits::new(&settings, open_files);
         let store = Store::open(settings.database_url.as_deref(), &settings.data_dir).await?;
         let bootstrap = bootstrap::ensure_defaults(&store, &settings).await?;
         let recovered = store
@@ -43,6 +49,7 @@ impl App {
         let state = AppState { runtime };
         Ok(Self {
             listener,
+            limits,
             state,
             bootstrap,
         })
@@ -84,13 +91,8 @@ impl App {
             model_sessions.close_all();
         };
         let router = crate::api::router(self.state);
-        axum::serve(
-            self.listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving HTTP")?;
+        // Stops accepting at `shutdown`, then waits for in-flight requests.
+        listener::serve(self.listener, router, self.limits, shutdown).await;
         // A call whose client hung up is no longer an in-flight request, but it
         // has started and must be journalled to its end.
         runtime.finish_started_calls().await;

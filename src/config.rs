@@ -83,6 +83,15 @@ pub struct ServeArgs {
     /// Heap limit of one script-handler call, in bytes.
     #[arg(long, env = "TOOLGATE_SCRIPT_MEMORY_LIMIT_BYTES")]
     pub script_memory_limit_bytes: Option<usize>,
+    /// Time a connection has to send a whole request head, in milliseconds.
+    #[arg(long, env = "TOOLGATE_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// Time an idle keep-alive connection is kept open, in milliseconds.
+    #[arg(long, env = "TOOLGATE_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Concurrent client connections; one over the cap is closed at once.
+    #[arg(long, env = "TOOLGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
 }
 
 /// The optional TOML file. Unknown keys are refused so that typos are noticed.
@@ -102,6 +111,9 @@ struct FileSettings {
     script_timeout_ms: Option<u64>,
     argument_validation_timeout_ms: Option<u64>,
     script_memory_limit_bytes: Option<usize>,
+    header_read_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    max_connections: Option<usize>,
 }
 
 /// Fully resolved settings of a running server.
@@ -120,6 +132,9 @@ pub struct Settings {
     pub script_timeout_ms: u64,
     pub script_memory_limit_bytes: usize,
     pub argument_validation_timeout_ms: u64,
+    pub header_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub max_connections: usize,
 }
 
 impl Settings {
@@ -131,6 +146,12 @@ impl Settings {
     pub const DEFAULT_SCRIPT_MEMORY_BYTES: usize = 16 * 1024 * 1024;
     /// Time budget of one call's argument validation.
     pub const DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS: u64 = 1000;
+    /// Time a connection has to send a whole request head.
+    pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    /// Time an idle keep-alive connection is kept open.
+    pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+    /// Concurrent client connections.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
     /// Settings for tests and embedding: port 0 and the given data directory.
     pub fn for_data_dir(data_dir: &Path) -> Self {
@@ -162,6 +183,14 @@ impl Settings {
         if settings.script_timeout_ms == 0 || settings.script_memory_limit_bytes < 1024 * 1024 {
             anyhow::bail!(
                 "script limits too small: the time limit must be above 0 ms and the memory limit at least 1 MiB"
+            );
+        }
+        if settings.header_read_timeout_ms == 0
+            || settings.idle_timeout_ms == 0
+            || settings.max_connections == 0
+        {
+            anyhow::bail!(
+                "connection limits must be greater than zero (header read timeout, idle timeout, max connections)"
             );
         }
         Ok(settings)
@@ -212,6 +241,18 @@ impl Settings {
                 .script_memory_limit_bytes
                 .or(file.script_memory_limit_bytes)
                 .unwrap_or(Self::DEFAULT_SCRIPT_MEMORY_BYTES),
+            header_read_timeout_ms: args
+                .header_read_timeout_ms
+                .or(file.header_read_timeout_ms)
+                .unwrap_or(Self::DEFAULT_HEADER_READ_TIMEOUT_MS),
+            idle_timeout_ms: args
+                .idle_timeout_ms
+                .or(file.idle_timeout_ms)
+                .unwrap_or(Self::DEFAULT_IDLE_TIMEOUT_MS),
+            max_connections: args
+                .max_connections
+                .or(file.max_connections)
+                .unwrap_or(Self::DEFAULT_MAX_CONNECTIONS),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod domain;
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod listener;
 pub mod logging;
 pub mod model_sessions;
 pub mod permissions;

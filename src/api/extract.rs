@@ -25,20 +25,26 @@ pub async fn body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiErro
     })
 }
 
-/// Parses JSON, describing where it went wrong (`field: problem`).
+/// Parses JSON, describing where it went wrong (`field: problem`). The body must
+/// be exactly one JSON value: anything but whitespace after it is refused, never
+/// silently ignored (`{"a":1}{"b":2}` would otherwise run the first object).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err("request body must be a JSON object, got an empty body".into());
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
         if path == "." || path.is_empty() {
             format!("invalid request body: {}", err.inner())
         } else {
             format!("invalid field `{path}`: {}", err.inner())
         }
-    })
+    })?;
+    deserializer.end().map_err(|err| {
+        format!("request body must be exactly one JSON value, found more after it: {err}")
+    })?;
+    Ok(value)
 }
 
 impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
@@ -101,5 +107,29 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
         parse_json(&bytes)
             .map(OptionalJson)
             .map_err(ApiError::validation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_json;
+    use serde_json::Value;
+
+    #[test]
+    fn exactly_one_value_is_accepted() {
+        let value: Value = parse_json(b" {\"a\":1} \n\t\r\n").unwrap();
+        assert_eq!(value["a"], 1);
+        for body in [
+            &b"{\"a\":1}{\"b\":2}"[..],
+            b"{\"a\":1} {\"b\":2}",
+            b"{\"a\":1}x",
+            b"{\"a\":1},",
+            b"[1] [2]",
+            b"null null",
+            b"{\"a\":1}\0",
+        ] {
+            let err = parse_json::<Value>(body).unwrap_err();
+            assert!(err.contains("exactly one JSON value"), "{err}");
+        }
     }
 }

@@ -1,0 +1,457 @@
+//! The HTTP listener: an accept loop over hyper's HTTP/1.1 connections that
+//! bounds what a client can hold without sending requests.
+//!
+//! - A request head must arrive whole within the header read timeout, counted
+//!   from the accept for a connection's first request and from the first byte
+//!   of each later one.
+//! - A keep-alive connection with no request in flight is closed after the idle
+//!   timeout.
+//! - At most `max_connections` connections are open at once. One over the cap is
+//!   accepted and closed at once (the client reads EOF), never left waiting in
+//!   the listen backlog. The cap counts every connection, `/healthz` probes
+//!   included: while it is full a probe is refused like any other client. Clients
+//!   that hold a connection without sending requests lose it within the two
+//!   timeouts above, so a full cap of slow or idle clients drains by itself.
+//! - The soft open-file limit is raised to the hard limit at start, and the cap is
+//!   lowered to leave [`RESERVED_FDS`] descriptors free when the limit is too low
+//!   for it, so accepting (and closing) never fails for lack of descriptors.
+//!
+//! hyper's own `header_read_timeout` is not used: it restarts as soon as a
+//! keep-alive connection waits for its next request, so it cannot tell an idle
+//! connection from a slow head, and the two limits differ.
+//!
+//! Graceful shutdown is hyper-util's: the listener closes, idle connections are
+//! closed, and each busy one finishes its in-flight request (a partly received
+//! head still gets at most the header read timeout).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use hyper::body::{Bytes, Frame, Incoming, SizeHint};
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::config::Settings;
+
+/// Descriptors kept free beyond the connection cap: the database and its WAL,
+/// log files, outgoing callback and MCP connections, the listener itself.
+pub const RESERVED_FDS: u64 = 256;
+
+/// How long a failing `accept` (out of descriptors or memory) waits before the next try.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// What one connection may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl ConnectionLimits {
+    /// The configured limits, the cap lowered to fit `open_files` (the soft
+    /// open-file limit in force, when known).
+    pub fn new(settings: &Settings, open_files: Option<u64>) -> Self {
+        let configured = settings.max_connections.min(Semaphore::MAX_PERMITS);
+        let mut max_connections = configured;
+        if let Some(limit) = open_files {
+            let room = usize::try_from(limit.saturating_sub(RESERVED_FDS))
+                .unwrap_or(usize::MAX)
+                .max(1);
+            if room < configured {
+                tracing::warn!(
+                    configured,
+                    lowered_to = room,
+                    open_file_limit = limit,
+                    reserved = RESERVED_FDS,
+                    "the connection cap does not fit the open-file limit; lowering it"
+                );
+                max_connections = room;
+            }
+        }
+        Self {
+            header_read_timeout: Duration::from_millis(settings.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(settings.idle_timeout_ms),
+            max_connections,
+        }
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit and returns the soft limit
+/// now in force (None where it cannot be read).
+pub fn raise_open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let (before, hard) = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+            Ok(limits) => limits,
+            Err(err) => {
+                tracing::warn!(%err, "cannot read the open-file limit (RLIMIT_NOFILE)");
+                return None;
+            }
+        };
+        match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(after) => {
+                tracing::info!(
+                    before,
+                    after,
+                    hard,
+                    "soft open-file limit (RLIMIT_NOFILE) set to its hard limit"
+                );
+                Some(after)
+            }
+            Err(err) => {
+                tracing::warn!(%err, before, hard, "cannot raise the open-file limit (RLIMIT_NOFILE)");
+                Some(before)
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then stops
+/// accepting and waits for the open connections to finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut refused = RefusedLog::default();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                accept_failed(err).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            refused.note(limits.max_connections);
+            continue;
+        };
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            router.clone(),
+            limits,
+            graceful.watcher(),
+            slot,
+        ));
+    }
+    drop(listener);
+    tracing::debug!(
+        connections = graceful.count(),
+        "listener closed; waiting for open connections"
+    );
+    graceful.shutdown().await;
+}
+
+async fn accept_failed(err: io::Error) {
+    use io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset, Interrupted};
+    // The peer gave up before its connection was accepted: nothing to do.
+    if matches!(
+        err.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset | Interrupted
+    ) {
+        return;
+    }
+    tracing::warn!(%err, "accepting a connection failed; retrying shortly");
+    tokio::time::sleep(ACCEPT_RETRY).await;
+}
+
+/// Logs refusals over the cap at most once a second, with how many there were.
+#[derive(Default)]
+struct RefusedLog {
+    since_last: u64,
+    last: Option<Instant>,
+}
+
+impl RefusedLog {
+    fn note(&mut self, max_connections: usize) {
+        self.since_last += 1;
+        let now = Instant::now();
+        if self
+            .last
+            .is_none_or(|last| now - last >= Duration::from_secs(1))
+        {
+            tracing::warn!(
+                refused = self.since_last,
+                max_connections,
+                "connection cap reached; new connections are closed at once"
+            );
+            self.since_last = 0;
+            self.last = Some(now);
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    limits: ConnectionLimits,
+    watcher: Watcher,
+    _slot: OwnedSemaphorePermit,
+) {
+    let _ = stream.set_nodelay(true);
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(TrackedStream {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+            // What `into_make_service_with_connect_info` gives handlers: the
+            // /api/tools loopback check reads it.
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let request_guard = activity.request_started();
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(request.map(Body::new)).await?;
+                Ok::<_, Infallible>(response.map(|body| TrackedBody {
+                    inner: body,
+                    _request: request_guard,
+                }))
+            }
+        })
+    };
+    let connection = http1::Builder::new()
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    let mut connection = std::pin::pin!(watcher.watch(connection));
+    loop {
+        let deadline = activity.deadline(&limits);
+        let expiry = async {
+            match deadline {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%peer, %err, "connection ended with an error");
+                }
+                return;
+            }
+            () = activity.changed.notified() => {}
+            () = expiry => {
+                // No request is in flight in either state, so dropping the
+                // connection loses nothing.
+                if let Some((at, reason)) = activity.deadline(&limits) {
+                    if at <= Instant::now() {
+                        tracing::debug!(%peer, reason, "closing connection");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a connection stands, for its timeouts.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Waiting for a request head to arrive whole, since `since`.
+    Head { since: Instant },
+    /// Requests are being handled (their responses included).
+    Busy { requests: usize },
+    /// Nothing in flight and no byte of the next request yet, since `since`.
+    Idle { since: Instant },
+}
+
+struct Activity {
+    phase: Mutex<Phase>,
+    /// Woken when the phase changes, so the connection task re-reads its deadline.
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            phase: Mutex::new(Phase::Head {
+                since: Instant::now(),
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn with_phase<T>(&self, f: impl FnOnce(&mut Phase) -> T) -> T {
+        let mut phase = self.phase.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut phase)
+    }
+
+    /// Bytes arrived: on an idle connection they start the next request head.
+    fn bytes_read(&self) {
+        let started = self.with_phase(|phase| match phase {
+            Phase::Idle { .. } => {
+                *phase = Phase::Head {
+                    since: Instant::now(),
+                };
+                true
+            }
+            _ => false,
+        });
+        if started {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A request head arrived whole; the guard ends the request when its
+    /// response has been sent (or abandoned).
+    fn request_started(self: &Arc<Self>) -> RequestGuard {
+        self.with_phase(|phase| {
+            *phase = match *phase {
+                Phase::Busy { requests } => Phase::Busy {
+                    requests: requests + 1,
+                },
+                _ => Phase::Busy { requests: 1 },
+            }
+        });
+        self.changed.notify_one();
+        RequestGuard(self.clone())
+    }
+
+    fn request_finished(&self) {
+        self.with_phase(|phase| {
+            if let Phase::Busy { requests } = *phase {
+                *phase = if requests > 1 {
+                    Phase::Busy {
+                        requests: requests - 1,
+                    }
+                } else {
+                    Phase::Idle {
+                        since: Instant::now(),
+                    }
+                };
+            }
+        });
+        self.changed.notify_one();
+    }
+
+    /// When the connection is to be closed, and why; None while busy.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<(Instant, &'static str)> {
+        match self.with_phase(|phase| *phase) {
+            Phase::Head { since } => Some((
+                since + limits.header_read_timeout,
+                "request head not received within the header read timeout",
+            )),
+            Phase::Idle { since } => Some((
+                since + limits.idle_timeout,
+                "keep-alive connection idle past the idle timeout",
+            )),
+            Phase::Busy { .. } => None,
+        }
+    }
+}
+
+/// One request in flight on a connection, until dropped.
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+/// A response body that keeps its request in flight until hyper is done with it.
+struct TrackedBody {
+    inner: Body,
+    _request: RequestGuard,
+}
+
+impl hyper::body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The TCP stream, telling its connection's [`Activity`] when bytes arrive.
+struct TrackedStream {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for TrackedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.bytes_read();
+        }
+        result
+    }
+}
+
+impl AsyncWrite for TrackedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,109 @@
+//! A JSON request body is exactly one JSON value: anything but whitespace after
+//! it is refused (400 `validation_error`, 422 on `/api/tools`), never ignored.
+
+mod common;
+
+use common::{TestServer, read_reply, spawn_app};
+use reqwest::StatusCode;
+use serde_json::json;
+
+async fn post_raw(server: &TestServer, path: &str, body: &str, key: bool) -> common::Reply {
+    let mut request = server
+        .client
+        .post(server.url(path))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if key {
+        request = request.bearer_auth(&server.token);
+    }
+    read_reply(request.send().await.expect("request")).await
+}
+
+fn assert_refused(reply: &common::Reply, status: StatusCode, body: &str) {
+    assert_eq!(reply.status, status, "{body:?} -> {reply:?}");
+    assert_eq!(reply.code(), "validation_error", "{body:?} -> {reply:?}");
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("exactly one JSON value"),
+        "{body:?} -> {message}"
+    );
+}
+
+#[tokio::test]
+async fn trailing_bytes_after_a_platform_body_are_refused() {
+    let server = spawn_app().await;
+    for body in [
+        r#"{"name":"Mio"}{"name":"Aoi"}"#,
+        r#"{"name":"Mio"} {"name":"Aoi"}"#,
+        r#"{"name":"Mio"}x"#,
+        r#"{"name":"Mio"},"#,
+        "{\"name\":\"Mio\"}\n[]",
+    ] {
+        let reply = post_raw(&server, "/characters", body, true).await;
+        assert_refused(&reply, StatusCode::BAD_REQUEST, body);
+    }
+    assert_eq!(
+        server.get("/characters/Mio").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Whitespace after the value is fine.
+    let reply = post_raw(&server, "/characters", "{\"name\":\"Mio\"} \r\n\t\n", true).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+
+    // A tool call followed by a second object runs neither.
+    let session = server.create_session().await;
+    let path = format!("/sessions/{session}/tool-calls");
+    let body = r#"{"name":"roll_dice","arguments":{}}{"name":"roll_dice","arguments":{}}"#;
+    let reply = post_raw(&server, &path, body, true).await;
+    assert_refused(&reply, StatusCode::BAD_REQUEST, body);
+    let journal_path = format!("/tool-executions?session_id={session}");
+    let journal = server.get(&journal_path).await;
+    assert_eq!(journal.status, StatusCode::OK, "{journal:?}");
+    assert_eq!(journal.body["meta"]["total"], 0, "{journal:?}");
+    // The first object alone is a call that runs and is journalled.
+    let single = r#"{"name":"roll_dice","arguments":{}}"#;
+    let reply = post_raw(&server, &path, &format!("{single}\n"), true).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let journal = server.get(&journal_path).await;
+    assert_eq!(journal.body["meta"]["total"], 1, "{journal:?}");
+}
+
+#[tokio::test]
+async fn trailing_bytes_after_a_runtime_tools_body_are_422() {
+    let server = spawn_app().await;
+    let register = json!({"name": "weather", "callback_url": "http://127.0.0.1:9/weather"});
+    for body in [
+        format!(
+            "{register}{}",
+            json!({"name": "other", "callback_url": "http://127.0.0.1:9/x"})
+        ),
+        format!("{register} true"),
+        format!("{register}}}"),
+    ] {
+        let reply = post_raw(&server, "/api/tools/register", &body, false).await;
+        assert_refused(&reply, StatusCode::UNPROCESSABLE_ENTITY, &body);
+    }
+    let listing = read_reply(
+        server
+            .client
+            .get(server.url("/api/tools"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(listing.status, StatusCode::OK, "{listing:?}");
+    assert!(
+        !listing.text.contains("weather"),
+        "nothing is registered: {listing:?}"
+    );
+    let reply = post_raw(
+        &server,
+        "/api/tools/register",
+        &format!("{register}\n"),
+        false,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body["ok"], true, "{reply:?}");
+}
