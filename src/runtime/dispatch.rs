@@ -84,22 +84,9 @@ impl ToolRuntime {
             }
         };
         let admission = admission(&scope, &call, &permissions);
-        let deferred = (entry.spec.metadata.result_visibility()
-            == ResultVisibility::DeferredReceipt)
-            .then(|| entry.handler.snapshot(&call, &args))
-            .flatten();
-        let admitted = match deferred {
-            Some(invocation) => {
-                journal
-                    .defer(entry, &args, replay.as_ref(), admission, invocation)
-                    .await?
-            }
-            None => {
-                journal
-                    .open(entry, &args, replay.as_ref(), admission)
-                    .await?
-            }
-        };
+        let admitted = journal
+            .start(entry, &args, replay.as_ref(), admission)
+            .await?;
         let execution_id = match admitted {
             Opened::Running(id) => id,
             Opened::Deferred(result) => {
@@ -216,6 +203,26 @@ enum ReplayCheck {
 }
 
 impl CallJournal<'_> {
+    /// Writes the first row of a call that passed every check: a queued job's
+    /// row when the tool answers later (deferred receipt) and can be
+    /// snapshotted, else the running row of an inline call.
+    async fn start(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        replay: Option<&ReplayParent>,
+        admission: Admission,
+    ) -> Result<Opened> {
+        let deferred = (entry.spec.metadata.result_visibility()
+            == ResultVisibility::DeferredReceipt)
+            .then(|| entry.handler.snapshot(self.call, args))
+            .flatten();
+        match deferred {
+            Some(invocation) => self.defer(entry, args, replay, admission, invocation).await,
+            None => self.open(entry, args, replay, admission).await,
+        }
+    }
+
     /// Journals a call that a permission rule refused.
     async fn denied(&self, entry: &CatalogEntry, refusal: Refusal) -> Result<ToolCallResult> {
         tracing::info!(
