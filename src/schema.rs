@@ -6,10 +6,12 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use serde_json::Value;
 
-/// Largest accepted parameter schema, serialized, in bytes.
+/// Largest accepted parameter schema of a tool definition, serialized, in bytes
+/// (runtime tools have `--max-tool-schema-bytes` instead).
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
-/// Checks that `schema` is an object and a valid JSON Schema.
+/// Checks that `schema` is an object, at most [`MAX_SCHEMA_BYTES`], and a valid
+/// JSON Schema.
 pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
     if !schema.is_object() {
         return Err("parameters must be a JSON Schema object".into());
@@ -18,6 +20,15 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
         return Err(format!(
             "parameters must be at most {MAX_SCHEMA_BYTES} bytes"
         ));
+    }
+    check_schema_validity(schema)
+}
+
+/// Checks that `schema` is an object and a valid, usable JSON Schema, whatever
+/// its size (runtime tools have their own, configurable size limit).
+pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
+    if !schema.is_object() {
+        return Err("parameters must be a JSON Schema object".into());
     }
     jsonschema::meta::validate(schema).map_err(|err| {
         let path = err.instance_path().to_string();
