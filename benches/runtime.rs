@@ -20,7 +20,7 @@ use toolgate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonica
 use toolgate::permissions::ToolPermissions;
 use toolgate::runtime::ToolRuntime;
 use toolgate::store::{ExecutionFinish, NewExecution, Session, Store};
-use toolgate::tools::remote::{NewRemoteTool, RegistrationInput, RemoteTool};
+use toolgate::tools::remote::{NewRemoteTool, RegistrationInput, Role};
 
 /// A database and a runtime on a temporary directory, as the server builds them.
 struct Fixture {
@@ -109,10 +109,15 @@ fn catalog(c: &mut Criterion) {
         let character_id = format!("char_{tools}");
         for i in 0..tools {
             let tool = remote_tool(&format!("tool_{i:04}"));
+            let role = Role {
+                character_id: character_id.clone(),
+                name: "Bench".to_owned(),
+            };
             fixture
                 .runtime
                 .remote
-                .register(&character_id, RemoteTool::new(&tool, "Bench"));
+                .register(&[role], &tool)
+                .expect("under the limits");
         }
         let session = session(&character_id, json!({}));
         group.bench_with_input(BenchmarkId::new("build", tools), &session, |b, session| {

@@ -24,6 +24,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP server.
+    #[command(
+        after_help = "Every setting can also come from its environment variable or from the --config file; a flag overrides its variable, which overrides the file, which overrides the default."
+    )]
     Serve(ServeArgs),
 }
 
@@ -37,61 +40,84 @@ pub enum LogFormat {
 }
 
 /// Flags of `toolgate serve`; each may also come from the environment or the file.
+///
+/// Each help line states the default: the fields are `Option`s (not clap
+/// defaults) so that an unset flag falls through to the environment and then
+/// the file before the default of [`Settings`] applies.
 #[derive(Debug, Args, Default)]
 pub struct ServeArgs {
-    /// Address to listen on.
+    /// Address (IP:port) to listen on; port 0 picks a free port (default: 127.0.0.1:8700).
     #[arg(long, env = "TOOLGATE_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Directory holding the embedded database and the generated admin token.
+    /// Directory of the embedded database and the generated admin token, created if missing (default: ./data).
     #[arg(long, env = "TOOLGATE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Database URL; overrides the SQLite file in the data directory.
+    /// SQLite database URL used instead of the data directory's file (default: <data-dir>/toolgate.db).
     #[arg(long, env = "TOOLGATE_DATABASE_URL")]
     pub database_url: Option<String>,
-    /// API key of the default account, used at first start only.
+    /// API key given to the default account at first start only (default: a generated key, printed once and saved to <data-dir>/admin-token).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
-    /// Log format.
+    /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
     #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Optional TOML file with the same settings (snake_case keys).
+    /// TOML file with these settings under snake_case keys; flags and environment override it (default: none).
     #[arg(long, env = "TOOLGATE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Name of the character created at first start.
+    /// Name of the character created at first start (default: Lanlan).
     #[arg(long, env = "TOOLGATE_DEFAULT_CHARACTER")]
     pub default_character: Option<String>,
-    /// Largest accepted request body in bytes.
+    /// Largest accepted request body, in bytes; larger ones are refused with 413 (default: 1048576, 1 MiB).
     #[arg(long, env = "TOOLGATE_BODY_LIMIT_BYTES")]
     pub body_limit_bytes: Option<usize>,
-    /// Largest accepted callback response body in bytes.
+    /// Largest accepted response body of a remote tool's callback, in bytes (default: 1048576, 1 MiB).
     #[arg(long, env = "TOOLGATE_CALLBACK_RESPONSE_LIMIT_BYTES")]
     pub callback_response_limit_bytes: Option<usize>,
-    /// Allow tool definitions with a `script` handler (off unless exactly `true`).
-    /// Concurrent async tool jobs this instance runs (0: run none, queue only).
+    /// How many async tool jobs this instance runs at once; 0 starts no job worker, so deferred calls are queued in the database but not run by this instance (default: 4).
     #[arg(long, env = "TOOLGATE_JOB_WORKERS")]
     pub job_workers: Option<usize>,
-    /// Any other value than exactly `true` leaves it off, as the contract says.
-    #[arg(long, env = "ENABLE_UNSAFE_SCRIPT_HANDLER")]
-    pub enable_unsafe_script_handler: Option<String>,
-    /// Wall-clock limit of one script-handler call, in milliseconds.
+    /// Allow tool definitions with a `script` handler; the environment variable turns it on only when it is exactly `true` (default: off).
+    #[arg(
+        long,
+        env = "ENABLE_UNSAFE_SCRIPT_HANDLER",
+        num_args = 0,
+        default_missing_value = "true",
+        value_parser = exactly_true
+    )]
+    pub enable_unsafe_script_handler: Option<bool>,
+    /// Wall-clock limit of one script-handler call, in milliseconds (default: 1000).
     #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS")]
     pub script_timeout_ms: Option<u64>,
-    /// Time budget of validating one call's arguments against its tool's schema,
-    /// in milliseconds (default 1000); a call over it is refused, never run.
+    /// Time budget of validating one call's arguments against its tool's schema, in milliseconds; a call over it is refused and never run (default: 1000).
     #[arg(long, env = "TOOLGATE_ARGUMENT_VALIDATION_TIMEOUT_MS")]
     pub argument_validation_timeout_ms: Option<u64>,
-    /// Heap limit of one script-handler call, in bytes.
+    /// Heap limit of one script-handler call, in bytes, at least 1 MiB (default: 16777216, 16 MiB).
     #[arg(long, env = "TOOLGATE_SCRIPT_MEMORY_LIMIT_BYTES")]
     pub script_memory_limit_bytes: Option<usize>,
-    /// Time a connection has to send a whole request head, in milliseconds.
+    /// Time a connection has to send a whole request head, in milliseconds, else it is closed (default: 10000).
     #[arg(long, env = "TOOLGATE_HEADER_READ_TIMEOUT_MS")]
     pub header_read_timeout_ms: Option<u64>,
-    /// Time an idle keep-alive connection is kept open, in milliseconds.
+    /// Time an idle keep-alive connection is kept open, in milliseconds (default: 60000).
     #[arg(long, env = "TOOLGATE_IDLE_TIMEOUT_MS")]
     pub idle_timeout_ms: Option<u64>,
-    /// Concurrent client connections; one over the cap is closed at once.
+    /// Concurrent client connections; one over the cap is accepted and closed at once (default: 4096).
     #[arg(long, env = "TOOLGATE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most runtime tools (/api/tools registrations) held at once, all sources together; a tool registered for several roles counts once (default: 1000).
+    #[arg(long, env = "TOOLGATE_MAX_RUNTIME_TOOLS")]
+    pub max_runtime_tools: Option<usize>,
+    /// Most runtime tools one source tag may hold at once (default: 1000).
+    #[arg(long, env = "TOOLGATE_MAX_RUNTIME_TOOLS_PER_SOURCE")]
+    pub max_runtime_tools_per_source: Option<usize>,
+    /// Largest runtime tool, in bytes: its parameters schema as compact JSON plus its description (default: 262144, 256 KiB).
+    #[arg(long, env = "TOOLGATE_MAX_TOOL_SCHEMA_BYTES")]
+    pub max_tool_schema_bytes: Option<usize>,
+}
+
+/// The script switch's rule: only the exact value `true` turns it on; any other
+/// value (`1`, `TRUE`, `yes`, ...) leaves it off rather than failing.
+fn exactly_true(raw: &str) -> Result<bool, std::convert::Infallible> {
+    Ok(raw == "true")
 }
 
 /// The optional TOML file. Unknown keys are refused so that typos are noticed.
@@ -114,6 +140,9 @@ struct FileSettings {
     header_read_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
+    max_runtime_tools: Option<usize>,
+    max_runtime_tools_per_source: Option<usize>,
+    max_tool_schema_bytes: Option<usize>,
 }
 
 /// Fully resolved settings of a running server.
@@ -135,6 +164,9 @@ pub struct Settings {
     pub header_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_runtime_tools: usize,
+    pub max_runtime_tools_per_source: usize,
+    pub max_tool_schema_bytes: usize,
 }
 
 impl Settings {
@@ -152,6 +184,12 @@ impl Settings {
     pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
     /// Concurrent client connections.
     pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+    /// Runtime tools held at once, over all sources; far above any real plugin.
+    pub const DEFAULT_MAX_RUNTIME_TOOLS: usize = 1000;
+    /// Runtime tools one source may hold at once.
+    pub const DEFAULT_MAX_RUNTIME_TOOLS_PER_SOURCE: usize = 1000;
+    /// Size of one runtime tool's parameters schema (compact JSON) plus description.
+    pub const DEFAULT_MAX_TOOL_SCHEMA_BYTES: usize = 256 * 1024;
 
     /// Settings for tests and embedding: port 0 and the given data directory.
     pub fn for_data_dir(data_dir: &Path) -> Self {
@@ -193,6 +231,12 @@ impl Settings {
                 "connection limits must be greater than zero (header read timeout, idle timeout, max connections)"
             );
         }
+        if settings.max_runtime_tools == 0
+            || settings.max_runtime_tools_per_source == 0
+            || settings.max_tool_schema_bytes == 0
+        {
+            anyhow::bail!("runtime tool limits must be greater than zero");
+        }
         Ok(settings)
     }
 
@@ -225,10 +269,11 @@ impl Settings {
                 .or(file.callback_response_limit_bytes)
                 .unwrap_or(Self::DEFAULT_BODY_LIMIT),
             job_workers: args.job_workers.or(file.job_workers).unwrap_or(4),
-            enable_unsafe_script_handler: match args.enable_unsafe_script_handler {
-                Some(raw) => raw == "true",
-                None => file.enable_unsafe_script_handler.unwrap_or(false),
-            },
+            // A flag, or the variable however it is spelled, wins over the file.
+            enable_unsafe_script_handler: args
+                .enable_unsafe_script_handler
+                .or(file.enable_unsafe_script_handler)
+                .unwrap_or(false),
             script_timeout_ms: args
                 .script_timeout_ms
                 .or(file.script_timeout_ms)
@@ -253,6 +298,18 @@ impl Settings {
                 .max_connections
                 .or(file.max_connections)
                 .unwrap_or(Self::DEFAULT_MAX_CONNECTIONS),
+            max_runtime_tools: args
+                .max_runtime_tools
+                .or(file.max_runtime_tools)
+                .unwrap_or(Self::DEFAULT_MAX_RUNTIME_TOOLS),
+            max_runtime_tools_per_source: args
+                .max_runtime_tools_per_source
+                .or(file.max_runtime_tools_per_source)
+                .unwrap_or(Self::DEFAULT_MAX_RUNTIME_TOOLS_PER_SOURCE),
+            max_tool_schema_bytes: args
+                .max_tool_schema_bytes
+                .or(file.max_tool_schema_bytes)
+                .unwrap_or(Self::DEFAULT_MAX_TOOL_SCHEMA_BYTES),
         }
     }
 }

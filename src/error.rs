@@ -50,6 +50,7 @@ error_codes! {
     ToolDefinitionConflict => ("tool_definition_conflict", 409, "A definition with that identity (source, source_id, name) exists in the account."),
     RunNotOpen => ("run_not_open", 409, "The run was committed or discarded; open a new run."),
     ToolReplayConfirmationRequired => ("tool_replay_confirmation_required", 409, "Regenerating would repeat executions that are not replay-safe; resend with confirmed_execution_ids."),
+    LimitExceeded => ("limit_exceeded", 409, "Holding one more would pass a server limit (the message names it and its value, e.g. max_runtime_tools); the same request succeeds once some are removed."),
     PayloadTooLarge => ("payload_too_large", 413, "The request body is over the server's limit."),
     InternalError => ("internal_error", 500, "The server failed; the cause is in its log, never in the answer."),
     ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),

@@ -531,7 +531,7 @@ mod tests {
             ToolSpec {
                 name: name.into(),
                 description: String::new(),
-                parameters: json!({"type": "object", "properties": {}}),
+                parameters: json!({"type": "object", "properties": {}}).into(),
                 validator: Default::default(),
                 provider_id: provider_id.into(),
                 provider_type: ProviderType::Remote,

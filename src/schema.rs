@@ -6,10 +6,12 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
-/// Largest accepted parameter schema, serialized, in bytes.
+/// Largest accepted parameter schema of a tool definition, serialized, in bytes
+/// (runtime tools have `--max-tool-schema-bytes` instead).
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
-/// Checks that `schema` is an object and a valid JSON Schema.
+/// Checks that `schema` is an object, at most [`MAX_SCHEMA_BYTES`], and a valid
+/// JSON Schema.
 pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
     if !schema.is_object() {
         return Err("parameters must be a JSON Schema object".into());
@@ -18,6 +20,16 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
         return Err(format!(
             "parameters must be at most {MAX_SCHEMA_BYTES} bytes"
         ));
+    }
+    check_schema_validity(schema).map(drop)
+}
+
+/// Checks that `schema` is an object, within the cost limits and a valid,
+/// usable JSON Schema, whatever its size (runtime tools have their own,
+/// configurable size limit), and answers it compiled.
+pub fn check_schema_validity(schema: &Value) -> Result<SchemaValidator, String> {
+    if !schema.is_object() {
+        return Err("parameters must be a JSON Schema object".into());
     }
     // Before compiling: a schema whose references fan out costs more to compile
     // and to validate against than its text suggests.
@@ -30,9 +42,9 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
             format!("parameters is not a valid JSON Schema at {path}: {err}")
         }
     })?;
-    jsonschema::validator_for(schema)
-        .map(|_| ())
-        .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))
+    let compiled = jsonschema::validator_for(schema)
+        .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))?;
+    Ok(SchemaValidator::compiled(compiled))
 }
 
 /// How much a schema may cost, measured on its JSON without expanding it and
@@ -205,6 +217,11 @@ impl PartialEq for SchemaValidator {
 }
 
 impl SchemaValidator {
+    /// A validator that is already compiled (at registration).
+    pub fn compiled(validator: jsonschema::Validator) -> Self {
+        Self(Arc::new(OnceLock::from(Ok(Arc::new(validator)))))
+    }
+
     /// Validates `args` against `schema`, compiling it first if this is the
     /// first call. CPU-heavy: run it off the async workers.
     pub fn validate(&self, schema: &Value, args: &Value) -> Result<(), String> {

@@ -7,11 +7,15 @@
 //! address is the credential.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
@@ -24,8 +28,7 @@ use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffec
 use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
-    DeclaredMetadata, FailedRole, MutationReport, NewRemoteTool, RegistrationInput, RemoteTool,
-    Target,
+    DeclaredMetadata, FailedRole, MutationReport, RegistrationInput, RemoteTool, Role, Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -148,7 +151,8 @@ pub struct RegisterToolResponse {
         (status = 200, description = "registered (or replaced), with the roles that took it", body = RegisterToolResponse),
         (status = 403, description = "`loopback_only`: the caller is not on loopback; `forbidden`: a browser cross-site or rebinding request"),
         (status = 404, description = "unknown role"),
-        (status = 422, description = "`validation_error` (answered 422 here, as the contract says): the body is not a JSON object of the contract's shape"),
+        (status = 409, description = "limit_exceeded: a runtime tool limit is reached"),
+        (status = 422, description = "`validation_error`: a schema error, or parameters and description over max_tool_schema_bytes"),
     ))]
 async fn register_tool(
     State(state): State<AppState>,
@@ -156,7 +160,7 @@ async fn register_tool(
     request: Request,
 ) -> ApiResult<axum::Json<RegisterToolResponse>> {
     let body: RegisterToolBody = read_body(request, &state).await?;
-    let tool = NewRemoteTool::validate(RegistrationInput {
+    let tool = RegistrationInput {
         name: body.name,
         description: body.description,
         parameters: body.parameters,
@@ -169,7 +173,8 @@ async fn register_tool(
             async_capability: body.async_capability,
             default_delivery_mode: body.default_delivery_mode,
         },
-    })
+    }
+    .validate(state.runtime.remote.limits().max_schema_bytes)
     .map_err(from_domain)?;
     let registered = tool.name.clone();
     let MutationReport {
@@ -324,8 +329,9 @@ pub struct ListedTool {
     pub callback_url: String,
     /// Always true: these are remote callbacks.
     pub is_remote: bool,
+    /// The registration's schema, shared, not copied, while the answer is built.
     #[schema(value_type = Object)]
-    pub parameters: Value,
+    pub parameters: Arc<Value>,
     pub timeout_seconds: f64,
     pub side_effect_level: SideEffectLevel,
     pub replay_safety: ReplaySafety,
@@ -337,16 +343,16 @@ impl From<&RemoteTool> for ListedTool {
     fn from(tool: &RemoteTool) -> Self {
         Self {
             name: tool.name.clone(),
-            description: tool.description.clone(),
+            description: tool.description().to_owned(),
             source: tool.source.clone(),
             callback_url: tool.callback_url.as_str().to_owned(),
             is_remote: true,
-            parameters: tool.parameters.clone(),
+            parameters: tool.parameters().clone(),
             timeout_seconds: tool.timeout_seconds,
-            side_effect_level: tool.metadata.side_effect_level,
-            replay_safety: tool.metadata.replay_safety,
-            async_capability: tool.metadata.async_capability,
-            default_delivery_mode: tool.metadata.default_delivery_mode,
+            side_effect_level: tool.metadata().side_effect_level,
+            replay_safety: tool.metadata().replay_safety,
+            async_capability: tool.metadata().async_capability,
+            default_delivery_mode: tool.metadata().default_delivery_mode,
         }
     }
 }
@@ -371,28 +377,54 @@ async fn list_tools(
     State(state): State<AppState>,
     _loopback: LoopbackClient,
     RawQuery(query): RawQuery,
-) -> ApiResult<axum::Json<ListToolsResponse>> {
+) -> ApiResult<Response> {
     let role = query.as_deref().and_then(|query| {
         form_urlencoded::parse(query.as_bytes())
             .find(|(key, _)| key == "role")
             .map(|(_, value)| value.into_owned())
     });
-    let tools_by_role = state
+    let mut roles = state
         .runtime
         .remote
         .list_roles(&state.runtime.store, Target::from_role(role.as_deref()))
         .await
-        .map_err(from_domain)?
+        .map_err(from_domain)?;
+    roles.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name));
+    let chunks = futures::stream::iter(listing_chunks(roles).map(Ok::<_, Infallible>));
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(chunks),
+    )
+        .into_response())
+}
+
+/// A [`ListToolsResponse`] written one tool at a time as the client reads it,
+/// so that a listing of every role's large schemas (tools × roles) is never
+/// held whole in memory.
+fn listing_chunks(
+    roles: Vec<(Role, Vec<Arc<RemoteTool>>)>,
+) -> impl Iterator<Item = Vec<u8>> + Send + 'static {
+    let body = roles
         .into_iter()
-        .map(|(role, tools)| {
-            (
-                role.name,
-                tools.iter().map(|tool| ListedTool::from(&**tool)).collect(),
-            )
-        })
-        .collect();
-    Ok(axum::Json(ListToolsResponse {
-        ok: true,
-        tools_by_role,
-    }))
+        .enumerate()
+        .flat_map(|(i, (role, tools))| {
+            let mut open = if i == 0 { Vec::new() } else { b",".to_vec() };
+            append_json(&mut open, &role.name);
+            open.extend_from_slice(b":[");
+            let listed = tools.into_iter().enumerate().map(move |(j, tool)| {
+                let mut chunk = if j == 0 { Vec::new() } else { b",".to_vec() };
+                append_json(&mut chunk, &ListedTool::from(&*tool));
+                chunk
+            });
+            std::iter::once(open)
+                .chain(listed)
+                .chain(std::iter::once(b"]".to_vec()))
+        });
+    std::iter::once(br#"{"ok":true,"tools_by_role":{"#.to_vec())
+        .chain(body)
+        .chain(std::iter::once(b"}}".to_vec()))
+}
+
+fn append_json<T: Serialize>(out: &mut Vec<u8>, value: &T) {
+    serde_json::to_writer(out, value).expect("listed values always serialize")
 }

@@ -223,8 +223,9 @@ impl ToolMetadata {
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
-    /// JSON Schema of the arguments.
-    pub parameters: serde_json::Value,
+    /// JSON Schema of the arguments, shared with the provider's copy (a remote
+    /// tool's schema may be large; building a catalog must not copy it).
+    pub parameters: std::sync::Arc<serde_json::Value>,
     /// `parameters` compiled, shared by every copy of this tool's spec.
     pub validator: crate::schema::SchemaValidator,
     pub provider_id: String,

@@ -97,7 +97,7 @@ fn entry(definition: ToolDefinition, tool: DefinitionHandler) -> CatalogEntry {
         ),
         name: definition.name,
         description: definition.description,
-        parameters: definition.parameters,
+        parameters: definition.parameters.into(),
         validator: definition.validator,
     };
     let entry = CatalogEntry::available(spec, Arc::new(tool));

@@ -147,7 +147,7 @@ fn register<T: Builtin>(tool: T) -> Registered {
         spec: ToolSpec {
             name: T::NAME.to_owned(),
             description: T::DESCRIPTION.to_owned(),
-            parameters,
+            parameters: parameters.into(),
             validator: Default::default(),
             provider_id: T::PROVIDER.id().to_owned(),
             provider_type: ProviderType::Builtin,

@@ -175,7 +175,9 @@ impl RemoteRegistry {
 }
 
 impl RemoteRegistry {
-    /// Registers (or replaces) `tool` in every target role's registry.
+    /// Registers (or replaces) `tool` in every target role's registry, or
+    /// refuses it when it would pass a limit (checked with the inserts, under
+    /// the registry lock, inside the catalog mutation).
     pub async fn register_into(
         &self,
         events: &dyn CatalogEvents,
@@ -183,16 +185,26 @@ impl RemoteRegistry {
         target: Target<'_>,
         tool: NewRemoteTool,
     ) -> Result<MutationReport> {
+        let mut refused = None;
+        let refusal = &mut refused;
         let report = mutate(self, events, store, target, |roles| {
+            let registered = match self.register(roles, &tool) {
+                Ok(registered) => registered,
+                Err(err) => {
+                    *refusal = Some(err);
+                    return Vec::new();
+                }
+            };
             // A fresh registration means the plugin is back: its failure streak
             // starts over.
             self.failures()
                 .reset(tool.callback_url.origin(), &tool.source);
             roles
                 .iter()
-                .map(|role| {
+                .zip(registered)
+                .map(|(role, registered)| {
                     let mut change = CatalogChange::default();
-                    match self.register(&role.character_id, RemoteTool::new(&tool, &role.name)) {
+                    match registered {
                         Registered::Added => change.added.push(tool.name.clone()),
                         Registered::Replaced => change.updated.push(tool.name.clone()),
                     }
@@ -201,10 +213,19 @@ impl RemoteRegistry {
                 .collect()
         })
         .await?;
+        if let Some(err) = refused {
+            tracing::warn!(
+                tool = ?tool.name,
+                source = ?tool.source,
+                reason = %err,
+                "remote tool registration refused: a runtime tool limit is reached"
+            );
+            return Err(err);
+        }
         tracing::info!(
             tool = ?tool.name,
             source = ?tool.source,
-            callback = ?tool.callback_url,
+            callback = ?tool.callback_url.as_str(),
             affected = ?report.affected_roles,
             failed = report.failed_roles.len(),
             "remote tool registered"

@@ -21,7 +21,7 @@ use crate::domain::tool::{
     AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel,
     ToolMetadata, ToolSpec,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
@@ -35,14 +35,78 @@ pub const PLUGIN_SOURCE_PREFIX: &str = "plugin:";
 #[derive(Debug, Clone)]
 pub struct NewRemoteTool {
     pub name: String,
-    pub description: String,
-    pub parameters: Value,
-    /// `parameters` compiled once, shared by the tool's copy in every role.
-    pub validator: crate::schema::SchemaValidator,
     pub callback_url: CallbackUrl,
     pub source: String,
     pub timeout_seconds: f64,
+    pub declaration: Arc<Declaration>,
+}
+
+/// The heavy part of a registration: what the model is shown and the
+/// governance metadata. One allocation, shared by every role the tool is
+/// registered for (and by the catalog entries built from it), so memory follows
+/// tools, not tools × roles.
+#[derive(Debug, PartialEq)]
+pub struct Declaration {
+    pub description: String,
+    /// Its own `Arc` so that catalog specs share it instead of copying it.
+    pub parameters: Arc<Value>,
+    /// `parameters` compiled once, shared like the rest of the declaration.
+    pub validator: crate::schema::SchemaValidator,
     pub metadata: ToolMetadata,
+}
+
+/// The limits on what the runtime registries hold (`--max-runtime-tools`,
+/// `--max-runtime-tools-per-source`, `--max-tool-schema-bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistrationLimits {
+    /// Distinct tools over all sources; a tool is a (source, name) pair, however
+    /// many roles hold it.
+    pub max_tools: usize,
+    /// Distinct tools of one source.
+    pub max_tools_per_source: usize,
+    /// Parameters schema (compact JSON) plus description of one tool, in bytes.
+    pub max_schema_bytes: usize,
+}
+
+impl RegistrationLimits {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            max_tools: settings.max_runtime_tools,
+            max_tools_per_source: settings.max_runtime_tools_per_source,
+            max_schema_bytes: settings.max_tool_schema_bytes,
+        }
+    }
+}
+
+impl Default for RegistrationLimits {
+    fn default() -> Self {
+        Self {
+            max_tools: Settings::DEFAULT_MAX_RUNTIME_TOOLS,
+            max_tools_per_source: Settings::DEFAULT_MAX_RUNTIME_TOOLS_PER_SOURCE,
+            max_schema_bytes: Settings::DEFAULT_MAX_TOOL_SCHEMA_BYTES,
+        }
+    }
+}
+
+/// Counts the bytes written to it; sizes a value's JSON without building it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Length of `value` serialized as compact JSON.
+fn json_len(value: &Value) -> usize {
+    let mut count = ByteCount(0);
+    serde_json::to_writer(&mut count, value).expect("a Value always serializes");
+    count.0
 }
 
 /// The optional governance fields a plugin may declare at registration.
@@ -66,6 +130,13 @@ pub struct RegistrationInput {
     pub declared: DeclaredMetadata,
 }
 
+impl RegistrationInput {
+    /// [`NewRemoteTool::validate_within`] `max_schema_bytes`.
+    pub fn validate(self, max_schema_bytes: usize) -> Result<NewRemoteTool> {
+        NewRemoteTool::validate_within(self, max_schema_bytes)
+    }
+}
+
 impl NewRemoteTool {
     pub const MAX_NAME_CHARS: usize = 64;
     pub const MAX_DESCRIPTION_BYTES: usize = 16 * 1024;
@@ -74,8 +145,15 @@ impl NewRemoteTool {
     pub const DEFAULT_TIMEOUT_SECONDS: f64 = 30.0;
     pub const MAX_TIMEOUT_SECONDS: f64 = 300.0;
 
-    /// Checks every field against the contract and fills in the defaults.
+    /// [`Self::validate_within`] the default size limit.
     pub fn validate(input: RegistrationInput) -> Result<Self> {
+        Self::validate_within(input, Settings::DEFAULT_MAX_TOOL_SCHEMA_BYTES)
+    }
+
+    /// Checks every field against the contract, and the parameters schema plus
+    /// description against `max_schema_bytes` (before the schema is compiled),
+    /// and fills in the defaults.
+    pub fn validate_within(input: RegistrationInput, max_schema_bytes: usize) -> Result<Self> {
         if input.declared.default_delivery_mode == Some(DeliveryMode::AsyncJob)
             && input.declared.async_capability != Some(AsyncCapability::DeferredOk)
         {
@@ -97,15 +175,24 @@ impl NewRemoteTool {
                 Self::MAX_DESCRIPTION_BYTES
             )));
         }
-        let (parameters, parameter_schema_basis) = match input.parameters {
-            Some(schema) => {
-                crate::schema::check_parameter_schema(&schema).map_err(Error::validation)?;
-                (schema, Basis::ToolDeclared)
-            }
-            None => (
-                json!({"type": "object", "properties": {}}),
-                Basis::PlatformDefault,
-            ),
+        let declared_schema = input.parameters.is_some();
+        let parameters = input
+            .parameters
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        // Measured before the schema is compiled, which costs far more.
+        let size = json_len(&parameters) + description.len();
+        if size > max_schema_bytes {
+            return Err(Error::validation(format!(
+                "parameters and description take {size} bytes; a runtime tool may take at most max_tool_schema_bytes = {max_schema_bytes} (--max-tool-schema-bytes)"
+            )));
+        }
+        let parameter_schema_basis = if declared_schema {
+            // The compiled form is dropped: a validator can take several times
+            // its schema's memory, so it is kept only for tools that are called.
+            crate::schema::check_schema_validity(&parameters).map_err(Error::validation)?;
+            Basis::ToolDeclared
+        } else {
+            Basis::PlatformDefault
         };
         let callback_url = CallbackUrl::parse(&input.callback_url)?;
         let source = input
@@ -129,13 +216,15 @@ impl NewRemoteTool {
         }
         Ok(Self {
             name: input.name,
-            description,
-            parameters,
-            validator: Default::default(),
             callback_url,
             source,
             timeout_seconds,
-            metadata: metadata_for(input.declared, parameter_schema_basis),
+            declaration: Arc::new(Declaration {
+                description,
+                parameters: Arc::new(parameters),
+                validator: Default::default(),
+                metadata: metadata_for(input.declared, parameter_schema_basis),
+            }),
         })
     }
 }
@@ -172,34 +261,41 @@ fn metadata_for(declared: DeclaredMetadata, parameter_schema_basis: Basis) -> To
     }
 }
 
-/// A callback registered for one role.
+/// A callback registered for one role: the few light fields, and the
+/// registration's shared [`Declaration`].
 #[derive(Debug, Clone)]
 pub struct RemoteTool {
     pub name: String,
-    pub description: String,
-    pub parameters: Value,
-    pub validator: crate::schema::SchemaValidator,
     pub callback_url: CallbackUrl,
     pub source: String,
     pub timeout_seconds: f64,
     /// Name of the character (role) it was registered for.
     pub role: String,
-    pub metadata: ToolMetadata,
+    pub declaration: Arc<Declaration>,
 }
 
 impl RemoteTool {
     pub fn new(tool: &NewRemoteTool, role: &str) -> Self {
         Self {
             name: tool.name.clone(),
-            description: tool.description.clone(),
-            parameters: tool.parameters.clone(),
-            validator: tool.validator.clone(),
             callback_url: tool.callback_url.clone(),
             source: tool.source.clone(),
             timeout_seconds: tool.timeout_seconds,
             role: role.to_owned(),
-            metadata: tool.metadata.clone(),
+            declaration: tool.declaration.clone(),
         }
+    }
+
+    pub fn description(&self) -> &str {
+        &self.declaration.description
+    }
+
+    pub fn parameters(&self) -> &Arc<Value> {
+        &self.declaration.parameters
+    }
+
+    pub fn metadata(&self) -> &ToolMetadata {
+        &self.declaration.metadata
     }
 
     pub fn timeout(&self) -> Duration {
@@ -218,13 +314,13 @@ impl RemoteTool {
     pub fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.name.clone(),
-            description: self.description.clone(),
-            parameters: self.parameters.clone(),
-            validator: self.validator.clone(),
+            description: self.declaration.description.clone(),
+            parameters: self.declaration.parameters.clone(),
+            validator: self.declaration.validator.clone(),
             provider_id: self.provider_id(),
             provider_type: ProviderType::Remote,
             source: self.source.clone(),
-            metadata: self.metadata.clone(),
+            metadata: self.declaration.metadata.clone(),
         }
     }
 }
@@ -238,13 +334,171 @@ pub enum Registered {
 
 type ToolsByName = BTreeMap<String, Arc<RemoteTool>>;
 
+/// The registries and the count of distinct tools the limits are held to,
+/// always changed together under one lock.
+#[derive(Debug, Default)]
+struct Registries {
+    by_character: HashMap<String, ToolsByName>,
+    /// Per source, each tool name and how many registries hold it: a tool
+    /// registered for N roles is one tool here, held N times.
+    holders: HashMap<String, HashMap<String, usize>>,
+    /// Distinct (source, name) tools: the sum of the inner maps' lengths.
+    tools: usize,
+}
+
+impl Registries {
+    fn holders_of(&self, source: &str, name: &str) -> usize {
+        self.holders
+            .get(source)
+            .and_then(|names| names.get(name))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn hold(&mut self, source: &str, name: &str) {
+        let held = self
+            .holders
+            .entry(source.to_owned())
+            .or_default()
+            .entry(name.to_owned())
+            .or_insert(0);
+        if *held == 0 {
+            self.tools += 1;
+        }
+        *held += 1;
+    }
+
+    fn release(&mut self, source: &str, name: &str) {
+        let Some(names) = self.holders.get_mut(source) else {
+            return;
+        };
+        if let Some(held) = names.get_mut(name) {
+            *held -= 1;
+            if *held == 0 {
+                names.remove(name);
+                self.tools -= 1;
+            }
+        }
+        if names.is_empty() {
+            self.holders.remove(source);
+        }
+    }
+
+    fn insert(&mut self, character_id: &str, tool: RemoteTool) -> Registered {
+        let (source, name) = (tool.source.clone(), tool.name.clone());
+        let previous = self
+            .by_character
+            .entry(character_id.to_owned())
+            .or_default()
+            .insert(name.clone(), Arc::new(tool));
+        if let Some(previous) = &previous {
+            self.release(&previous.source, &previous.name);
+        }
+        self.hold(&source, &name);
+        match previous {
+            Some(_) => Registered::Replaced,
+            None => Registered::Added,
+        }
+    }
+
+    fn remove(&mut self, character_id: &str, name: &str) -> Option<Arc<RemoteTool>> {
+        let removed = self.by_character.get_mut(character_id)?.remove(name)?;
+        self.release(&removed.source, &removed.name);
+        Some(removed)
+    }
+
+    /// Removes the tools of one registry that `pick` selects; returns their names.
+    fn remove_where(
+        &mut self,
+        character_id: &str,
+        pick: impl Fn(&RemoteTool) -> bool,
+    ) -> Vec<String> {
+        let Some(tools) = self.by_character.get(character_id) else {
+            return Vec::new();
+        };
+        let names: Vec<String> = tools
+            .values()
+            .filter(|tool| pick(tool))
+            .map(|tool| tool.name.clone())
+            .collect();
+        for name in &names {
+            self.remove(character_id, name);
+        }
+        names
+    }
+
+    /// Refuses `tool` for `roles` when it is a new tool (no registry holds its
+    /// source and name) and holding it would pass a limit. Accounts for the
+    /// same-named tools of other sources it displaces, which disappear when
+    /// every registry holding them is one of `roles`.
+    fn admit(
+        &self,
+        limits: &RegistrationLimits,
+        roles: &[Role],
+        tool: &NewRemoteTool,
+    ) -> Result<()> {
+        let source_tools = self.holders.get(&tool.source);
+        if roles.is_empty() || source_tools.is_some_and(|names| names.contains_key(&tool.name)) {
+            return Ok(());
+        }
+        let in_source = source_tools.map_or(0, HashMap::len);
+        if in_source >= limits.max_tools_per_source {
+            return Err(Error::refused(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "this source already holds {in_source} runtime tools, the limit max_runtime_tools_per_source = {} (--max-runtime-tools-per-source); unregister or clear some first",
+                    limits.max_tools_per_source
+                ),
+            ));
+        }
+        let mut displaced: HashMap<&str, usize> = HashMap::new();
+        for role in roles {
+            if let Some(old) = self
+                .by_character
+                .get(&role.character_id)
+                .and_then(|tools| tools.get(&tool.name))
+            {
+                *displaced.entry(old.source.as_str()).or_default() += 1;
+            }
+        }
+        let vanishing = displaced
+            .iter()
+            .filter(|&(source, &count)| self.holders_of(source, &tool.name) == count)
+            .count();
+        if self.tools + 1 - vanishing > limits.max_tools {
+            return Err(Error::refused(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the server already holds {} runtime tools, the limit max_runtime_tools = {} (--max-runtime-tools); unregister or clear some first",
+                    self.tools, limits.max_tools
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The declaration another registry already holds for this tool when it is
+    /// the same, so that registering it role by role does not copy it per role.
+    fn same_declaration(&self, tool: &NewRemoteTool) -> Option<Arc<Declaration>> {
+        if self.holders_of(&tool.source, &tool.name) == 0 {
+            return None;
+        }
+        self.by_character
+            .values()
+            .filter_map(|tools| tools.get(&tool.name))
+            .find(|held| held.source == tool.source && held.declaration == tool.declaration)
+            .map(|held| held.declaration.clone())
+    }
+}
+
 /// Per-character registries of remote tools, keyed by character id so that a
 /// renamed character keeps its tools and a deleted one cannot pass them on to a
 /// later character of the same name. Also owns the shared callback client and the
 /// eviction counters.
 #[derive(Debug)]
 pub struct RemoteRegistry {
-    registries: Mutex<HashMap<String, ToolsByName>>,
+    registries: Mutex<Registries>,
+    limits: RegistrationLimits,
     client: CallbackClient,
     failures: FailureCounter,
 }
@@ -252,75 +506,70 @@ pub struct RemoteRegistry {
 impl RemoteRegistry {
     pub fn new(settings: &Settings) -> anyhow::Result<Self> {
         Ok(Self {
-            registries: Mutex::new(HashMap::new()),
+            registries: Mutex::new(Registries::default()),
+            limits: RegistrationLimits::from_settings(settings),
             client: CallbackClient::new(settings.callback_response_limit_bytes)?,
             failures: FailureCounter::default(),
         })
     }
 
-    // A poisoned lock only means another request panicked mid-update of a map
-    // whose every update is a single insert/remove; the data is still consistent.
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, ToolsByName>> {
+    // A poisoned lock only means another request panicked mid-update; every
+    // update checks before it changes anything, and each change keeps the
+    // registries and their counts in step.
+    fn lock(&self) -> MutexGuard<'_, Registries> {
         self.registries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers or replaces a same-named tool in one character's registry.
-    pub fn register(&self, character_id: &str, tool: RemoteTool) -> Registered {
+    pub fn limits(&self) -> &RegistrationLimits {
+        &self.limits
+    }
+
+    /// Registers `tool` in every role's registry, replacing a same-named tool,
+    /// or refuses it (`limit_exceeded`) when it would pass a limit. The check and
+    /// the inserts hold one lock, so concurrent registrations cannot overshoot.
+    pub fn register(&self, roles: &[Role], tool: &NewRemoteTool) -> Result<Vec<Registered>> {
         let mut registries = self.lock();
-        let tools = registries.entry(character_id.to_owned()).or_default();
-        match tools.insert(tool.name.clone(), Arc::new(tool)) {
-            Some(_) => Registered::Replaced,
-            None => Registered::Added,
-        }
+        registries.admit(&self.limits, roles, tool)?;
+        let declaration = registries
+            .same_declaration(tool)
+            .unwrap_or_else(|| tool.declaration.clone());
+        Ok(roles
+            .iter()
+            .map(|role| {
+                let mut held = RemoteTool::new(tool, &role.name);
+                held.declaration = declaration.clone();
+                registries.insert(&role.character_id, held)
+            })
+            .collect())
     }
 
     /// Removes one name from one character's registry; true when it was there.
     pub fn unregister(&self, character_id: &str, name: &str) -> bool {
-        let mut registries = self.lock();
-        registries
-            .get_mut(character_id)
-            .is_some_and(|tools| tools.remove(name).is_some())
+        self.lock().remove(character_id, name).is_some()
     }
 
     /// Removes every tool carrying `source` from one registry; returns their names.
     pub fn clear_source(&self, character_id: &str, source: &str) -> Vec<String> {
-        let mut registries = self.lock();
-        let Some(tools) = registries.get_mut(character_id) else {
-            return Vec::new();
-        };
-        let names: Vec<String> = tools
-            .values()
-            .filter(|tool| tool.source == source)
-            .map(|tool| tool.name.clone())
-            .collect();
-        for name in &names {
-            tools.remove(name);
-        }
-        names
+        self.lock()
+            .remove_where(character_id, |tool| tool.source == source)
     }
 
     /// Removes the tools of `source` whose callback lives at `origin`, from every
     /// registry; returns the removed names per character id.
     pub fn evict_origin(&self, origin: &str, source: &str) -> Vec<(String, Vec<String>)> {
         let mut registries = self.lock();
-        let mut evicted = Vec::new();
-        for (character_id, tools) in registries.iter_mut() {
-            let names: Vec<String> = tools
-                .values()
-                .filter(|tool| tool.source == source && tool.callback_url.origin() == origin)
-                .map(|tool| tool.name.clone())
-                .collect();
-            if names.is_empty() {
-                continue;
-            }
-            for name in &names {
-                tools.remove(name);
-            }
-            evicted.push((character_id.clone(), names));
-        }
-        evicted
+        let character_ids: Vec<String> = registries.by_character.keys().cloned().collect();
+        character_ids
+            .into_iter()
+            .filter_map(|character_id| {
+                let names = registries.remove_where(&character_id, |tool| {
+                    tool.source == source && tool.callback_url.origin() == origin
+                });
+                (!names.is_empty()).then_some((character_id, names))
+            })
+            .collect()
     }
 
     /// Drops the registries of characters not in `existing`; returns how many.
@@ -329,14 +578,23 @@ impl RemoteRegistry {
     /// reachable from this module only.
     fn retain_characters(&self, existing: &HashSet<String>) -> usize {
         let mut registries = self.lock();
-        let before = registries.len();
-        registries.retain(|id, _| existing.contains(id));
-        before - registries.len()
+        let gone: Vec<String> = registries
+            .by_character
+            .keys()
+            .filter(|id| !existing.contains(*id))
+            .cloned()
+            .collect();
+        for character_id in &gone {
+            registries.remove_where(character_id, |_| true);
+            registries.by_character.remove(character_id);
+        }
+        gone.len()
     }
 
     /// One character's tools, by name.
     pub fn list(&self, character_id: &str) -> Vec<Arc<RemoteTool>> {
         self.lock()
+            .by_character
             .get(character_id)
             .map(|tools| tools.values().cloned().collect())
             .unwrap_or_default()
@@ -366,21 +624,30 @@ mod tests {
     #[test]
     fn defaults_follow_the_contract() {
         let tool = NewRemoteTool::validate(input("get_weather")).unwrap();
-        assert_eq!(tool.description, "");
+        assert_eq!(tool.declaration.description, "");
         assert_eq!(tool.source, "external");
         assert_eq!(tool.timeout_seconds, 30.0);
-        assert_eq!(tool.parameters, json!({"type": "object", "properties": {}}));
-        assert_eq!(tool.metadata.side_effect_level, SideEffectLevel::None);
         assert_eq!(
-            tool.metadata.side_effect_level_basis,
+            *tool.declaration.parameters,
+            json!({"type": "object", "properties": {}})
+        );
+        assert_eq!(
+            tool.declaration.metadata.side_effect_level,
+            SideEffectLevel::None
+        );
+        assert_eq!(
+            tool.declaration.metadata.side_effect_level_basis,
             Basis::PlatformDefault
         );
-        assert_eq!(tool.metadata.replay_safety, ReplaySafety::Safe);
+        assert_eq!(tool.declaration.metadata.replay_safety, ReplaySafety::Safe);
         assert_eq!(
-            tool.metadata.replay_safety_basis,
+            tool.declaration.metadata.replay_safety_basis,
             Basis::InferredFromExecutionPolicy
         );
-        assert_eq!(tool.metadata.async_capability, AsyncCapability::InlineOnly);
+        assert_eq!(
+            tool.declaration.metadata.async_capability,
+            AsyncCapability::InlineOnly
+        );
     }
 
     #[test]
@@ -388,8 +655,14 @@ mod tests {
         let mut raw = input("launch");
         raw.declared.side_effect_level = Some(SideEffectLevel::Irreversible);
         let tool = NewRemoteTool::validate(raw).unwrap();
-        assert_eq!(tool.metadata.side_effect_level_basis, Basis::ToolDeclared);
-        assert_eq!(tool.metadata.replay_safety, ReplaySafety::NeverAutoReplay);
+        assert_eq!(
+            tool.declaration.metadata.side_effect_level_basis,
+            Basis::ToolDeclared
+        );
+        assert_eq!(
+            tool.declaration.metadata.replay_safety,
+            ReplaySafety::NeverAutoReplay
+        );
     }
 
     #[test]
@@ -414,20 +687,52 @@ mod tests {
         assert!(NewRemoteTool::validate(input("get.weather")).is_ok());
     }
 
+    fn registry(limits: RegistrationLimits) -> RemoteRegistry {
+        let settings = Settings::for_data_dir(std::path::Path::new("/nonexistent"));
+        let mut registry = RemoteRegistry::new(&settings).unwrap();
+        registry.limits = limits;
+        registry
+    }
+
+    fn roles(ids: &[&str]) -> Vec<Role> {
+        ids.iter()
+            .map(|id| Role {
+                character_id: (*id).to_owned(),
+                name: format!("role {id}"),
+            })
+            .collect()
+    }
+
+    fn tool(name: &str, source: &str) -> NewRemoteTool {
+        let mut raw = input(name);
+        raw.source = Some(source.to_owned());
+        NewRemoteTool::validate(raw).unwrap()
+    }
+
+    fn limited(max_tools: usize, max_tools_per_source: usize) -> RemoteRegistry {
+        registry(RegistrationLimits {
+            max_tools,
+            max_tools_per_source,
+            ..Default::default()
+        })
+    }
+
     #[test]
     fn eviction_only_touches_that_origin_and_source() {
-        let settings = Settings::for_data_dir(std::path::Path::new("/nonexistent"));
-        let registry = RemoteRegistry::new(&settings).unwrap();
+        let registry = registry(RegistrationLimits::default());
         let make = |name: &str, url: &str, source: &str| {
             let mut raw = input(name);
             raw.callback_url = url.to_owned();
             raw.source = Some(source.to_owned());
-            RemoteTool::new(&NewRemoteTool::validate(raw).unwrap(), "r")
+            NewRemoteTool::validate(raw).unwrap()
         };
-        registry.register("c1", make("a", "http://127.0.0.1:1/x", "plugin:p"));
-        registry.register("c2", make("a", "http://127.0.0.1:1/y", "plugin:p"));
-        registry.register("c1", make("b", "http://127.0.0.1:2/x", "plugin:p"));
-        registry.register("c1", make("c", "http://127.0.0.1:1/x", "external"));
+        let register = |id: &str, tool: NewRemoteTool| {
+            registry.register(&roles(&[id]), &tool).unwrap();
+        };
+        register("c1", make("a", "http://127.0.0.1:1/x", "plugin:p"));
+        register("c2", make("a", "http://127.0.0.1:1/y", "plugin:p"));
+        register("c1", make("b", "http://127.0.0.1:2/x", "plugin:p"));
+        register("c1", make("c", "http://127.0.0.1:1/x", "external"));
         let mut evicted = registry.evict_origin("http://127.0.0.1:1", "plugin:p");
         evicted.sort();
         assert_eq!(
@@ -439,5 +744,96 @@ mod tests {
         );
         let left: Vec<String> = registry.list("c1").iter().map(|t| t.name.clone()).collect();
         assert_eq!(left, ["b", "c"]);
+        assert_eq!(registry.lock().tools, 2);
+    }
+
+    #[test]
+    fn a_tool_of_many_roles_counts_once_and_replacing_never_counts() {
+        let registry = limited(2, 2);
+        let all = roles(&["c1", "c2", "c3"]);
+        registry.register(&all, &tool("a", "s")).unwrap();
+        registry.register(&all, &tool("b", "s")).unwrap();
+        assert_eq!(registry.lock().tools, 2);
+        // Same source and name: a replacement, for all roles or for one.
+        registry.register(&all, &tool("a", "s")).unwrap();
+        registry.register(&roles(&["c2"]), &tool("b", "s")).unwrap();
+        let err = registry.register(&all, &tool("c", "s")).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::LimitExceeded);
+        assert!(
+            err.to_string().contains("max_runtime_tools_per_source = 2"),
+            "{err}"
+        );
+        // Removing the tool from every role frees its place.
+        for id in ["c1", "c2", "c3"] {
+            registry.unregister(id, "a");
+        }
+        registry.register(&all, &tool("c", "s")).unwrap();
+        assert_eq!(registry.lock().tools, 2);
+    }
+
+    #[test]
+    fn the_total_counts_every_source_and_displaced_tools_free_their_place() {
+        let registry = limited(2, 10);
+        registry
+            .register(&roles(&["c1", "c2"]), &tool("a", "s1"))
+            .unwrap();
+        registry
+            .register(&roles(&["c1"]), &tool("b", "s2"))
+            .unwrap();
+        let err = registry
+            .register(&roles(&["c1"]), &tool("c", "s3"))
+            .unwrap_err();
+        assert!(err.to_string().contains("max_runtime_tools = 2"), "{err}");
+        // s3's "b" replaces s2's only "b": still two tools.
+        registry
+            .register(&roles(&["c1"]), &tool("b", "s3"))
+            .unwrap();
+        // s3's "a" in c1 only leaves s1's "a" in c2: that would be three.
+        assert!(
+            registry
+                .register(&roles(&["c1"]), &tool("a", "s3"))
+                .is_err()
+        );
+        registry.clear_source("c1", "s1");
+        registry.clear_source("c2", "s1");
+        registry.clear_source("c1", "s3");
+        assert_eq!(registry.lock().tools, 0);
+        assert!(registry.lock().holders.is_empty());
+        // Registering for no role at all holds nothing and is never refused.
+        registry.register(&[], &tool("z", "s9")).unwrap();
+    }
+
+    #[test]
+    fn roles_share_one_declaration() {
+        let registry = registry(RegistrationLimits::default());
+        registry
+            .register(&roles(&["c1", "c2"]), &tool("a", "s"))
+            .unwrap();
+        // Registered again role by role, with the same content: still shared.
+        registry.register(&roles(&["c3"]), &tool("a", "s")).unwrap();
+        let held: Vec<Arc<RemoteTool>> = ["c1", "c2", "c3"]
+            .iter()
+            .map(|id| registry.list(id).remove(0))
+            .collect();
+        assert!(Arc::ptr_eq(&held[0].declaration, &held[1].declaration));
+        assert!(Arc::ptr_eq(&held[0].declaration, &held[2].declaration));
+        assert_eq!(held[2].role, "role c3");
+        // Retaining no character releases everything.
+        drop(held);
+        registry.retain_characters(&HashSet::new());
+        let registries = registry.lock();
+        assert_eq!((registries.tools, registries.by_character.len()), (0, 0));
+    }
+
+    #[test]
+    fn the_size_limit_counts_schema_and_description() {
+        let schema = json!({"type": "object", "properties": {"x": {"type": "string"}}});
+        let schema_len = schema.to_string().len();
+        let mut raw = input("t");
+        raw.parameters = Some(schema);
+        raw.description = Some("d".repeat(10));
+        assert!(NewRemoteTool::validate_within(raw.clone(), schema_len + 10).is_ok());
+        let err = NewRemoteTool::validate_within(raw, schema_len + 9).unwrap_err();
+        assert!(err.to_string().contains("max_tool_schema_bytes"), "{err}");
     }
 }

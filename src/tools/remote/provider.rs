@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::{FailureEffect, RemoteRegistry, RemoteTool};
+use super::{Declaration, FailureEffect, RemoteRegistry, RemoteTool};
 use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{
     CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, ToolHandler,
@@ -75,18 +75,20 @@ impl ToolProvider for RemoteProvider {
             .ok_or("the job snapshot has no timeout_seconds")?;
         let tool = RemoteTool {
             name: text("name")?,
-            description: String::new(),
-            parameters: Value::Object(Default::default()),
-            validator: Default::default(),
             callback_url,
             source: text("source")?,
             timeout_seconds,
             role: text("role")?,
-            metadata: ToolMetadata::declared(
-                invocation.effective_side_effect_level(),
-                Vec::new(),
-                None,
-            ),
+            declaration: Arc::new(Declaration {
+                description: String::new(),
+                parameters: Arc::new(Value::Object(Default::default())),
+                validator: Default::default(),
+                metadata: ToolMetadata::declared(
+                    invocation.effective_side_effect_level(),
+                    Vec::new(),
+                    None,
+                ),
+            }),
         };
         Ok(Arc::new(RemoteHandler {
             tool: Arc::new(tool),
@@ -124,7 +126,7 @@ impl ToolHandler for RemoteHandler {
             call_id: call.call_id.clone(),
             raw_arguments: call.arguments.raw.clone(),
             arguments: args.clone(),
-            side_effect_level: Some(tool.metadata.side_effect_level),
+            side_effect_level: Some(tool.metadata().side_effect_level),
             tool: fields,
         })
     }
@@ -222,14 +224,16 @@ mod tests {
     fn snapshots_keep_the_tools_side_effect_level() {
         let tool = RemoteTool {
             name: "send_mail".into(),
-            description: String::new(),
-            parameters: Value::Object(Default::default()),
-            validator: Default::default(),
             callback_url: CallbackUrl::parse("http://127.0.0.1:9/cb").unwrap(),
             source: "mail".into(),
             timeout_seconds: 2.0,
             role: "Lanlan".into(),
-            metadata: ToolMetadata::declared(SideEffectLevel::Irreversible, vec![], None),
+            declaration: Arc::new(Declaration {
+                description: String::new(),
+                parameters: Arc::new(Value::Object(Default::default())),
+                validator: Default::default(),
+                metadata: ToolMetadata::declared(SideEffectLevel::Irreversible, vec![], None),
+            }),
         };
         let registry = Arc::new(
             RemoteRegistry::new(&crate::config::Settings::for_data_dir(
