@@ -233,23 +233,29 @@ impl SchemaValidator {
                     .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
             })
             .clone()?;
-        let problems: Vec<String> = validator
-            .iter_errors(args)
-            .take(5)
-            .map(|err| {
-                let path = err.instance_path().to_string();
-                if path.is_empty() {
-                    err.to_string()
-                } else {
-                    format!("{path}: {err}")
-                }
-            })
-            .collect();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        }
+        check_with(&validator, args)
+    }
+}
+
+/// Checks `args` with a compiled validator; the error names up to five problems
+/// with their paths.
+pub fn check_with(validator: &jsonschema::Validator, args: &Value) -> Result<(), String> {
+    let problems: Vec<String> = validator
+        .iter_errors(args)
+        .take(5)
+        .map(|err| {
+            let path = err.instance_path().to_string();
+            if path.is_empty() {
+                err.to_string()
+            } else {
+                format!("{path}: {err}")
+            }
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
     }
 }
 

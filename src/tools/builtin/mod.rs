@@ -310,21 +310,8 @@ async fn call(
     args: &Value,
 ) -> ToolOutcome {
     let name = tool.spec.name.as_str();
-    let problems: Vec<String> = tool
-        .validator
-        .iter_errors(args)
-        .take(5)
-        .map(|err| {
-            let path = err.instance_path().to_string();
-            if path.is_empty() {
-                err.to_string()
-            } else {
-                format!("{path}: {err}")
-            }
-        })
-        .collect();
-    if !problems.is_empty() {
-        return ToolOutcome::Error(format!("invalid arguments: {}", problems.join("; ")));
+    if let Err(problems) = crate::schema::check_with(&tool.validator, args) {
+        return ToolOutcome::Error(format!("invalid arguments: {problems}"));
     }
     let state: Box<dyn SessionState> = match run {
         Some(run) => Box::new(RunSessionState::new(
