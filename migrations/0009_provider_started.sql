@@ -18,5 +18,9 @@ UPDATE tool_execution_record SET provider_started = CASE
 -- runs), from calls that were decided to run.
 DROP TABLE IF EXISTS floor_tool_call_counts;
 
-CREATE INDEX texec_run_started_steps ON tool_execution_record(run_id, provider_started, step_key);
-CREATE INDEX texec_floor_budget ON tool_execution_record(floor_id, provider_started) WHERE run_id IS NULL;
+-- Partial, so that calls outside runs and floors (the common case of a plain
+-- integration) do not pay for them on every journal write.
+CREATE INDEX texec_run_started_steps ON tool_execution_record(run_id, provider_started, step_key)
+    WHERE run_id IS NOT NULL;
+CREATE INDEX texec_floor_budget ON tool_execution_record(floor_id, provider_started)
+    WHERE run_id IS NULL AND floor_id IS NOT NULL;

@@ -21,13 +21,13 @@ pub fn check_parameter_schema(schema: &Value) -> Result<(), String> {
             "parameters must be at most {MAX_SCHEMA_BYTES} bytes"
         ));
     }
-    check_schema_validity(schema).map(drop)
+    check_schema_validity(schema)
 }
 
 /// Checks that `schema` is an object, within the cost limits and a valid,
 /// usable JSON Schema, whatever its size (runtime tools have their own,
-/// configurable size limit), and answers it compiled.
-pub fn check_schema_validity(schema: &Value) -> Result<SchemaValidator, String> {
+/// configurable size limit).
+pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
     if !schema.is_object() {
         return Err("parameters must be a JSON Schema object".into());
     }
@@ -42,9 +42,9 @@ pub fn check_schema_validity(schema: &Value) -> Result<SchemaValidator, String> 
             format!("parameters is not a valid JSON Schema at {path}: {err}")
         }
     })?;
-    let compiled = jsonschema::validator_for(schema)
-        .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))?;
-    Ok(SchemaValidator::compiled(compiled))
+    jsonschema::validator_for(schema)
+        .map(drop)
+        .map_err(|err| format!("parameters is not a usable JSON Schema: {err}"))
 }
 
 /// How much a schema may cost, measured on its JSON without expanding it and
@@ -59,6 +59,9 @@ pub struct SchemaCost {
     /// place (a reference back into its own ancestors counts once): what a
     /// validator may walk for one argument. Saturates at `usize::MAX`.
     pub expanded_nodes: usize,
+    /// Whether it holds regular expressions (`pattern`, `patternProperties`),
+    /// whose cost depends on the argument as much as on the schema.
+    pub has_patterns: bool,
 }
 
 /// Deepest nesting accepted in a parameter schema.
@@ -81,6 +84,9 @@ pub fn measure(schema: &Value) -> SchemaCost {
         nodes,
         depth,
         expanded_nodes,
+        has_patterns: own.keys().any(|pointer| {
+            pointer.ends_with("/pattern") || pointer.ends_with("/patternProperties")
+        }),
     }
 }
 
@@ -194,10 +200,23 @@ pub fn check_cost(schema: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// A compiled schema, and whether validating against it is cheap.
+struct Compiled {
+    validator: Arc<jsonschema::Validator>,
+    /// Small once expanded and without regular expressions: validating a small
+    /// argument against it takes microseconds, on any thread.
+    cheap: bool,
+}
+
+/// Expanded size under which a schema (without patterns) is cheap to validate.
+const CHEAP_EXPANDED_NODES: usize = 2_000;
+/// Raw argument size under which a cheap schema is validated where the call runs.
+pub const CHEAP_ARGUMENT_BYTES: usize = 8 * 1024;
+
 /// A tool's compiled validator, compiled on first use and then shared by every
 /// copy of the tool's spec: a schema is compiled once, not per call.
 #[derive(Clone, Default)]
-pub struct SchemaValidator(Arc<OnceLock<Result<Arc<jsonschema::Validator>, String>>>);
+pub struct SchemaValidator(Arc<OnceLock<Result<Compiled, String>>>);
 
 impl std::fmt::Debug for SchemaValidator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -217,23 +236,31 @@ impl PartialEq for SchemaValidator {
 }
 
 impl SchemaValidator {
-    /// A validator that is already compiled (at registration).
-    pub fn compiled(validator: jsonschema::Validator) -> Self {
-        Self(Arc::new(OnceLock::from(Ok(Arc::new(validator)))))
+    /// Whether `args_bytes` of arguments can be validated on an async worker:
+    /// the schema is compiled already, cheap, and the arguments small. Anything
+    /// else goes to the blocking pool with a time budget.
+    pub fn is_cheap_for(&self, args_bytes: usize) -> bool {
+        args_bytes <= CHEAP_ARGUMENT_BYTES
+            && matches!(self.0.get(), Some(Ok(Compiled { cheap: true, .. })))
     }
 
     /// Validates `args` against `schema`, compiling it first if this is the
-    /// first call. CPU-heavy: run it off the async workers.
+    /// first call. CPU-heavy unless [`Self::is_cheap_for`]: run it off the async
+    /// workers.
     pub fn validate(&self, schema: &Value, args: &Value) -> Result<(), String> {
-        let validator = self
-            .0
-            .get_or_init(|| {
-                jsonschema::validator_for(schema)
-                    .map(Arc::new)
-                    .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
-            })
-            .clone()?;
-        check_with(&validator, args)
+        let compiled = self.0.get_or_init(|| {
+            let cost = measure(schema);
+            jsonschema::validator_for(schema)
+                .map(|validator| Compiled {
+                    validator: Arc::new(validator),
+                    cheap: cost.expanded_nodes <= CHEAP_EXPANDED_NODES && !cost.has_patterns,
+                })
+                .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
+        });
+        match compiled {
+            Ok(compiled) => check_with(&compiled.validator, args),
+            Err(problem) => Err(problem.clone()),
+        }
     }
 }
 

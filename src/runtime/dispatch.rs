@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::ToolRuntime;
+use super::detach::FinishOnDrop;
 use super::journal_rows::{CallJournal, CallScope};
 use crate::call::{ToolCall, ToolCallResult};
 use crate::catalog::{CallContext, CatalogEntry, Lookup};
@@ -22,9 +23,9 @@ impl ToolRuntime {
     /// floor or run are errors; everything about the tool itself is a
     /// model-visible result, and every decided call is a journal row.
     ///
-    /// The call runs in its own task: a caller that goes away (a client that
-    /// hangs up) cannot cut it short between its journal rows, and shutdown
-    /// waits for it.
+    /// A caller that goes away (a client that hangs up) cannot cut the call
+    /// short between its journal rows: the rest of it finishes in a task of its
+    /// own, which shutdown waits for.
     pub async fn call(
         &self,
         account_id: &str,
@@ -33,15 +34,11 @@ impl ToolRuntime {
     ) -> Result<ToolCallResult> {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
-        let task = self
-            .calls
-            .spawn(async move { runtime.run_call(&account_id, &session_id, call).await });
-        match task.await {
-            Ok(result) => result,
-            Err(err) => Err(Error::Internal(
-                anyhow::Error::new(err).context("the tool call's task failed"),
-            )),
-        }
+        FinishOnDrop::new(
+            async move { runtime.run_call(&account_id, &session_id, call).await },
+            self.calls.clone(),
+        )
+        .await
     }
 
     async fn run_call(
@@ -115,17 +112,25 @@ impl ToolRuntime {
 
     /// The call's arguments if they parse and satisfy the tool's schema, else
     /// the model-visible reason. Validation is CPU work of a size the tool's
-    /// author chose, so it runs on the blocking pool within a time budget: a
-    /// schema that takes too long refuses the call instead of stalling the
-    /// async workers.
+    /// author and the model chose, so unless the schema is known to be cheap
+    /// and the arguments small it runs on the blocking pool within a time
+    /// budget: a schema that takes too long refuses the call instead of
+    /// stalling the async workers.
     async fn checked_arguments(
         &self,
         entry: &CatalogEntry,
         call: &ToolCall,
     ) -> std::result::Result<Value, String> {
         let args = call.arguments.parsed.clone()?;
-        let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
         let validator = entry.spec.validator.clone();
+        if validator.is_cheap_for(call.arguments.raw.len()) {
+            // Microseconds: a hand-off to the blocking pool would cost more.
+            return validator
+                .validate(&entry.spec.parameters, &args)
+                .map(|()| args)
+                .map_err(|problem| format!("invalid arguments: {problem}"));
+        }
+        let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
         let schema = entry.spec.parameters.clone();
         let checked = args.clone();
         let validation = tokio::task::spawn_blocking(move || validator.validate(&schema, &checked));

@@ -3,6 +3,7 @@
 //! (`dispatch`) owns what is common to every provider; the providers are
 //! registered in `ToolRuntime::new`, one line each.
 
+mod detach;
 mod dispatch;
 pub mod jobs;
 mod journal_rows;
@@ -40,8 +41,8 @@ pub struct ToolRuntime {
     pub model_sessions: Arc<ModelSessionHub>,
     /// Wakes the job workers when a job becomes claimable.
     pub jobs: Arc<JobSignal>,
-    /// Calls that have started: they run to their end whatever their caller
-    /// does, and shutdown waits for them.
+    /// Calls whose caller went away before they finished: they run to their
+    /// end in a task of their own, and shutdown waits for them.
     calls: TaskTracker,
 }
 

@@ -402,6 +402,26 @@ const ADMISSION_CALLS: &str = "(?29 = 0 OR ?31 IS NULL \
         ELSE (SELECT COUNT(*) FROM tool_execution_record WHERE floor_id = ?5 AND run_id IS NULL AND provider_started = 1) \
         END) < ?31)";
 
+const INSERT_COLUMNS: &str = "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, \
+    floor_id, page_id, call_id, caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, \
+    result_json, status, lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, \
+    duration_ms, started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, \
+    created_at, step_key, provider_started)";
+const INSERT_VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+    ?18, ?19, ?20, 0, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29";
+
+/// A row's insert under its admission conditions.
+static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{INSERT_COLUMNS} SELECT {INSERT_VALUES} \
+         WHERE {ADMISSION_RUN_OPEN} AND {ADMISSION_STEP} AND {ADMISSION_CALLS}"
+    )
+});
+
+/// A row's insert when nothing is to be checked (no run, no limits).
+static PLAIN_INSERT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{INSERT_COLUMNS} VALUES ({INSERT_VALUES})"));
+
 /// Binds a row's values as `?1` … `?31` (the numbering of the statements above).
 fn bind_row<'q>(
     query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
@@ -451,16 +471,16 @@ pub(super) async fn insert_execution_with(
     row: &NewExecution,
 ) -> Result<Admitted> {
     let now = now_ms();
-    let sql = format!(
-        "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
-         caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
-         lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
-         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at, \
-         step_key, provider_started) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, 0, \
-         ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29 \
-         WHERE {ADMISSION_RUN_OPEN} AND {ADMISSION_STEP} AND {ADMISSION_CALLS}"
-    );
+    // A row with no run and no limits has nothing to check: the plain insert
+    // spares the statement its conditions.
+    let checked = row.run_id.is_some()
+        || (row.provider_started
+            && (row.admission.step_limit.is_some() || row.admission.call_limit.is_some()));
+    let sql: &'static str = if checked {
+        &GUARDED_INSERT
+    } else {
+        &PLAIN_INSERT
+    };
     let inserted = bind_row(sqlx::query(AssertSqlSafe(sql)), row, now)
         .execute(&mut *conn)
         .await?
