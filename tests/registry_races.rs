@@ -222,3 +222,59 @@ async fn sigterm_while_event_streams_open_always_exits() {
         }
     }
 }
+
+/// The roles of `/api/tools` follow every character write at once: created,
+/// renamed and deleted characters are what the very next registration sees.
+#[tokio::test]
+async fn roles_follow_character_creates_renames_and_deletes() {
+    let server = spawn_app().await;
+    let global = |name: &str| json!({"name": name, "callback_url": "http://127.0.0.1:9/cb"});
+    let reply = register(&server, global("before")).await;
+    assert_eq!(
+        names(&reply.body["affected_roles"]),
+        ["Lanlan"],
+        "{reply:?}"
+    );
+
+    let created = server
+        .post(
+            "/characters",
+            json!({"name": "Mika", "description": "", "persona": ""}),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let reply = register(&server, global("after_create")).await;
+    assert_eq!(
+        names(&reply.body["affected_roles"]),
+        ["Lanlan", "Mika"],
+        "{reply:?}"
+    );
+
+    let renamed = server
+        .patch("/characters/Mika", json!({"name": "Mina"}))
+        .await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    let reply = register(&server, global("after_rename")).await;
+    assert_eq!(
+        names(&reply.body["affected_roles"]),
+        ["Lanlan", "Mina"],
+        "{reply:?}"
+    );
+    // The renamed character kept its registrations: they are keyed by its id.
+    assert!(tools_of(&server, "Mina").await.contains("after_create"));
+
+    let deleted = server.delete("/characters/Mina").await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let reply = register(&server, global("after_delete")).await;
+    assert_eq!(
+        names(&reply.body["affected_roles"]),
+        ["Lanlan"],
+        "{reply:?}"
+    );
+    let unknown = register(
+        &server,
+        json!({"name": "x", "callback_url": "http://127.0.0.1:9/cb", "role": "Mina"}),
+    )
+    .await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+}

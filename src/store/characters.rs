@@ -1,6 +1,8 @@
 //! Characters: personas with server-wide unique names, owned by one account.
 
 use serde::Serialize;
+use std::sync::Arc;
+
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -81,6 +83,7 @@ impl Store {
         .bind(now)
         .execute(self.pool())
         .await;
+        self.character_cache.invalidate_all();
         match result {
             Ok(_) => Ok(character),
             Err(err) if super::is_unique_violation(&err) => Err(name_conflict(name.as_str())),
@@ -111,12 +114,21 @@ impl Store {
     }
 
     /// Every character of every account, by name: the roles of `/api/tools`.
-    pub async fn all_characters(&self) -> Result<Vec<Character>> {
+    /// Cached: every write of a character invalidates before it answers, so a
+    /// read that starts after a character was created sees it.
+    pub async fn all_characters(&self) -> Result<Arc<Vec<Character>>> {
+        const KEY: &str = "all";
+        if let Some(all) = self.character_cache.get(KEY) {
+            return Ok(all);
+        }
+        let generation = self.character_cache.generation();
         let sql = format!("SELECT {COLUMNS} FROM characters ORDER BY name");
         let rows = sqlx::query(AssertSqlSafe(sql))
             .fetch_all(self.pool())
             .await?;
-        Ok(rows.iter().map(from_row).collect())
+        let all: Arc<Vec<Character>> = Arc::new(rows.iter().map(from_row).collect());
+        self.character_cache.put(KEY, generation, all.clone());
+        Ok(all)
     }
 
     pub async fn list_characters(
@@ -176,6 +188,7 @@ impl Store {
         .execute(self.pool())
         .await;
         self.sessions_changed();
+        self.character_cache.invalidate_all();
         match result {
             Ok(_) => Ok(character),
             Err(err) if super::is_unique_violation(&err) => Err(name_conflict(&character.name)),
@@ -186,11 +199,13 @@ impl Store {
     /// Deletes the character with its sessions (and everything under them).
     pub async fn delete_character(&self, account_id: &str, name: &str) -> Result<Character> {
         let character = self.character(account_id, name).await?;
-        sqlx::query("DELETE FROM characters WHERE id = ?")
+        let deleted = sqlx::query("DELETE FROM characters WHERE id = ?")
             .bind(&character.id)
             .execute(self.pool())
-            .await?;
+            .await;
         self.sessions_changed();
+        self.character_cache.invalidate_all();
+        deleted?;
         Ok(character)
     }
 }

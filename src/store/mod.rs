@@ -56,6 +56,9 @@ pub struct Store {
         Arc<cache::GenerationCache<Arc<Vec<crate::domain::definition::ToolDefinition>>>>,
     /// Sessions by id: read on every call.
     session_cache: Arc<cache::GenerationCache<Session>>,
+    /// Every character (the roles of `/api/tools`): read by every registration
+    /// inside the catalog mutation.
+    character_cache: Arc<cache::GenerationCache<Arc<Vec<Character>>>>,
 }
 
 impl Store {
@@ -102,6 +105,7 @@ impl Store {
             api_keys: Arc::default(),
             definition_cache: Arc::default(),
             session_cache: Arc::default(),
+            character_cache: Arc::default(),
         })
     }
 

@@ -79,19 +79,14 @@ fn change_for(role: &Role, change: CatalogChange) -> (String, CatalogChange) {
 
 /// The roles `target` names, as the store has them now.
 async fn resolve_roles(store: &Store, target: Target<'_>) -> Result<Vec<Role>> {
-    let to_role = |c: Character| Role {
-        character_id: c.id,
-        name: c.name,
+    let to_role = |c: &Character| Role {
+        character_id: c.id.clone(),
+        name: c.name.clone(),
     };
     match target {
-        Target::AllRoles => Ok(store
-            .all_characters()
-            .await?
-            .into_iter()
-            .map(to_role)
-            .collect()),
+        Target::AllRoles => Ok(store.all_characters().await?.iter().map(to_role).collect()),
         Target::Role(name) => match store.character_any_account(name).await? {
-            Some(character) => Ok(vec![to_role(character)]),
+            Some(character) => Ok(vec![to_role(&character)]),
             None => Err(Error::NotFound(format!(
                 "role {name:?} not found: no character has that name"
             ))),
