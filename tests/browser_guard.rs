@@ -317,8 +317,13 @@ async fn logs_in_a_file_carry_no_colour() {
     )
     .await;
     assert_forbidden(&reply);
-    assert!(server.stop().await.success());
+    let status = server.stop().await;
     // The helpers send stderr to this file.
     let log = std::fs::read(server.data_dir.join("..").join("server.log")).expect("server.log");
+    assert!(
+        status.success(),
+        "{status:?}; server.log:\n{}",
+        String::from_utf8_lossy(&log)
+    );
     assert_colourless_log_of_a_refusal(&log);
 }
