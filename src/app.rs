@@ -106,28 +106,47 @@ impl App {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// A future that resolves on SIGINT or SIGTERM. The handlers are installed
+/// when this is called, not when the future is first polled: a server that
+/// says it is listening must already stop gracefully on a signal (a test or a
+/// supervisor may send one at once).
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind: SignalKind, name: &'static str| match signal(kind) {
+            Ok(stream) => Some(stream),
             Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await
+                tracing::warn!(%err, signal = name, "cannot listen for the signal");
+                None
+            }
+        };
+        (
+            install(SignalKind::interrupt(), "SIGINT"),
+            install(SignalKind::terminate(), "SIGTERM"),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut interrupt, mut terminate) = signals;
+            let wait = |stream: Option<tokio::signal::unix::Signal>| async move {
+                match stream {
+                    Some(mut stream) => {
+                        stream.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(interrupt.take()) => {},
+                _ = wait(terminate.take()) => {},
             }
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received; finishing in-flight requests");
     }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
 }

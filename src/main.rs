@@ -14,6 +14,9 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = Settings::resolve(args)?;
             init_tracing(settings.log_format);
+            // Before anything says it is ready: a signal from then on is a
+            // graceful stop, never the default kill.
+            let shutdown = shutdown_signal();
             let app = App::build(settings).await?;
             if let Some(key) = &app.bootstrap.generated_key {
                 println!(
@@ -24,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(%addr, "listening");
             // Tests and scripts read this line to learn the bound port.
             println!("toolgate listening on http://{addr}");
-            app.run(shutdown_signal()).await
+            app.run(shutdown).await
         }
     }
 }
