@@ -213,15 +213,39 @@ const CHEAP_EXPANDED_NODES: usize = 2_000;
 /// Raw argument size under which a cheap schema is validated where the call runs.
 pub const CHEAP_ARGUMENT_BYTES: usize = 8 * 1024;
 
+/// Schema nodes whose compiled validators may be kept at once, over all tools.
+/// A compiled schema takes many times its text's memory (a 100 KB schema about
+/// 1 MB), so past this budget a schema is compiled for each call instead of
+/// kept: slower for that tool, but memory stays bounded however many large
+/// schemas are called.
+pub const RETAINED_NODES_BUDGET: usize = 1_000_000;
+
+/// Schema nodes of the compiled validators kept now.
+static RETAINED_NODES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A compiled schema kept for its tool, counted against the budget until the
+/// tool (its last spec) is dropped.
+struct Retained {
+    compiled: Result<Compiled, String>,
+    nodes: usize,
+}
+
+impl Drop for Retained {
+    fn drop(&mut self) {
+        RETAINED_NODES.fetch_sub(self.nodes, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A tool's compiled validator, compiled on first use and then shared by every
-/// copy of the tool's spec: a schema is compiled once, not per call.
+/// copy of the tool's spec: a schema is compiled once, not per call (within
+/// [`RETAINED_NODES_BUDGET`]).
 #[derive(Clone, Default)]
-pub struct SchemaValidator(Arc<OnceLock<Result<Compiled, String>>>);
+pub struct SchemaValidator(Arc<OnceLock<Retained>>);
 
 impl std::fmt::Debug for SchemaValidator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.0.get() {
-            None => "SchemaValidator(not compiled)",
+        f.write_str(match self.0.get().map(|kept| &kept.compiled) {
+            None => "SchemaValidator(not kept)",
             Some(Ok(_)) => "SchemaValidator(compiled)",
             Some(Err(_)) => "SchemaValidator(unusable)",
         })
@@ -235,28 +259,54 @@ impl PartialEq for SchemaValidator {
     }
 }
 
+fn compile(schema: &Value, cost: &SchemaCost) -> Result<Compiled, String> {
+    jsonschema::validator_for(schema)
+        .map(|validator| Compiled {
+            validator: Arc::new(validator),
+            cheap: cost.expanded_nodes <= CHEAP_EXPANDED_NODES && !cost.has_patterns,
+        })
+        .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
+}
+
 impl SchemaValidator {
     /// Whether `args_bytes` of arguments can be validated on an async worker:
     /// the schema is compiled already, cheap, and the arguments small. Anything
     /// else goes to the blocking pool with a time budget.
     pub fn is_cheap_for(&self, args_bytes: usize) -> bool {
         args_bytes <= CHEAP_ARGUMENT_BYTES
-            && matches!(self.0.get(), Some(Ok(Compiled { cheap: true, .. })))
+            && matches!(
+                self.0.get().map(|kept| &kept.compiled),
+                Some(Ok(Compiled { cheap: true, .. }))
+            )
     }
 
-    /// Validates `args` against `schema`, compiling it first if this is the
-    /// first call. CPU-heavy unless [`Self::is_cheap_for`]: run it off the async
-    /// workers.
+    /// Validates `args` against `schema`, compiling it first unless it is kept
+    /// from an earlier call. CPU-heavy unless [`Self::is_cheap_for`]: run it off
+    /// the async workers.
     pub fn validate(&self, schema: &Value, args: &Value) -> Result<(), String> {
-        let compiled = self.0.get_or_init(|| {
-            let cost = measure(schema);
-            jsonschema::validator_for(schema)
-                .map(|validator| Compiled {
-                    validator: Arc::new(validator),
-                    cheap: cost.expanded_nodes <= CHEAP_EXPANDED_NODES && !cost.has_patterns,
-                })
-                .map_err(|err| format!("the tool's parameter schema is unusable: {err}"))
-        });
+        if let Some(kept) = self.0.get() {
+            return Self::check(&kept.compiled, args);
+        }
+        let cost = measure(schema);
+        let compiled = compile(schema, &cost);
+        let nodes = cost.nodes;
+        let before = RETAINED_NODES.fetch_add(nodes, std::sync::atomic::Ordering::SeqCst);
+        if before + nodes > RETAINED_NODES_BUDGET {
+            RETAINED_NODES.fetch_sub(nodes, std::sync::atomic::Ordering::SeqCst);
+            tracing::debug!(
+                nodes,
+                "compiled validator not kept: over the retained budget"
+            );
+            return Self::check(&compiled, args);
+        }
+        // A concurrent first call may have kept its own copy; this one is then
+        // dropped, and its nodes with it.
+        let _ = self.0.set(Retained { compiled, nodes });
+        let kept = self.0.get().expect("set above or by a concurrent call");
+        Self::check(&kept.compiled, args)
+    }
+
+    fn check(compiled: &Result<Compiled, String>, args: &Value) -> Result<(), String> {
         match compiled {
             Ok(compiled) => check_with(&compiled.validator, args),
             Err(problem) => Err(problem.clone()),
@@ -349,6 +399,19 @@ mod tests {
                 .unwrap_err()
                 .contains("levels deep")
         );
+    }
+
+    #[test]
+    fn kept_validators_release_their_budget_when_dropped() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let validator = SchemaValidator::default();
+        assert!(!validator.is_cheap_for(10));
+        validator.validate(&schema, &json!({"n": 1})).unwrap();
+        assert!(validator.is_cheap_for(10), "kept after its first call");
+        let copy = validator.clone();
+        drop(validator);
+        assert!(copy.is_cheap_for(10), "shared by every copy");
+        assert!(copy.validate(&schema, &json!({"n": "x"})).is_err());
     }
 
     #[test]
