@@ -239,19 +239,18 @@ async fn update_definition(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Merged and checked against the row as it is inside the write transaction, so
     // a concurrent update is neither lost nor merged past these checks.
-    let runtime = &state.runtime;
-    let write = runtime
-        .store
-        .update_definition(&account.id, &id, |existing| {
+    let saved = save_change(
+        &state,
+        &account.id,
+        &id,
+        |existing| {
             let updated = definition::update(existing, changes.clone())?;
             definition::check_update_allowed(&updated, &changes, scripts_enabled)?;
             Ok(updated)
-        });
-    let saved = runtime
-        .write_catalog(Box::pin(write), |saved| {
-            definition_change(&account.id, saved, ChangeKind::Updated)
-        })
-        .await?;
+        },
+        |_| ChangeKind::Updated,
+    )
+    .await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
     Ok(axum::Json(Data { data: saved }))
 }
@@ -272,26 +271,26 @@ async fn toggle_definition(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Inside the write transaction, like the PATCH: flipping `enabled` on a stale
     // copy would write back the other fields as they were before a concurrent PATCH.
-    let runtime = &state.runtime;
-    let write = runtime
-        .store
-        .update_definition(&account.id, &id, |existing| {
+    let saved = save_change(
+        &state,
+        &account.id,
+        &id,
+        |existing| {
             definition::check_toggle_allowed(existing, body.enabled, scripts_enabled)?;
             Ok(ToolDefinition {
                 enabled: body.enabled,
                 ..existing.clone()
             })
-        });
-    let saved = runtime
-        .write_catalog(Box::pin(write), |saved| {
-            let kind = if saved.enabled {
+        },
+        |saved| {
+            if saved.enabled {
                 ChangeKind::Added
             } else {
                 ChangeKind::Removed
-            };
-            definition_change(&account.id, saved, kind)
-        })
-        .await?;
+            }
+        },
+    )
+    .await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
     Ok(axum::Json(Data { data: saved }))
 }
@@ -321,6 +320,25 @@ async fn delete_definition(
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": id, "deleted": true }),
     }))
+}
+
+/// Changes a stored definition in one write transaction (the merge and checks
+/// of `change` see the row as it is inside it) and tells the account's live
+/// model sessions how their catalogs changed.
+async fn save_change(
+    state: &AppState,
+    account_id: &str,
+    id: &str,
+    change: impl FnOnce(&ToolDefinition) -> crate::error::Result<ToolDefinition> + Send,
+    kind: impl FnOnce(&ToolDefinition) -> ChangeKind + Send,
+) -> crate::error::Result<ToolDefinition> {
+    let runtime = &state.runtime;
+    let write = runtime.store.update_definition(account_id, id, change);
+    runtime
+        .write_catalog(Box::pin(write), |saved| {
+            definition_change(account_id, saved, kind(saved))
+        })
+        .await
 }
 
 /// How a definition write changed its account's catalogs.
