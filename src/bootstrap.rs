@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::config::Settings;
 use crate::domain::CharacterName;
-use crate::error::Error;
+
 use crate::store::Store;
 
 /// What first start created; `generated_key` is set only when the key was not
@@ -41,7 +41,8 @@ pub async fn ensure_defaults(store: &Store, settings: &Settings) -> anyhow::Resu
         .create_character(&created.account.id, &name, "The default character.", "")
         .await
     {
-        Ok(_) | Err(Error::Refused { .. }) => {}
+        Ok(_) => {}
+        Err(err) if err.code() == crate::error::ErrorCode::CharacterConflict => {}
         Err(err) => return Err(anyhow::Error::new(err).context("creating the default character")),
     }
     Ok(Bootstrap {

@@ -36,10 +36,7 @@ impl CallArguments {
                 };
                 Self { raw, parsed }
             }
-            Some(value @ Value::Object(_)) => Self {
-                raw: value.to_string(),
-                parsed: Ok(value),
-            },
+            Some(value @ Value::Object(_)) => Self::parsed(value),
             Some(other) => Self {
                 raw: other.to_string(),
                 parsed: Err("tool arguments must be a JSON object".to_owned()),
@@ -48,13 +45,9 @@ impl CallArguments {
     }
 
     /// Arguments that are already a parsed object.
-    pub fn parsed(value: Value) -> Self {
+    fn parsed(value: Value) -> Self {
         Self {
-            raw: if value.as_object().is_some_and(|o| o.is_empty()) {
-                "{}".to_owned()
-            } else {
-                value.to_string()
-            },
+            raw: value.to_string(),
             parsed: Ok(value),
         }
     }

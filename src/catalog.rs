@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -107,19 +108,26 @@ pub enum CatalogScope {
     Session(String),
 }
 
-impl Default for CatalogScope {
-    fn default() -> Self {
-        CatalogScope::Character(String::new())
-    }
-}
-
 /// A change to the catalogs of one scope, as the provider saw it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CatalogChange {
     pub scope: CatalogScope,
     pub added: Vec<String>,
     pub updated: Vec<String>,
     pub removed: Vec<String>,
+}
+
+impl CatalogChange {
+    /// A change of `scope` naming no tool yet (a permission change affects
+    /// every tool without adding or removing one).
+    pub fn new(scope: CatalogScope) -> Self {
+        Self {
+            scope,
+            added: Vec::new(),
+            updated: Vec::new(),
+            removed: Vec::new(),
+        }
+    }
 }
 
 /// A catalog mutation: runs (is first polled) under the catalog mutation lock
@@ -135,6 +143,26 @@ pub trait CatalogEvents: Send + Sync {
         &'a self,
         mutation: CatalogMutation<'a>,
     ) -> BoxFuture<'a, Vec<std::result::Result<(), String>>>;
+}
+
+/// Runs a mutation that also answers a value of its own (what it removed, a
+/// stored row), as one catalog mutation: the value, and one sync result per
+/// change.
+pub async fn mutate_with<T: Send>(
+    events: &dyn CatalogEvents,
+    mutation: impl Future<Output = (T, Vec<CatalogChange>)> + Send,
+) -> (T, Vec<std::result::Result<(), String>>) {
+    let mut answer = None;
+    let slot = &mut answer;
+    let results = events
+        .mutate(Box::pin(async move {
+            let (value, changes) = mutation.await;
+            *slot = Some(value);
+            changes
+        }))
+        .await;
+    let value = answer.expect("a catalog mutation runs before its changes are synced");
+    (value, results)
 }
 
 /// One tool in a catalog.
@@ -230,10 +258,9 @@ pub struct Catalog {
     pub conflicts: Vec<Conflict>,
 }
 
-/// The result of looking a called name up in a catalog.
+/// Why a called name cannot be run from a catalog.
 #[derive(Debug)]
-pub enum Lookup<'a> {
-    Found(&'a CatalogEntry),
+pub enum NotCallable<'a> {
     Unknown,
     Conflict(&'a Conflict),
     Unavailable(&'a CatalogEntry),
@@ -282,14 +309,15 @@ impl Catalog {
         }
     }
 
-    pub fn lookup(&self, name: &str) -> Lookup<'_> {
+    /// The entry a call of `name` runs, or why there is none.
+    pub fn lookup(&self, name: &str) -> std::result::Result<&CatalogEntry, NotCallable<'_>> {
         if let Some(conflict) = self.conflicts.iter().find(|c| c.name == name) {
-            return Lookup::Conflict(conflict);
+            return Err(NotCallable::Conflict(conflict));
         }
         match self.entries.iter().find(|e| e.spec.name == name) {
-            None => Lookup::Unknown,
-            Some(entry) if entry.availability == Availability::Available => Lookup::Found(entry),
-            Some(entry) => Lookup::Unavailable(entry),
+            None => Err(NotCallable::Unknown),
+            Some(entry) if entry.availability == Availability::Available => Ok(entry),
+            Some(entry) => Err(NotCallable::Unavailable(entry)),
         }
     }
 }

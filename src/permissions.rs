@@ -412,7 +412,7 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
     use crate::call::ToolOutcome;
-    use crate::catalog::{CallContext, CatalogEntry, Lookup, ToolHandler};
+    use crate::catalog::{CallContext, CatalogEntry, NotCallable, ToolHandler};
 
     /// A handler these catalog tests never run.
     #[derive(Debug)]
@@ -558,7 +558,10 @@ mod tests {
             catalog.conflicts[0].provider_ids,
             ["builtin", "remote:Lanlan"]
         );
-        assert!(matches!(catalog.lookup("roll_dice"), Lookup::Conflict(_)));
+        assert!(matches!(
+            catalog.lookup("roll_dice"),
+            Err(NotCallable::Conflict(_))
+        ));
         let dice: Vec<Value> = catalog
             .entries
             .iter()

@@ -356,10 +356,7 @@ fn definition_change(
     kind: ChangeKind,
 ) -> CatalogChange {
     let names = vec![definition.name.clone()];
-    let mut change = CatalogChange {
-        scope: CatalogScope::Account(account_id.to_owned()),
-        ..Default::default()
-    };
+    let mut change = CatalogChange::new(CatalogScope::Account(account_id.to_owned()));
     match kind {
         ChangeKind::Added => change.added = names,
         ChangeKind::Updated => change.updated = names,

@@ -102,9 +102,8 @@ async fn save(
     );
     // Permissions decide what the session's model is offered.
     let stored = runtime
-        .write_catalog(Box::pin(write), |_| CatalogChange {
-            scope: CatalogScope::Session(session_id.to_owned()),
-            ..Default::default()
+        .write_catalog(Box::pin(write), |_| {
+            CatalogChange::new(CatalogScope::Session(session_id.to_owned()))
         })
         .await?;
     tracing::info!(session = session_id, permissions = %stored, "tool permissions changed");

@@ -11,9 +11,9 @@ use super::ToolRuntime;
 use super::detach::FinishOnDrop;
 use super::journal_rows::{CallJournal, CallScope};
 use crate::call::{ToolCall, ToolCallResult};
-use crate::catalog::{CallContext, CatalogEntry, Lookup};
+use crate::catalog::{CallContext, CatalogEntry};
 use crate::domain::tool::ResultVisibility;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::journal::{ExecutionStatus, canonical_json};
 use crate::permissions::{Refusal, ToolPermissions};
 use crate::store::{Admission, Admitted, ReplayParent};
@@ -58,8 +58,8 @@ impl ToolRuntime {
             scope: &scope,
         };
         let entry = match catalog.lookup(&call.name) {
-            Lookup::Found(entry) => entry,
-            refused => return journal.refused_lookup(refused).await,
+            Ok(entry) => entry,
+            Err(refused) => return journal.refused_lookup(refused).await,
         };
         let permissions = ToolPermissions::from_metadata(&session.metadata)?;
         if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
@@ -268,17 +268,6 @@ impl CallJournal<'_> {
                     .await
             }
             Admitted::RunNotOpen | Admitted::Yes => Err(self.run_not_open()),
-        }
-    }
-
-    /// A call that lost the race against its run's commit or discard.
-    pub(super) fn run_not_open(&self) -> Error {
-        let run = self.scope.run.as_ref().map(|r| r.id.as_str()).unwrap_or("");
-        Error::Refused {
-            code: crate::error::ErrorCode::RunNotOpen,
-            message: format!(
-                "run {run} was committed or discarded while this call was being made; open a new run"
-            ),
         }
     }
 }

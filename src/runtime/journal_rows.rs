@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::dispatch::Opened;
 use crate::call::{JobInvocation, ToolCall, ToolCallResult, ToolOutcome, settle};
-use crate::catalog::{CatalogEntry, Lookup};
-use crate::error::{Error, Result};
+use crate::catalog::{CatalogEntry, NotCallable};
+use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{new_id, now_ms};
 use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonical_json};
 use crate::store::{
@@ -37,10 +37,10 @@ impl CallScope {
                 return Err(Error::not_found(format!("run {run_id:?}")));
             }
             if run.state != "open" {
-                return Err(Error::Refused {
-                    code: crate::error::ErrorCode::RunNotOpen,
-                    message: format!("run {run_id} is already {}; open a new run", run.state),
-                });
+                return Err(Error::refused(
+                    ErrorCode::RunNotOpen,
+                    format!("run {run_id} is already {}; open a new run", run.state),
+                ));
             }
             if call.floor_id.as_ref().is_some_and(|f| *f != run.floor_id) {
                 return Err(Error::validation("floor_id does not match the run's floor"));
@@ -145,6 +145,17 @@ impl CallJournal<'_> {
         }
     }
 
+    /// A call that lost the race against its run's commit or discard.
+    pub fn run_not_open(&self) -> Error {
+        let run = self.scope.run.as_ref().map(|r| r.id.as_str()).unwrap_or("");
+        Error::refused(
+            ErrorCode::RunNotOpen,
+            format!(
+                "run {run} was committed or discarded while this call was being made; open a new run"
+            ),
+        )
+    }
+
     /// Writes a row whose run must still be open.
     async fn insert(&self, row: &NewExecution) -> Result<Admitted> {
         match self.store.insert_execution(row).await? {
@@ -155,15 +166,14 @@ impl CallJournal<'_> {
 
     /// Journals a name the catalog could not run (unknown, conflicting,
     /// unavailable).
-    pub async fn refused_lookup(&self, lookup: Lookup<'_>) -> Result<ToolCallResult> {
+    pub async fn refused_lookup(&self, refused: NotCallable<'_>) -> Result<ToolCallResult> {
         let name = &self.call.name;
-        let (entry, message) = match lookup {
-            Lookup::Found(entry) => (Some(entry), format!("tool {name:?} was not run")),
-            Lookup::Unknown => (
+        let (entry, message) = match refused {
+            NotCallable::Unknown => (
                 None,
                 format!("unknown tool {name:?}: it is not in this session's catalog"),
             ),
-            Lookup::Conflict(conflict) => (
+            NotCallable::Conflict(conflict) => (
                 None,
                 format!(
                     "tool {:?} is offered by several providers ({}); the call was refused",
@@ -171,7 +181,7 @@ impl CallJournal<'_> {
                     conflict.provider_ids.join(", ")
                 ),
             ),
-            Lookup::Unavailable(entry) => (
+            NotCallable::Unavailable(entry) => (
                 Some(entry),
                 format!(
                     "tool {name:?} is unavailable: {}",

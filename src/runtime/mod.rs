@@ -14,7 +14,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 
-use crate::catalog::{Catalog, CatalogChange, CatalogEvents, CatalogMutation, ToolProvider};
+use crate::catalog::{
+    Catalog, CatalogChange, CatalogEvents, CatalogMutation, ToolProvider, mutate_with,
+};
 use crate::config::Settings;
 use crate::domain::tool::Slot;
 use crate::error::Result;
@@ -121,23 +123,16 @@ impl ToolRuntime {
         write: BoxFuture<'_, Result<T>>,
         change: impl FnOnce(&T) -> CatalogChange + Send,
     ) -> Result<T> {
-        let mut written = None;
-        let slot = &mut written;
-        let results = self
-            .mutate(Box::pin(async move {
-                let outcome = write.await;
-                let changes = match &outcome {
-                    Ok(value) => vec![change(value)],
-                    Err(_) => Vec::new(),
-                };
-                *slot = Some(outcome);
-                changes
-            }))
-            .await;
+        let (written, results) = mutate_with(self, async move {
+            let outcome = write.await;
+            let changes = outcome.as_ref().map(change).into_iter().collect();
+            (outcome, changes)
+        })
+        .await;
         for error in results.into_iter().filter_map(std::result::Result::err) {
             tracing::warn!(%error, "a live model session refused the changed catalog");
         }
-        written.unwrap_or_else(|| Err(anyhow::anyhow!("the catalog write did not run").into()))
+        written
     }
 
     /// Offers each change to the live model sessions it concerns; one result per

@@ -103,14 +103,15 @@ impl Store {
             .ok_or_else(|| Error::not_found(format!("character {name:?}")))
     }
 
-    /// A character by name regardless of owner: for the loopback-only `/api/tools`.
+    /// A character by name regardless of owner: for the loopback-only
+    /// `/api/tools`. Read from the cached list of every character.
     pub async fn character_any_account(&self, name: &str) -> Result<Option<Character>> {
-        let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ?");
-        Ok(sqlx::query(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_optional(self.pool())
+        Ok(self
+            .all_characters()
             .await?
-            .map(|row| from_row(&row)))
+            .iter()
+            .find(|character| character.name == name)
+            .cloned())
     }
 
     /// Every character of every account, by name: the roles of `/api/tools`.

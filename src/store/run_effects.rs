@@ -336,13 +336,13 @@ impl Store {
             Err(err) => return err.into(),
             Ok(None) => return Error::not_found(format!("run {:?}", scope.run_id)),
             Ok(Some(state)) if state != "open" => {
-                return Error::Refused {
-                    code: crate::error::ErrorCode::RunNotOpen,
-                    message: format!(
+                return Error::refused(
+                    crate::error::ErrorCode::RunNotOpen,
+                    format!(
                         "run {} is already {state}; its writes can no longer change",
                         scope.run_id
                     ),
-                };
+                );
             }
             Ok(Some(_)) => {}
         }

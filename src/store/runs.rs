@@ -288,8 +288,8 @@ async fn close_run(
 }
 
 fn run_not_open(run: &Run) -> Error {
-    Error::Refused {
-        code: crate::error::ErrorCode::RunNotOpen,
-        message: format!("run {} is already {}", run.id, run.state),
-    }
+    Error::refused(
+        crate::error::ErrorCode::RunNotOpen,
+        format!("run {} is already {}", run.id, run.state),
+    )
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
-use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope};
+use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope, mutate_with};
 use crate::error::{Error, Result};
 use crate::store::{Character, Store};
 
@@ -66,14 +66,11 @@ impl MutationReport {
     }
 }
 
-/// One role's change, and the role's name for the report.
-fn change_for(role: &Role, change: CatalogChange) -> (String, CatalogChange) {
+/// One role's (still empty) change, and the role's name for the report.
+fn change_for(role: &Role) -> (String, CatalogChange) {
     (
         role.name.clone(),
-        CatalogChange {
-            scope: CatalogScope::Character(role.character_id.clone()),
-            ..change
-        },
+        CatalogChange::new(CatalogScope::Character(role.character_id.clone())),
     )
 }
 
@@ -123,32 +120,32 @@ async fn mutation_roles(
 }
 
 /// Runs a registry mutation on the roles `target` names, inside one catalog
-/// mutation, and reports which roles took it.
+/// mutation, and reports which roles took it and how many registrations it
+/// removed.
 async fn mutate(
     registry: &RemoteRegistry,
     events: &dyn CatalogEvents,
     store: &Store,
     target: Target<'_>,
-    mutation: impl FnOnce(&[Role]) -> Vec<(String, CatalogChange)> + Send,
-) -> Result<MutationReport> {
-    let mut names = Ok(Vec::new());
-    let names_out = &mut names;
-    let results = events
-        .mutate(Box::pin(async move {
-            match mutation_roles(registry, store, target).await {
-                Ok(roles) => {
-                    let (roles, changes): (Vec<_>, Vec<_>) = mutation(&roles).into_iter().unzip();
-                    *names_out = Ok(roles);
-                    changes
-                }
-                Err(err) => {
-                    *names_out = Err(err);
-                    Vec::new()
-                }
+    mutation: impl FnOnce(&[Role]) -> Result<Vec<(String, CatalogChange)>> + Send,
+) -> Result<(MutationReport, usize)> {
+    let (outcome, results) = mutate_with(events, async move {
+        let changed = match mutation_roles(registry, store, target).await {
+            Ok(roles) => mutation(&roles),
+            Err(err) => Err(err),
+        };
+        match changed {
+            Ok(changed) => {
+                let removed = changed.iter().map(|(_, c)| c.removed.len()).sum::<usize>();
+                let (roles, changes): (Vec<_>, Vec<_>) = changed.into_iter().unzip();
+                (Ok((roles, removed)), changes)
             }
-        }))
-        .await;
-    Ok(MutationReport::from_results(names?, results))
+            Err(err) => (Err(err), Vec::new()),
+        }
+    })
+    .await;
+    let (roles, removed) = outcome?;
+    Ok((MutationReport::from_results(roles, results), removed))
 }
 
 impl RemoteRegistry {
@@ -180,43 +177,40 @@ impl RemoteRegistry {
         target: Target<'_>,
         tool: NewRemoteTool,
     ) -> Result<MutationReport> {
-        let mut refused = None;
-        let refusal = &mut refused;
-        let report = mutate(self, events, store, target, |roles| {
-            let registered = match self.register(roles, &tool) {
-                Ok(registered) => registered,
-                Err(err) => {
-                    *refusal = Some(err);
-                    return Vec::new();
-                }
-            };
+        let registered = mutate(self, events, store, target, |roles| {
+            let registered = self.register(roles, &tool)?;
             // A fresh registration means the plugin is back: its failure streak
             // starts over.
             self.failures()
                 .reset(tool.callback_url.origin(), &tool.source);
-            roles
+            Ok(roles
                 .iter()
                 .zip(registered)
                 .map(|(role, registered)| {
-                    let mut change = CatalogChange::default();
+                    let (name, mut change) = change_for(role);
                     match registered {
                         Registered::Added => change.added.push(tool.name.clone()),
                         Registered::Replaced => change.updated.push(tool.name.clone()),
                     }
-                    change_for(role, change)
+                    (name, change)
                 })
-                .collect()
+                .collect())
         })
-        .await?;
-        if let Some(err) = refused {
-            tracing::warn!(
-                tool = ?tool.name,
-                source = ?tool.source,
-                reason = %err,
-                "remote tool registration refused: a runtime tool limit is reached"
-            );
-            return Err(err);
-        }
+        .await;
+        let report = match registered {
+            Ok((report, _)) => report,
+            Err(err) => {
+                if err.code() == crate::error::ErrorCode::LimitExceeded {
+                    tracing::warn!(
+                        tool = ?tool.name,
+                        source = ?tool.source,
+                        reason = %err,
+                        "remote tool registration refused: a runtime tool limit is reached"
+                    );
+                }
+                return Err(err);
+            }
+        };
         tracing::info!(
             tool = ?tool.name,
             source = ?tool.source,
@@ -236,24 +230,19 @@ impl RemoteRegistry {
         target: Target<'_>,
         name: &str,
     ) -> Result<(bool, MutationReport)> {
-        let report = mutate(self, events, store, target, |roles| {
-            roles
+        let (report, removed) = mutate(self, events, store, target, |roles| {
+            Ok(roles
                 .iter()
                 .filter(|role| self.unregister(&role.character_id, name))
                 .map(|role| {
-                    let removed = vec![name.to_owned()];
-                    change_for(
-                        role,
-                        CatalogChange {
-                            removed,
-                            ..Default::default()
-                        },
-                    )
+                    let (role, mut change) = change_for(role);
+                    change.removed.push(name.to_owned());
+                    (role, change)
                 })
-                .collect()
+                .collect())
         })
         .await?;
-        let removed = !(report.affected_roles.is_empty() && report.failed_roles.is_empty());
+        let removed = removed > 0;
         tracing::info!(tool = ?name, removed, affected = ?report.affected_roles, "remote tool unregistered");
         Ok((removed, report))
     }
@@ -266,25 +255,18 @@ impl RemoteRegistry {
         target: Target<'_>,
         source: &str,
     ) -> Result<(usize, MutationReport)> {
-        let mut removed = 0;
-        let counted = &mut removed;
-        let report = mutate(self, events, store, target, |roles| {
-            roles
+        let (report, removed) = mutate(self, events, store, target, |roles| {
+            Ok(roles
                 .iter()
                 .filter_map(|role| {
                     let names = self.clear_source(&role.character_id, source);
-                    *counted += names.len();
                     (!names.is_empty()).then(|| {
-                        change_for(
-                            role,
-                            CatalogChange {
-                                removed: names,
-                                ..Default::default()
-                            },
-                        )
+                        let (role, mut change) = change_for(role);
+                        change.removed = names;
+                        (role, change)
                     })
                 })
-                .collect()
+                .collect())
         })
         .await?;
         tracing::info!(source = ?source, removed, affected = ?report.affected_roles, "remote tools cleared");

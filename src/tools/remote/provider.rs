@@ -11,7 +11,7 @@ use super::{Declaration, FailureEffect, RemoteRegistry, RemoteTool};
 use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{
     CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, ToolHandler,
-    ToolProvider,
+    ToolProvider, mutate_with,
 };
 use crate::domain::CallbackUrl;
 use crate::domain::tool::ToolMetadata;
@@ -186,30 +186,25 @@ impl RemoteHandler {
         let origin = self.tool.callback_url.origin().to_owned();
         let source = self.tool.source.clone();
         let registry = self.registry.clone();
-        let mut count = 0;
-        let counted = &mut count;
-        events
-            .mutate(Box::pin(async move {
-                let evicted = registry.evict_origin(&origin, &source);
-                evicted
-                    .into_iter()
-                    .map(|(character_id, names)| {
-                        *counted += names.len();
-                        tracing::warn!(%origin, source = ?source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
-                        CatalogChange {
-                            scope: CatalogScope::Character(character_id),
-                            removed: names,
-                            ..Default::default()
-                        }
-                    })
-                    .collect()
-            }))
-            .await
-            .into_iter()
-            .filter_map(std::result::Result::err)
-            .for_each(|error| {
-                tracing::warn!(%error, "a model session refused the catalog after eviction")
-            });
+        let (count, results) = mutate_with(events, async move {
+            let evicted = registry.evict_origin(&origin, &source);
+            let count = evicted.iter().map(|(_, names)| names.len()).sum();
+            let changes = evicted
+                .into_iter()
+                .map(|(character_id, names)| {
+                    tracing::warn!(%origin, source = ?source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
+                    CatalogChange {
+                        removed: names,
+                        ..CatalogChange::new(CatalogScope::Character(character_id))
+                    }
+                })
+                .collect();
+            (count, changes)
+        })
+        .await;
+        for error in results.into_iter().filter_map(std::result::Result::err) {
+            tracing::warn!(%error, "a model session refused the catalog after eviction");
+        }
         count
     }
 }
