@@ -63,15 +63,7 @@ async fn raw(server: &TestServer, head: &str, body: &str) -> (u16, Value) {
 
 /// Names registered for the default character.
 async fn registered(server: &TestServer) -> Vec<String> {
-    let reply = read_reply(
-        server
-            .client
-            .get(server.url("/api/tools"))
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let reply = server.get_without_key("/api/tools").await;
     assert_eq!(reply.status, 200, "{reply:?}");
     reply.body["tools_by_role"]["Lanlan"]
         .as_array()

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{SpawnOptions, TestServer, read_reply, spawn_with};
+use common::{SpawnOptions, TestServer, spawn_with};
 use serde_json::json;
 
 const HOSTILE: &str = "x\nFORGED level=ERROR \u{1b}[31mred\u{0}\r";
@@ -16,14 +16,7 @@ async fn send_hostile_requests(server: &TestServer) {
                "callback_url": "http://127.0.0.1:9/cb"}),
         json!({"name": HOSTILE, "callback_url": "http://127.0.0.1:9/cb"}),
     ] {
-        let response = server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request");
-        let _ = read_reply(response).await;
+        server.post_without_key("/api/tools/register", body).await;
     }
     let session = server.create_session().await;
     // A call of an unknown tool (journalled and logged as refused), and calls of

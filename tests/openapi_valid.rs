@@ -26,15 +26,7 @@ fn is_public(path: &str) -> bool {
 
 async fn served_document(server: &TestServer) -> Value {
     // Fetched without a key: the document is public.
-    let reply = common::read_reply(
-        server
-            .client
-            .get(server.url("/openapi.json"))
-            .send()
-            .await
-            .expect("GET /openapi.json"),
-    )
-    .await;
+    let reply = server.get_without_key("/openapi.json").await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert!(reply.body.is_object(), "not JSON: {}", reply.text);
     reply.body

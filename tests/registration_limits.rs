@@ -7,25 +7,13 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Reply, SpawnOptions, TestServer, read_reply, spawn_app, spawn_with};
+use common::try_register_remote as register;
+use common::{Reply, SpawnOptions, TestServer, spawn_app, spawn_with};
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const CALLBACK: &str = "http://127.0.0.1:9333/cb";
-
-async fn register(server: &TestServer, body: Value) -> Reply {
-    read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await
-}
 
 async fn register_ok(server: &TestServer, body: Value) {
     let reply = register(server, body).await;
@@ -50,15 +38,7 @@ fn assert_limit(reply: &Reply, limit: &str, value: usize) {
 
 /// `GET /api/tools`: role name -> tool names.
 async fn listed_names(server: &TestServer) -> Vec<(String, Vec<String>)> {
-    let reply = read_reply(
-        server
-            .client
-            .get(server.url("/api/tools"))
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let reply = server.get_without_key("/api/tools").await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     reply.body["tools_by_role"]
         .as_object()
@@ -120,32 +100,21 @@ async fn the_total_limit_counts_a_tool_of_every_role_once_and_never_a_replacemen
     replaced["role"] = json!("Second");
     register_ok(&server, replaced).await;
     // A tool removed from every role frees its place; removed from one only, not.
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/unregister"))
-            .json(&json!({"name": "b", "role": "Lanlan"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let reply = server
+        .post_without_key(
+            "/api/tools/unregister",
+            json!({"name": "b", "role": "Lanlan"}),
+        )
+        .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_limit(
         &register(&server, tool("d", "plugin:z")).await,
         "max_runtime_tools",
         3,
     );
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/clear"))
-            .json(&json!({"source": "plugin:x"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let reply = server
+        .post_without_key("/api/tools/clear", json!({"source": "plugin:x"}))
+        .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     register_ok(&server, tool("d", "plugin:z")).await;
     register_ok(&server, tool("e", "plugin:z")).await;
@@ -386,16 +355,9 @@ async fn a_full_registry_of_100_kb_schemas_stays_under_1_gb() {
     }
     let after_listing = proc_status_bytes(pid, "VmRSS");
 
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/clear"))
-            .json(&json!({"source": "plugin:memory"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let reply = server
+        .post_without_key("/api/tools/clear", json!({"source": "plugin:memory"}))
+        .await;
     assert_eq!(reply.body["removed"], TOOLS * ROLES, "{reply:?}");
     let cleared = proc_status_bytes(pid, "VmRSS");
     let refilled_in = fill("plugin:memory-again").await;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Reply, TestServer, read_reply, spawn_app, wait_until};
+use common::try_register_remote as register;
+use common::{TestServer, read_reply, spawn_app, wait_until};
 use serde_json::{Value, json};
 
 /// Rounds of "create a character, register for it" per worker.
@@ -24,19 +25,6 @@ const SHUTDOWN_ITERATIONS: usize = 40;
 const OPENERS: usize = 16;
 /// How long a server may take to exit after SIGTERM.
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
-
-async fn register(server: &TestServer, body: Value) -> Reply {
-    read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await
-}
 
 /// Names of the tools `GET /api/tools?role=<role>` lists.
 async fn tools_of(server: &TestServer, role: &str) -> BTreeSet<String> {

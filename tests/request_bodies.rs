@@ -83,15 +83,7 @@ async fn trailing_bytes_after_a_runtime_tools_body_are_422() {
         let reply = post_raw(&server, "/api/tools/register", &body, false).await;
         assert_refused(&reply, StatusCode::UNPROCESSABLE_ENTITY, &body);
     }
-    let listing = read_reply(
-        server
-            .client
-            .get(server.url("/api/tools"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let listing = server.get_without_key("/api/tools").await;
     assert_eq!(listing.status, StatusCode::OK, "{listing:?}");
     assert!(
         !listing.text.contains("weather"),

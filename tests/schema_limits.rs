@@ -6,7 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{SpawnOptions, TestServer, read_reply, register_remote, spawn_with};
+use common::try_register_remote as post_register;
+use common::{SpawnOptions, register_remote, spawn_with};
 use serde_json::{Map, Value, json};
 
 /// Ten levels of five references each: about 2 KB of text, 5^10 expanded.
@@ -20,19 +21,6 @@ fn fan_out_schema() -> Value {
     }
     defs.insert("l10".into(), json!({"type": "object"}));
     json!({"type": "object", "$defs": defs, "allOf": [{"$ref": "#/$defs/l0"}]})
-}
-
-async fn post_register(server: &TestServer, body: Value) -> common::Reply {
-    read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await
 }
 
 #[tokio::test]

@@ -164,6 +164,26 @@ impl TestServer {
         read_reply(request.send().await.expect("request")).await
     }
 
+    /// Sends a request without a key: the loopback-only `/api/tools` and the
+    /// public routes.
+    pub async fn send_without_key(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut request = self.client.request(method, self.url(path));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        read_reply(request.send().await.expect("request")).await
+    }
+
+    /// `POST` without a key (e.g. `/api/tools/register`).
+    pub async fn post_without_key(&self, path: &str, body: Value) -> Reply {
+        self.send_without_key(Method::POST, path, Some(body)).await
+    }
+
+    /// `GET` without a key (e.g. `/api/tools`, `/openapi.json`).
+    pub async fn get_without_key(&self, path: &str) -> Reply {
+        self.send_without_key(Method::GET, path, None).await
+    }
+
     pub async fn get(&self, path: &str) -> Reply {
         self.send(Method::GET, path, None).await
     }
@@ -252,18 +272,15 @@ impl TestServer {
     }
 }
 
+/// Posts a registration to the loopback-only `/api/tools/register`, whatever
+/// the answer.
+pub async fn try_register_remote(server: &TestServer, body: Value) -> Reply {
+    server.post_without_key("/api/tools/register", body).await
+}
+
 /// Registers a remote tool through the loopback-only `/api/tools/register`.
 pub async fn register_remote(server: &TestServer, body: Value) -> Reply {
-    let reply = read_reply(
-        server
-            .client
-            .post(server.url("/api/tools/register"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let reply = try_register_remote(server, body).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(reply.body["ok"], true, "{reply:?}");
     reply
