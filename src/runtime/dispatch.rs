@@ -132,10 +132,12 @@ impl ToolRuntime {
         }
         let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
         let schema = entry.spec.parameters.clone();
-        let checked = args.clone();
-        let validation = tokio::task::spawn_blocking(move || validator.validate(&schema, &checked));
+        // The arguments travel to the blocking thread and back: no copy of
+        // what may be a body-sized value.
+        let validation =
+            tokio::task::spawn_blocking(move || validator.validate(&schema, &args).map(|()| args));
         match tokio::time::timeout(budget, validation).await {
-            Ok(Ok(Ok(()))) => Ok(args),
+            Ok(Ok(Ok(args))) => Ok(args),
             Ok(Ok(Err(problem))) => Err(format!("invalid arguments: {problem}")),
             Ok(Err(join)) => {
                 tracing::error!(error = %join, tool = ?call.name, "argument validation failed");
