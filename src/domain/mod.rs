@@ -2,6 +2,7 @@
 
 pub mod callback_url;
 pub mod definition;
+pub mod mcp;
 pub mod names;
 pub mod paging;
 

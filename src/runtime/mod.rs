@@ -25,6 +25,7 @@ use crate::permissions::ToolPermissions;
 use crate::store::{Session, Store};
 use crate::tools::builtin::BuiltinProvider;
 use crate::tools::definitions::DefinitionProvider;
+use crate::tools::mcp::McpHub;
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
@@ -37,6 +38,8 @@ pub struct ToolRuntime {
     pub settings: Arc<Settings>,
     /// Runtime registrations of `/api/tools` (also one of the providers).
     pub remote: Arc<RemoteRegistry>,
+    /// MCP servers and their connections (also one of the providers).
+    pub mcp: Arc<McpHub>,
     /// Every provider, in catalog order.
     providers: Arc<[Arc<dyn ToolProvider>]>,
     /// Live model sessions; catalog mutations synchronise them.
@@ -67,6 +70,7 @@ impl ToolRuntime {
         ];
         Ok(Self {
             remote,
+            mcp: Arc::new(McpHub::default()),
             providers: providers.into(),
             model_sessions: Arc::new(ModelSessionHub::default()),
             jobs: Arc::new(JobSignal::default()),

@@ -2,5 +2,6 @@
 
 pub mod builtin;
 pub mod definitions;
+pub mod mcp;
 pub mod remote;
 pub mod script;
