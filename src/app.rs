@@ -75,6 +75,11 @@ impl App {
         if !lost.is_empty() {
             tracing::warn!(executions = ?lost, "jobs interrupted by the previous stop are now uncertain");
         }
+        // Servers connect in the background: start-up never waits on one.
+        runtime
+            .start_mcp()
+            .await
+            .context("attaching the stored MCP servers")?;
         let workers = tokio_util::sync::CancellationToken::new();
         let worker = (runtime.settings.job_workers > 0).then(|| {
             tokio::spawn(crate::runtime::jobs::run_worker(
@@ -96,6 +101,8 @@ impl App {
         // A call whose client hung up is no longer an in-flight request, but it
         // has started and must be journalled to its end.
         runtime.finish_started_calls().await;
+        // Stdio servers' process groups are killed here.
+        runtime.mcp.shutdown().await;
         workers.cancel();
         if let Some(worker) = worker {
             let _ = worker.await;

@@ -186,7 +186,6 @@ impl CatalogEntry {
         }
     }
 
-    /// The entry as the seed's runtime-catalog JSON shows it.
     /// Marks the entry as not callable, with the reason shown in the catalog.
     pub fn unavailable(mut self, reason: impl Into<String>) -> Self {
         self.availability = Availability::Unavailable;
@@ -194,38 +193,54 @@ impl CatalogEntry {
         self
     }
 
+    /// The entry as the seed's runtime-catalog JSON shows it.
     pub fn to_json(&self) -> Value {
-        let meta = &self.spec.metadata;
-        let detail =
-            |basis: crate::domain::tool::Basis| json!({"basis": basis, "scope": basis.scope()});
-        json!({
-            "name": self.spec.name,
-            "description": self.spec.description,
-            "parameters": self.spec.parameters,
-            "provider_id": self.spec.provider_id,
-            "provider_type": self.spec.provider_type,
-            "source": self.spec.source,
-            "side_effect_level": meta.side_effect_level,
-            "allowed_slots": meta.allowed_slots,
-            "availability": self.availability.as_str(),
-            "availability_reason": self.availability_reason,
-            "async_capability": meta.async_capability,
-            "default_delivery_mode": meta.default_delivery_mode,
-            "catalog_source": self.catalog_source.map(CatalogSource::as_str),
-            "replay_safety": meta.replay_safety,
-            "result_visibility": meta.result_visibility(),
-            "side_effect_level_basis": meta.side_effect_level_basis,
-            "allowed_slots_basis": meta.allowed_slots_basis,
-            "parameter_schema_basis": meta.parameter_schema_basis,
-            "replay_safety_basis": meta.replay_safety_basis,
-            "metadata_basis_detail": {
-                "side_effect_level": detail(meta.side_effect_level_basis),
-                "allowed_slots": detail(meta.allowed_slots_basis),
-                "parameter_schema": detail(meta.parameter_schema_basis),
-                "replay_safety": detail(meta.replay_safety_basis),
-            },
-        })
+        entry_json(
+            &self.spec,
+            self.availability,
+            self.availability_reason.as_deref(),
+            self.catalog_source,
+        )
     }
+}
+
+/// A catalog entry's JSON (the seed's runtime-catalog shape) from its parts.
+pub fn entry_json(
+    spec: &ToolSpec,
+    availability: Availability,
+    availability_reason: Option<&str>,
+    catalog_source: Option<CatalogSource>,
+) -> Value {
+    let meta = &spec.metadata;
+    let detail =
+        |basis: crate::domain::tool::Basis| json!({"basis": basis, "scope": basis.scope()});
+    json!({
+        "name": spec.name,
+        "description": spec.description,
+        "parameters": spec.parameters,
+        "provider_id": spec.provider_id,
+        "provider_type": spec.provider_type,
+        "source": spec.source,
+        "side_effect_level": meta.side_effect_level,
+        "allowed_slots": meta.allowed_slots,
+        "availability": availability.as_str(),
+        "availability_reason": availability_reason,
+        "async_capability": meta.async_capability,
+        "default_delivery_mode": meta.default_delivery_mode,
+        "catalog_source": catalog_source.map(CatalogSource::as_str),
+        "replay_safety": meta.replay_safety,
+        "result_visibility": meta.result_visibility(),
+        "side_effect_level_basis": meta.side_effect_level_basis,
+        "allowed_slots_basis": meta.allowed_slots_basis,
+        "parameter_schema_basis": meta.parameter_schema_basis,
+        "replay_safety_basis": meta.replay_safety_basis,
+        "metadata_basis_detail": {
+            "side_effect_level": detail(meta.side_effect_level_basis),
+            "allowed_slots": detail(meta.allowed_slots_basis),
+            "parameter_schema": detail(meta.parameter_schema_basis),
+            "replay_safety": detail(meta.replay_safety_basis),
+        },
+    })
 }
 
 impl CatalogEntry {

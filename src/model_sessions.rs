@@ -354,6 +354,25 @@ impl ModelSessionHub {
             .count()
     }
 
+    /// Queues an event for every live model session of an account (an MCP
+    /// server's connection changed). Returns how many sessions took it.
+    pub fn publish_to_account(&self, account_id: &str, event: ModelSessionEvent) -> usize {
+        let targets: Vec<Arc<ModelSession>> = self
+            .live()
+            .by_character
+            .values()
+            .flatten()
+            .filter(|model_session| model_session.session.account_id == account_id)
+            .cloned()
+            .collect();
+        targets
+            .iter()
+            .filter(|model_session| {
+                matches!(model_session.deliver(event.clone()), Delivery::Queued)
+            })
+            .count()
+    }
+
     fn remove(&self, character_id: &str, id: &str) {
         let mut live = self.live();
         if let Some(sessions) = live.by_character.get_mut(character_id) {

@@ -44,7 +44,7 @@ async fn list_builtin_tools(CurrentAccount(_account): CurrentAccount) -> axum::J
 /// The session's runtime tool catalog.
 #[utoipa::path(get, path = "/sessions/{id}/tools/runtime", tag = "tools",
     params(("id" = String, Path), RuntimeCatalogParams),
-    responses((status = 200, description = "`{\"data\": {session_id, generated_at, tools, conflicts}}`"),
+    responses((status = 200, description = "`{\"data\": {session_id, generated_at, tools, conflicts, mcp_servers: [{server_id, name, catalog_source, reason, tool_count, snapshot_at}]}}`"),
         (status = 400, description = "unknown slot or format"), (status = 404)))]
 async fn runtime_catalog(
     State(state): State<AppState>,
@@ -88,6 +88,9 @@ async fn runtime_catalog(
             "generated_at": catalog.generated_at,
             "tools": tools,
             "conflicts": catalog.conflicts,
+            // One per enabled MCP server, so that a server whose tools are
+            // unknown is never mistaken for one with no tools.
+            "mcp_servers": state.runtime.mcp.catalog_servers(&session.account_id),
         }
     })))
 }

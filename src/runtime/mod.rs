@@ -25,7 +25,7 @@ use crate::permissions::ToolPermissions;
 use crate::store::{Session, Store};
 use crate::tools::builtin::BuiltinProvider;
 use crate::tools::definitions::DefinitionProvider;
-use crate::tools::mcp::McpHub;
+use crate::tools::mcp::{McpHub, McpListener, McpProvider};
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
@@ -59,6 +59,11 @@ impl ToolRuntime {
             Arc::new(RemoteRegistry::new(&settings).context("building the callback client")?);
         let scripts =
             ScriptRunner::with_default_concurrency(ScriptLimits::from_settings(&settings));
+        let mcp = Arc::new(McpHub::new(
+            store.clone(),
+            settings.max_tool_schema_bytes,
+            settings.callback_response_limit_bytes,
+        ));
         let providers: Vec<Arc<dyn ToolProvider>> = vec![
             Arc::new(BuiltinProvider::new(store.clone())),
             Arc::new(RemoteProvider::new(remote.clone())),
@@ -67,10 +72,11 @@ impl ToolRuntime {
                 scripts,
                 settings.enable_unsafe_script_handler,
             )),
+            Arc::new(McpProvider::new(mcp.clone())),
         ];
         Ok(Self {
             remote,
-            mcp: Arc::new(McpHub::default()),
+            mcp,
             providers: providers.into(),
             model_sessions: Arc::new(ModelSessionHub::default()),
             jobs: Arc::new(JobSignal::default()),
@@ -164,6 +170,24 @@ impl CatalogEvents for ToolRuntime {
             let changes = mutation.await;
             self.sync_changes(&guard, &changes).await
         })
+    }
+}
+
+impl McpListener for ToolRuntime {
+    fn catalog_events(&self) -> &dyn CatalogEvents {
+        self
+    }
+
+    fn publish(&self, account_id: &str, name: &'static str, data: serde_json::Value) {
+        let event = crate::model_sessions::ModelSessionEvent { kind: name, data };
+        self.model_sessions.publish_to_account(account_id, event);
+    }
+}
+
+impl ToolRuntime {
+    /// Attaches the stored MCP servers; each connects in the background.
+    pub async fn start_mcp(&self) -> Result<()> {
+        self.mcp.start(Arc::new(self.clone())).await
     }
 }
 

@@ -92,6 +92,20 @@ impl Events {
         .expect("no event within 10 s")
     }
 
+    /// The next event of `kind`, skipping the others; fails after `timeout`.
+    pub async fn next_of(&mut self, kind: &str, timeout: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let event = tokio::time::timeout(left, self.next())
+                .await
+                .unwrap_or_else(|_| panic!("no {kind} event within {timeout:?}"));
+            if event.kind == kind {
+                return event.data;
+            }
+        }
+    }
+
     /// The next `catalog_changed` event.
     pub async fn changed(&mut self) -> Value {
         let event = self.next().await;

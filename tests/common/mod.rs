@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod events;
+pub mod mcp;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -1,0 +1,202 @@
+//! One MCP client connection (rmcp, client side) over stdio or streamable HTTP:
+//! opening it, what the server tells it unasked (`tools/list_changed`), and
+//! closing it with its child process group.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use process_wrap::tokio::{CommandWrap, ProcessGroup};
+use rmcp::model::{
+    ClientInfo, ClientRequest, Implementation, PingRequest, ProtocolVersion, ServerResult, Tool,
+};
+use rmcp::service::{NotificationContext, Peer, RunningServiceCancellationToken};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::domain::mcp::{HttpConfig, McpServerConfig, McpTransport, StdioConfig};
+
+/// Longest stderr line of a stdio server kept in the log.
+const MAX_STDERR_LINE_BYTES: usize = 1024;
+/// stderr bytes of one child logged before the rest is dropped.
+const MAX_STDERR_BYTES: usize = 64 * 1024;
+/// Environment variables of toolgate a child never inherits (the admin token,
+/// the secrets key and every other setting).
+const PRIVATE_ENV_PREFIX: &str = "TOOLGATE_";
+
+/// What the server told the connection without being asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    ToolListChanged,
+}
+
+/// Hands server notifications to the supervisor.
+struct Handler {
+    notices: mpsc::UnboundedSender<Notice>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientInfo {
+        ClientInfo::new(
+            Default::default(),
+            Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.notices.send(Notice::ToolListChanged);
+    }
+}
+
+/// An open connection: the peer calls are sent through, and the task that ends
+/// when the connection does.
+pub struct Connection {
+    pub peer: Peer<RoleClient>,
+    cancel: RunningServiceCancellationToken,
+    /// Cancelled when the service loop has ended.
+    done: CancellationToken,
+}
+
+impl Connection {
+    /// Connects to the server and completes the MCP handshake.
+    pub async fn open(
+        config: &McpServerConfig,
+        server_id: &str,
+        notices: mpsc::UnboundedSender<Notice>,
+    ) -> Result<Self, String> {
+        let handler = Handler { notices };
+        let lifecycle = ClientLifecycleMode::Initialize;
+        let service = match &config.transport {
+            McpTransport::Stdio(stdio) => {
+                let transport = spawn_child(stdio, server_id)?;
+                handler.serve_with_lifecycle(transport, lifecycle).await
+            }
+            McpTransport::Http(http) => {
+                let transport = http_transport(http)?;
+                handler.serve_with_lifecycle(transport, lifecycle).await
+            }
+        }
+        .map_err(|err| format!("the MCP handshake failed: {err}"))?;
+        let peer = service.peer().clone();
+        let cancel = service.cancellation_token();
+        let done = CancellationToken::new();
+        let finished = done.clone();
+        tokio::spawn(async move {
+            let _ = service.waiting().await;
+            finished.cancel();
+        });
+        Ok(Self { peer, cancel, done })
+    }
+
+    /// Every tool the server lists, following pagination.
+    pub async fn list_tools(&self) -> Result<Vec<Tool>, String> {
+        self.peer
+            .list_all_tools()
+            .await
+            .map_err(|err| format!("tools/list failed: {err}"))
+    }
+
+    /// Whether the server still answers, within `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), String> {
+        let request = ClientRequest::PingRequest(PingRequest::default());
+        match tokio::time::timeout(timeout, self.peer.send_request(request)).await {
+            Ok(Ok(ServerResult::EmptyResult(_))) => Ok(()),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(format!("ping failed: {err}")),
+            Err(_) => Err(format!("ping unanswered after {} ms", timeout.as_millis())),
+        }
+    }
+
+    /// Resolves when the connection has ended (the server hung up, the child
+    /// exited, or it was closed).
+    pub fn ended(&self) -> WaitForCancellationFutureOwned {
+        self.done.clone().cancelled_owned()
+    }
+
+    /// Closes the connection; a stdio child is asked to exit, then killed with
+    /// its process group.
+    pub async fn close(self) {
+        self.cancel.cancel();
+        if tokio::time::timeout(Duration::from_secs(10), self.done.cancelled())
+            .await
+            .is_err()
+        {
+            tracing::warn!("an MCP connection did not close within 10 s");
+        }
+    }
+}
+
+/// Starts a stdio server in its own process group, its stderr into the log.
+fn spawn_child(stdio: &StdioConfig, server_id: &str) -> Result<TokioChildProcess, String> {
+    let mut command = tokio::process::Command::new(&stdio.command);
+    command.args(&stdio.args);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with(PRIVATE_ENV_PREFIX) {
+            command.env_remove(&key);
+        }
+    }
+    command.envs(&stdio.env);
+    if let Some(cwd) = &stdio.cwd {
+        command.current_dir(cwd);
+    }
+    let mut wrapped = CommandWrap::from(command);
+    wrapped.wrap(ProcessGroup::leader());
+    let (child, stderr) = TokioChildProcess::builder(wrapped)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("could not start {:?}: {err}", stdio.command))?;
+    if let Some(stderr) = stderr {
+        tokio::spawn(log_stderr(stderr, server_id.to_owned()));
+    }
+    Ok(child)
+}
+
+/// Copies a child's stderr into the log, line by line, up to a cap.
+async fn log_stderr(stderr: tokio::process::ChildStderr, server_id: String) {
+    let mut lines = BufReader::new(stderr);
+    let mut logged = 0usize;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match lines.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => {
+                if logged >= MAX_STDERR_BYTES {
+                    continue;
+                }
+                logged += read;
+                let shown = &line[..line.len().min(MAX_STDERR_LINE_BYTES)];
+                let text = String::from_utf8_lossy(shown);
+                tracing::info!(server_id, line = ?text.trim_end(), "mcp server stderr");
+                if logged >= MAX_STDERR_BYTES {
+                    tracing::warn!(
+                        server_id,
+                        "mcp server stderr exceeded {MAX_STDERR_BYTES} bytes; the rest is not logged"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn http_transport(
+    http: &HttpConfig,
+) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
+    let mut headers = HashMap::new();
+    for (name, value) in &http.headers {
+        let name = reqwest::header::HeaderName::try_from(name.as_str())
+            .map_err(|_| format!("http.headers has an invalid header name {name:?}"))?;
+        let value = reqwest::header::HeaderValue::try_from(value.as_str())
+            .map_err(|_| format!("http.headers.{name} has an invalid value"))?;
+        headers.insert(name, value);
+    }
+    let config = StreamableHttpClientTransportConfig::with_uri(http.url.clone())
+        .custom_headers(headers)
+        .reinit_on_expired_session(true);
+    Ok(StreamableHttpClientTransport::from_config(config))
+}

@@ -1,0 +1,248 @@
+//! The MCP provider: an account's enabled servers' tools in its sessions'
+//! catalogs, and `tools/call` on the call path. A call always gets an outcome
+//! with a reason code — also while its server is down or reconnecting — and a
+//! call that outlives `call_timeout_ms` is answered at the timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::ServiceError;
+use serde_json::Value;
+
+use super::status::ConnectionState;
+use super::{Command, McpHub};
+use crate::call::{JobInvocation, ToolCall, ToolOutcome};
+use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
+use crate::domain::tool::SideEffectLevel;
+use crate::error::Result;
+use crate::ids::now_ms;
+use crate::reason::ReasonCode;
+use crate::store::Session;
+
+/// The `kind` of MCP job snapshots.
+const KIND: &str = "mcp";
+
+/// Offers the tools of the session's account's enabled MCP servers.
+pub struct McpProvider {
+    hub: Arc<McpHub>,
+}
+
+impl McpProvider {
+    pub fn new(hub: Arc<McpHub>) -> Self {
+        Self { hub }
+    }
+}
+
+impl ToolProvider for McpProvider {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let mut entries = Vec::new();
+        for slot in self.hub.account_slots(&session.account_id) {
+            let state = slot.state();
+            let Some(listed) = state.listed.as_ref() else {
+                continue;
+            };
+            let source = state.catalog_source();
+            for tool in listed.tools.iter() {
+                let handler = McpHandler {
+                    hub: self.hub.clone(),
+                    server_id: slot.server.id.clone(),
+                    remote_name: tool.remote_name.clone(),
+                    side_effect_level: tool.spec.metadata.side_effect_level,
+                };
+                let mut entry = CatalogEntry::available(tool.spec.clone(), Arc::new(handler));
+                entry.catalog_source = Some(source);
+                entries.push(entry);
+            }
+        }
+        Box::pin(std::future::ready(Ok(entries)))
+    }
+
+    fn restore(
+        &self,
+        invocation: &JobInvocation,
+    ) -> std::result::Result<Arc<dyn ToolHandler>, String> {
+        let text = |field: &str| {
+            invocation
+                .tool
+                .get(field)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("the MCP job snapshot has no {field:?}"))
+        };
+        Ok(Arc::new(McpHandler {
+            hub: self.hub.clone(),
+            server_id: text("server_id")?,
+            remote_name: text("tool")?,
+            side_effect_level: invocation.effective_side_effect_level(),
+        }))
+    }
+}
+
+/// Runs one tool of one server; the server's connection is looked up at call
+/// time, so a call made during a reconnect uses the new connection.
+#[derive(Debug)]
+struct McpHandler {
+    hub: Arc<McpHub>,
+    server_id: String,
+    remote_name: String,
+    side_effect_level: SideEffectLevel,
+}
+
+impl ToolHandler for McpHandler {
+    fn invoke<'a>(
+        &'a self,
+        _cx: &'a CallContext<'a>,
+        args: &'a Value,
+    ) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(self.call(args))
+    }
+
+    fn snapshot(&self, call: &ToolCall, args: &Value) -> Option<JobInvocation> {
+        let mut fields = serde_json::Map::new();
+        fields.insert("server_id".into(), self.server_id.clone().into());
+        fields.insert("tool".into(), self.remote_name.clone().into());
+        Some(JobInvocation {
+            kind: KIND.to_owned(),
+            call_id: call.call_id.clone(),
+            raw_arguments: call.arguments.raw.clone(),
+            arguments: args.clone(),
+            side_effect_level: Some(self.side_effect_level),
+            tool: fields,
+        })
+    }
+}
+
+impl McpHandler {
+    async fn call(&self, args: &Value) -> ToolOutcome {
+        let Some(slot) = self.hub.slot(&self.server_id) else {
+            return ToolOutcome::not_started(
+                ReasonCode::McpServerUnavailable,
+                format!(
+                    "MCP server {} is disabled or deleted; the call was not sent",
+                    self.server_id
+                ),
+            );
+        };
+        let state = slot.state();
+        let peer = match (&state.peer, state.connection) {
+            (Some(peer), ConnectionState::Connected) => peer.clone(),
+            (_, ConnectionState::ReconnectRequired) => {
+                return ToolOutcome::not_started(
+                    ReasonCode::McpConnectionReconnectRequired,
+                    format!(
+                        "MCP server {:?} is reconnecting; the call was not sent",
+                        slot.server.config.name
+                    ),
+                );
+            }
+            _ => {
+                return ToolOutcome::not_started(
+                    ReasonCode::McpNotConnected,
+                    format!(
+                        "MCP server {:?} is not connected ({}); the call was not sent",
+                        slot.server.config.name,
+                        state.reason().unwrap_or_else(|| "disconnected".into())
+                    ),
+                );
+            }
+        };
+        let arguments = args.as_object().cloned().unwrap_or_default();
+        let params = CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
+        let timeout_ms = slot.server.config.call_timeout_ms;
+        let answer = tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
+        match answer.await {
+            Ok(Ok(result)) => outcome(result, self.hub.shared.max_result_bytes),
+            Ok(Err(error)) => self.failed(error),
+            Err(_) => {
+                slot.update(|state| state.last_timeout_at = Some(now_ms()));
+                if self.side_effect_level == SideEffectLevel::None {
+                    return ToolOutcome::timeout(
+                        ReasonCode::McpCallTimeout,
+                        format!("the MCP tool did not answer within call_timeout_ms = {timeout_ms}"),
+                    );
+                }
+                // The server may still be running it: this connection is not
+                // trusted again, and the call is never retried.
+                slot.send(Command::Recycle);
+                ToolOutcome::timeout(
+                    ReasonCode::McpCallTimeoutUncertain,
+                    format!(
+                        "the MCP tool did not answer within call_timeout_ms = {timeout_ms}; it may or may not have acted, and is not retried"
+                    ),
+                )
+            }
+        }
+    }
+
+    fn failed(&self, error: ServiceError) -> ToolOutcome {
+        match error {
+            ServiceError::McpError(error) => ToolOutcome::error(
+                ReasonCode::McpRemoteError,
+                format!("the MCP server refused the call: {}", error.message),
+            ),
+            ServiceError::TransportSend(error) => ToolOutcome::not_started(
+                ReasonCode::McpTransportError,
+                format!("the call could not be sent to the MCP server: {error}"),
+            ),
+            // Sent, but the answer never came: it may have run.
+            ServiceError::TransportClosed => ToolOutcome::timeout(
+                ReasonCode::McpTransportError,
+                "the MCP connection closed before the server answered; the call may or may not have run",
+            ),
+            other => ToolOutcome::error(
+                ReasonCode::McpProviderError,
+                format!("the MCP call failed: {other}"),
+            ),
+        }
+    }
+}
+
+/// A `tools/call` answer as the model sees it: `isError` results are tool
+/// errors with the server's text; otherwise `structuredContent` when given,
+/// else the text content.
+fn outcome(result: CallToolResult, max_bytes: usize) -> ToolOutcome {
+    let text: Vec<&str> = result
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|t| t.text.as_str()))
+        .collect();
+    if result.is_error == Some(true) {
+        let message = if text.is_empty() {
+            "the MCP tool reported an error".to_owned()
+        } else {
+            text.join("\n")
+        };
+        return ToolOutcome::error(ReasonCode::McpRemoteError, truncate(message, max_bytes));
+    }
+    let output = match (result.structured_content, text.as_slice()) {
+        (Some(structured), _) => structured,
+        (None, [one]) => Value::String((*one).to_owned()),
+        (None, []) => serde_json::to_value(&result.content).unwrap_or(Value::Null),
+        (None, many) => Value::String(many.join("\n")),
+    };
+    let size = output.to_string().len();
+    if size > max_bytes {
+        return ToolOutcome::error(
+            ReasonCode::McpProviderError,
+            format!("the MCP tool's result takes {size} bytes, more than the limit of {max_bytes}; it was discarded"),
+        );
+    }
+    ToolOutcome::Success(output)
+}
+
+fn truncate(mut message: String, max_bytes: usize) -> String {
+    if message.len() > max_bytes {
+        let mut cut = max_bytes;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    message
+}

@@ -1,0 +1,359 @@
+//! From an MCP server's tool list to catalog specs: names with the server's
+//! prefix, input schemas projected into `parameters`, and governance metadata
+//! decided by the account's overrides, trusted annotations, the server's
+//! defaults or the platform default, each with its basis.
+
+use std::sync::Arc;
+
+use rmcp::model::Tool;
+use serde_json::{Map, Value, json};
+
+use crate::domain::mcp::{McpServer, ToolOverride};
+use crate::domain::tool::{
+    AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel, ToolMetadata,
+    ToolSpec,
+};
+
+/// The `source` of every MCP catalog entry.
+pub const SOURCE: &str = "mcp";
+
+/// Longest catalog name a model accepts (OpenAI's function-name rule).
+const MAX_NAME_CHARS: usize = 64;
+
+/// Deepest `$ref` chain inlined into `parameters`; deeper (or recursive)
+/// references become an open schema.
+const MAX_REF_DEPTH: usize = 8;
+
+/// The provider id of a server's tools.
+pub fn provider_id(server_id: &str) -> String {
+    format!("mcp:{server_id}")
+}
+
+/// One server tool as the catalog offers it.
+#[derive(Debug, Clone)]
+pub struct CatalogTool {
+    /// The server's own name (what `tools/call` is sent with).
+    pub remote_name: String,
+    pub spec: ToolSpec,
+}
+
+/// Why a listed tool is left out of the catalog.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Skipped {
+    /// Hidden by an override (`enabled: false`).
+    Disabled,
+    /// Its catalog name would not be a valid tool name.
+    BadName(String),
+    /// Its input schema is too large, too costly or not a usable schema.
+    BadSchema(String),
+}
+
+/// Builds the catalog tools of `server` from its listed tools. CPU work (schemas
+/// are checked): run it off the async workers.
+pub fn catalog_tools(
+    server: &McpServer,
+    listed: &[Tool],
+    max_schema_bytes: usize,
+) -> (Vec<CatalogTool>, Vec<(String, Skipped)>) {
+    let mut tools = Vec::new();
+    let mut skipped = Vec::new();
+    for tool in listed {
+        match catalog_tool(server, tool, max_schema_bytes) {
+            Ok(entry) => tools.push(entry),
+            Err(why) => skipped.push((tool.name.to_string(), why)),
+        }
+    }
+    (tools, skipped)
+}
+
+fn catalog_tool(
+    server: &McpServer,
+    tool: &Tool,
+    max_schema_bytes: usize,
+) -> Result<CatalogTool, Skipped> {
+    let config = &server.config;
+    let overrides = config.tool_overrides.get(tool.name.as_ref());
+    if overrides.and_then(|o| o.enabled) == Some(false) {
+        return Err(Skipped::Disabled);
+    }
+    let name = config.catalog_name(&tool.name);
+    if !valid_catalog_name(&name) {
+        return Err(Skipped::BadName(format!(
+            "the catalog name {name:?} is not 1-{MAX_NAME_CHARS} of a-z A-Z 0-9 _ -"
+        )));
+    }
+    let description = tool.description.as_deref().unwrap_or_default().to_owned();
+    let (parameters, parameter_schema_basis) = project_schema(&tool.input_schema);
+    let size = parameters.to_string().len() + description.len();
+    if size > max_schema_bytes {
+        return Err(Skipped::BadSchema(format!(
+            "its schema and description take {size} bytes, more than max_tool_schema_bytes = {max_schema_bytes}"
+        )));
+    }
+    crate::schema::check_schema_validity(&parameters).map_err(Skipped::BadSchema)?;
+    let mut metadata = metadata(server, tool, overrides);
+    metadata.parameter_schema_basis = parameter_schema_basis;
+    Ok(CatalogTool {
+        remote_name: tool.name.to_string(),
+        spec: ToolSpec {
+            name,
+            description,
+            parameters: Arc::new(parameters),
+            validator: Default::default(),
+            provider_id: provider_id(&server.id),
+            provider_type: ProviderType::Mcp,
+            source: SOURCE.to_owned(),
+            metadata,
+        },
+    })
+}
+
+fn valid_catalog_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_CHARS
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Governance metadata of one server tool (the rules of issue 14, "Metadata").
+fn metadata(server: &McpServer, tool: &Tool, overrides: Option<&ToolOverride>) -> ToolMetadata {
+    let config = &server.config;
+    let annotations = tool.annotations.as_ref().filter(|_| config.trust_annotations);
+    let (side_effect_level, side_effect_level_basis) =
+        if let Some(level) = overrides.and_then(|o| o.side_effect_level) {
+            (level, Basis::AccountOverride)
+        } else if let Some(annotations) = annotations {
+            // The contract has no "writes but can be repeated" level: only a
+            // read-only tool is safe without review.
+            let level = if annotations.read_only_hint == Some(true) {
+                SideEffectLevel::None
+            } else {
+                SideEffectLevel::Irreversible
+            };
+            (level, Basis::ToolDeclared)
+        } else if let Some(level) = config.default_side_effect_level {
+            (level, Basis::ServerDefault)
+        } else {
+            (SideEffectLevel::Irreversible, Basis::PlatformDefault)
+        };
+    let (replay_safety, replay_safety_basis) =
+        if let Some(safety) = overrides.and_then(|o| o.replay_safety) {
+            (safety, Basis::AccountOverride)
+        } else if side_effect_level == SideEffectLevel::Irreversible
+            && annotations.is_some_and(|a| a.idempotent_hint == Some(true))
+        {
+            (ReplaySafety::ConfirmOnReplay, Basis::ToolDeclared)
+        } else {
+            (
+                ReplaySafety::inferred_from(side_effect_level),
+                Basis::InferredFromExecutionPolicy,
+            )
+        };
+    let (allowed_slots, allowed_slots_basis) =
+        if let Some(slots) = overrides.and_then(|o| o.allowed_slots.clone()) {
+            (slots, Basis::AccountOverride)
+        } else if let Some(slots) = config.default_allowed_slots.clone() {
+            (slots, Basis::ServerDefault)
+        } else {
+            (Vec::new(), Basis::PlatformDefault)
+        };
+    let async_capability = overrides
+        .and_then(|o| o.async_capability)
+        .or(config.default_async_capability)
+        .unwrap_or(AsyncCapability::InlineOnly);
+    let default_delivery_mode = match overrides.and_then(|o| o.default_delivery_mode) {
+        Some(mode) if async_capability == AsyncCapability::DeferredOk => mode,
+        _ => DeliveryMode::Inline,
+    };
+    ToolMetadata {
+        side_effect_level,
+        side_effect_level_basis,
+        allowed_slots,
+        allowed_slots_basis,
+        parameter_schema_basis: Basis::ToolDeclared,
+        replay_safety,
+        replay_safety_basis,
+        async_capability,
+        default_delivery_mode,
+    }
+}
+
+/// The server's input schema as `parameters`: local `$ref`s inlined (models
+/// and validators of the peers do not all resolve them) and an object type
+/// ensured. The basis says whether anything had to change.
+pub fn project_schema(input: &Map<String, Value>) -> (Value, Basis) {
+    let root = Value::Object(input.clone());
+    let mut changed = false;
+    let mut projected = inline_refs(&root, &root, 0, &mut changed);
+    if let Value::Object(map) = &mut projected {
+        for key in ["$defs", "definitions"] {
+            changed |= map.remove(key).is_some();
+        }
+        if map.get("type").is_none() {
+            map.insert("type".into(), json!("object"));
+            changed = true;
+        }
+    }
+    let basis = if changed {
+        Basis::ShallowSchemaProjection
+    } else {
+        Basis::ToolDeclared
+    };
+    (projected, basis)
+}
+
+fn inline_refs(value: &Value, root: &Value, depth: usize, changed: &mut bool) -> Value {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(reference)) = map.get("$ref") {
+                *changed = true;
+                let target = (depth < MAX_REF_DEPTH)
+                    .then(|| resolve_local(root, reference))
+                    .flatten();
+                return match target {
+                    Some(target) => inline_refs(target, root, depth + 1, changed),
+                    // Unresolvable or too deep (recursive): accept anything here.
+                    None => json!({}),
+                };
+            }
+            Value::Object(
+                map.iter()
+                    .map(|(key, child)| (key.clone(), inline_refs(child, root, depth, changed)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|item| inline_refs(item, root, depth, changed))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The target of a `#/…` JSON pointer reference inside `root`.
+fn resolve_local<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
+    let pointer = reference.strip_prefix('#')?;
+    root.pointer(pointer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::mcp::{McpServerConfig, McpTransport, StdioConfig};
+    use rmcp::model::ToolAnnotations;
+
+    fn server(trust: bool, default: Option<SideEffectLevel>) -> McpServer {
+        McpServer {
+            id: "mcp_1".into(),
+            account_id: "acct".into(),
+            config: McpServerConfig {
+                name: "s".into(),
+                transport: McpTransport::Stdio(StdioConfig {
+                    command: "x".into(),
+                    args: vec![],
+                    env: Default::default(),
+                    cwd: None,
+                }),
+                tool_prefix: Some("p".into()),
+                enabled: true,
+                connect_timeout_ms: 1,
+                call_timeout_ms: 1,
+                tool_refresh_interval_ms: 0,
+                default_side_effect_level: default,
+                default_allowed_slots: None,
+                trust_annotations: trust,
+                default_async_capability: None,
+                tool_overrides: Default::default(),
+            },
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    fn tool(read_only: Option<bool>, idempotent: Option<bool>) -> Tool {
+        let mut annotations = ToolAnnotations::default();
+        annotations.read_only_hint = read_only;
+        annotations.idempotent_hint = idempotent;
+        let schema = json!({"type": "object", "properties": {}});
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        let mut tool = Tool::new("t", "d", Arc::new(schema));
+        tool.annotations = Some(annotations);
+        tool
+    }
+
+    #[test]
+    fn annotations_count_only_when_trusted() {
+        let meta = metadata(&server(false, None), &tool(Some(true), None), None);
+        assert_eq!(meta.side_effect_level, SideEffectLevel::Irreversible);
+        assert_eq!(meta.side_effect_level_basis, Basis::PlatformDefault);
+        assert_eq!(meta.replay_safety, ReplaySafety::NeverAutoReplay);
+        let meta = metadata(&server(true, None), &tool(Some(true), None), None);
+        assert_eq!(meta.side_effect_level, SideEffectLevel::None);
+        assert_eq!(meta.side_effect_level_basis, Basis::ToolDeclared);
+    }
+
+    #[test]
+    fn idempotent_lowers_replay_safety_only_when_trusted() {
+        let meta = metadata(&server(true, None), &tool(Some(false), Some(true)), None);
+        assert_eq!(meta.side_effect_level, SideEffectLevel::Irreversible);
+        assert_eq!(meta.replay_safety, ReplaySafety::ConfirmOnReplay);
+        let meta = metadata(
+            &server(false, Some(SideEffectLevel::Irreversible)),
+            &tool(Some(false), Some(true)),
+            None,
+        );
+        assert_eq!(meta.side_effect_level_basis, Basis::ServerDefault);
+        assert_eq!(meta.replay_safety, ReplaySafety::NeverAutoReplay);
+    }
+
+    #[test]
+    fn overrides_win() {
+        let overrides = ToolOverride {
+            side_effect_level: Some(SideEffectLevel::Sandbox),
+            allowed_slots: Some(vec![crate::domain::tool::Slot::Memory]),
+            ..Default::default()
+        };
+        let meta = metadata(&server(true, None), &tool(Some(true), None), Some(&overrides));
+        assert_eq!(meta.side_effect_level, SideEffectLevel::Sandbox);
+        assert_eq!(meta.side_effect_level_basis, Basis::AccountOverride);
+        assert_eq!(meta.allowed_slots_basis, Basis::AccountOverride);
+        assert_eq!(meta.replay_safety_basis, Basis::InferredFromExecutionPolicy);
+    }
+
+    #[test]
+    fn refs_are_inlined_and_recursion_is_bounded() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"item": {"$ref": "#/$defs/Item"}, "node": {"$ref": "#/$defs/Node"}},
+            "$defs": {
+                "Item": {"type": "object", "properties": {"id": {"type": "integer"}}},
+                "Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}},
+            },
+        });
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        let (projected, basis) = project_schema(&schema);
+        assert_eq!(basis, Basis::ShallowSchemaProjection);
+        assert_eq!(
+            projected["properties"]["item"]["properties"]["id"]["type"],
+            "integer"
+        );
+        assert!(projected.get("$defs").is_none());
+        assert!(!projected.to_string().contains("$ref"));
+    }
+
+    #[test]
+    fn plain_schemas_stay_declared() {
+        let Value::Object(schema) = json!({"type": "object", "properties": {"a": {"type": "string"}}})
+        else {
+            unreachable!()
+        };
+        assert_eq!(project_schema(&schema).1, Basis::ToolDeclared);
+    }
+}
