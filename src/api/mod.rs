@@ -13,6 +13,7 @@ mod events;
 mod executions;
 pub mod extract;
 mod jobs;
+mod mcp;
 mod memories;
 mod permissions;
 mod runs;
@@ -63,6 +64,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(runtime_tools::router())
         .merge(events::router())
         .merge(definitions::router())
+        .merge(mcp::router())
         .split_for_parts();
     let (router, mut openapi) = routes;
     describe_error_codes(&mut openapi);
