@@ -11,6 +11,7 @@ use crate::bootstrap::{self, Bootstrap};
 use crate::config::Settings;
 use crate::listener::{self, ConnectionLimits};
 use crate::runtime::ToolRuntime;
+use crate::secrets::{KeySource, SecretsKey};
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -29,7 +30,15 @@ impl App {
         // take them all (the connection cap is fitted under this limit).
         let open_files = listener::raise_open_file_limit();
         let limits = ConnectionLimits::new(&settings, open_files);
-        let store = Store::open(settings.database_url.as_deref(), &settings.data_dir).await?;
+        let (secrets, key_source) =
+            SecretsKey::load(settings.secrets_key.as_deref(), &settings.data_dir)?;
+        log_key_source(&key_source);
+        let store = Store::open_with_secrets(
+            settings.database_url.as_deref(),
+            &settings.data_dir,
+            secrets,
+        )
+        .await?;
         let bootstrap = bootstrap::ensure_defaults(&store, &settings).await?;
         let recovered = store
             .recover_interrupted_executions()
@@ -110,6 +119,23 @@ impl App {
         store.close().await;
         tracing::info!("shut down cleanly");
         Ok(())
+    }
+}
+
+/// Says where the secrets key came from, never what it is.
+fn log_key_source(source: &KeySource) {
+    match source {
+        KeySource::Configured => tracing::info!("secrets key: from TOOLGATE_SECRETS_KEY"),
+        KeySource::File {
+            path,
+            generated: true,
+        } => {
+            tracing::info!(path = %path.display(), "secrets key: generated into the data directory")
+        }
+        KeySource::File {
+            path,
+            generated: false,
+        } => tracing::info!(path = %path.display(), "secrets key: from the data directory"),
     }
 }
 

@@ -58,6 +58,9 @@ pub struct ServeArgs {
     /// API key given to the default account at first start only (default: a generated key, printed once and saved to <data-dir>/admin-token).
     #[arg(long, env = "TOOLGATE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Key sealing stored secrets (MCP servers' env and headers) at rest: 32 bytes as 64 hexadecimal digits, e.g. from `openssl rand -hex 32`; prefer the environment variable to the flag, which other users can see (default: generated at first start into <data-dir>/secrets-key, mode 0600, and reused).
+    #[arg(long, env = "TOOLGATE_SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<String>,
     /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
     #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -128,6 +131,7 @@ struct FileSettings {
     data_dir: Option<PathBuf>,
     database_url: Option<String>,
     admin_token: Option<String>,
+    secrets_key: Option<String>,
     log_format: Option<LogFormat>,
     default_character: Option<String>,
     body_limit_bytes: Option<usize>,
@@ -152,6 +156,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
     pub admin_token: Option<String>,
+    /// The secrets key as configured (hex); None uses the data directory's key file.
+    pub secrets_key: Option<String>,
     pub log_format: LogFormat,
     pub default_character: String,
     pub body_limit_bytes: usize,
@@ -255,6 +261,10 @@ impl Settings {
                 .admin_token
                 .or(file.admin_token)
                 .filter(|t| !t.is_empty()),
+            secrets_key: args
+                .secrets_key
+                .or(file.secrets_key)
+                .filter(|key| !key.is_empty()),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             default_character: args
                 .default_character

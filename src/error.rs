@@ -48,11 +48,15 @@ error_codes! {
     AccountConflict => ("account_conflict", 409, "An account with that name exists."),
     CharacterConflict => ("character_conflict", 409, "A character with that name exists in the account."),
     ToolDefinitionConflict => ("tool_definition_conflict", 409, "A definition with that identity (source, source_id, name) exists in the account."),
+    McpServerConflict => ("mcp_server_conflict", 409, "An MCP server with that name exists in the account."),
+    McpServerDisabled => ("mcp_server_disabled", 409, "The MCP server is disabled; enable it (PATCH /mcp/servers/{id}/toggle) before connecting it or listing its tools."),
+    McpRuntimeNotAttached => ("mcp_runtime_not_attached", 409, "The MCP server is enabled but not attached to the MCP runtime (not loaded yet, or its configuration cannot be used); its status says why."),
     RunNotOpen => ("run_not_open", 409, "The run was committed or discarded; open a new run."),
     ToolReplayConfirmationRequired => ("tool_replay_confirmation_required", 409, "Regenerating would repeat executions that are not replay-safe; resend with confirmed_execution_ids."),
     LimitExceeded => ("limit_exceeded", 409, "Holding one more would pass a server limit (the message names it and its value, e.g. max_runtime_tools); the same request succeeds once some are removed."),
     PayloadTooLarge => ("payload_too_large", 413, "The request body is over the server's limit."),
     InternalError => ("internal_error", 500, "The server failed; the cause is in its log, never in the answer."),
+    McpRuntimeUnavailable => ("mcp_runtime_unavailable", 503, "The MCP runtime knows the server but cannot reach it now (connecting, disconnected or failing); retry later, or read its status."),
     ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),
 }
 

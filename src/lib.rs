@@ -19,6 +19,7 @@ pub mod model_sessions;
 pub mod permissions;
 pub mod runtime;
 pub mod schema;
+pub mod secrets;
 pub mod state;
 pub mod store;
 pub mod tools;

@@ -13,6 +13,7 @@ mod events;
 mod executions;
 pub mod extract;
 mod jobs;
+mod mcp;
 mod mcp_runtime;
 mod memories;
 mod permissions;
@@ -64,6 +65,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(runtime_tools::router())
         .merge(events::router())
         .merge(definitions::router())
+        .merge(mcp::router())
         .merge(mcp_runtime::router())
         .split_for_parts();
     let (router, mut openapi) = routes;

@@ -56,7 +56,9 @@ pub struct HttpConfig {
 }
 
 /// An account's override of one tool's governance values (basis `account_override`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Every field is optional; an absent one leaves the tool's own value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ToolOverride {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_effect_level: Option<SideEffectLevel>,
@@ -120,4 +122,82 @@ pub struct McpServer {
     pub config: McpServerConfig,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Set when the stored secrets (stdio `env` / http `headers`) could not be
+    /// decrypted with the current secrets key (it changed): the server is
+    /// loaded with those maps empty, and this says why. Connecting it without
+    /// them would run it misconfigured; writing new values clears it.
+    pub secrets_error: Option<String>,
+}
+
+impl McpServer {
+    /// The server's secret map: the stdio `env` or the http `headers`.
+    pub fn secrets(&self) -> &BTreeMap<String, String> {
+        self.config.secrets()
+    }
+}
+
+impl McpServerConfig {
+    /// The configuration's secret map: the stdio `env` or the http `headers`.
+    pub fn secrets(&self) -> &BTreeMap<String, String> {
+        match &self.transport {
+            McpTransport::Stdio(stdio) => &stdio.env,
+            McpTransport::Http(http) => &http.headers,
+        }
+    }
+
+    /// The secret map, to fill it with what was decrypted.
+    pub fn secrets_mut(&mut self) -> &mut BTreeMap<String, String> {
+        match &mut self.transport {
+            McpTransport::Stdio(stdio) => &mut stdio.env,
+            McpTransport::Http(http) => &mut http.headers,
+        }
+    }
+
+    /// A copy without the secret values, as it may be stored in clear.
+    pub fn without_secrets(&self) -> McpServerConfig {
+        let mut copy = self.clone();
+        copy.secrets_mut().clear();
+        copy
+    }
+}
+
+/// Values of at least this many characters are masked as their first and last
+/// four characters around `****`; shorter ones as `****` alone, so that a mask
+/// never shows more than a third of a value.
+pub const MASK_REVEAL_MIN_CHARS: usize = 24;
+
+/// A secret value as responses show it (`toke****5678`, or `****`).
+pub fn mask_secret(value: &str) -> String {
+    let chars: Vec<char> = value.chars().collect();
+    if chars.len() < MASK_REVEAL_MIN_CHARS {
+        return "****".to_owned();
+    }
+    let head: String = chars[..4].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}****{tail}")
+}
+
+/// The keys of a secret map with masked values.
+pub fn mask_secrets(secrets: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    secrets
+        .iter()
+        .map(|(key, value)| (key.clone(), mask_secret(value)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_show_at_most_the_ends_of_long_values() {
+        assert_eq!(mask_secret(""), "****");
+        assert_eq!(mask_secret("Bearer token"), "****");
+        assert_eq!(mask_secret(&"x".repeat(23)), "****");
+        assert_eq!(mask_secret("token-abcdefghijklmnop-5678"), "toke****5678");
+        assert_eq!(
+            mask_secret("密钥密钥abcdefghijklmnopq尾巴尾巴"),
+            "密钥密钥****尾巴尾巴"
+        );
+    }
 }

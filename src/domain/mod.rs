@@ -3,6 +3,8 @@
 pub mod callback_url;
 pub mod definition;
 pub mod mcp;
+pub mod mcp_input;
+pub mod mcp_rules;
 pub mod names;
 pub mod paging;
 

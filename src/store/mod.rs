@@ -9,6 +9,7 @@ mod floors;
 mod jobs;
 mod journal;
 mod journal_writer;
+mod mcp;
 pub mod memory;
 pub mod resources;
 pub mod run_effects;
@@ -34,11 +35,14 @@ pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
 pub use journal::{Admission, Admitted, ExecutionFinish, NewExecution};
+pub use mcp::{McpServerFilter, McpSnapshot};
 pub use memory::{Memory, MemoryHit};
 pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
 pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;
+
+use crate::secrets::SecretsKey;
 
 /// Handle to the database; cheap to clone.
 #[derive(Clone, Debug)]
@@ -59,11 +63,26 @@ pub struct Store {
     /// Every character (the roles of `/api/tools`): read by every registration
     /// inside the catalog mutation.
     character_cache: Arc<cache::GenerationCache<Arc<Vec<Character>>>>,
+    /// Seals and opens stored secrets (MCP servers' env and headers).
+    secrets: SecretsKey,
 }
 
 impl Store {
-    /// Opens (creating if needed) the database and brings its schema up to date.
+    /// Opens (creating if needed) the database and brings its schema up to
+    /// date, with the data directory's own secrets key (generated there on
+    /// first use; see [`SecretsKey::load`]).
     pub async fn open(database_url: Option<&str>, data_dir: &Path) -> anyhow::Result<Self> {
+        let (secrets, _) = SecretsKey::load(None, data_dir)?;
+        Self::open_with_secrets(database_url, data_dir, secrets).await
+    }
+
+    /// Opens the database like [`open`](Self::open), sealing stored secrets
+    /// with `secrets`.
+    pub async fn open_with_secrets(
+        database_url: Option<&str>,
+        data_dir: &Path,
+        secrets: SecretsKey,
+    ) -> anyhow::Result<Self> {
         let options = match database_url {
             Some(url) if url.starts_with("postgres") => {
                 anyhow::bail!(
@@ -106,6 +125,7 @@ impl Store {
             definition_cache: Arc::default(),
             session_cache: Arc::default(),
             character_cache: Arc::default(),
+            secrets,
         })
     }
 

@@ -69,6 +69,7 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
         .env_remove("TOOLGATE_LISTEN")
         .env_remove("TOOLGATE_DATA_DIR")
         .env_remove("ENABLE_UNSAFE_SCRIPT_HANDLER")
+        .env_remove("TOOLGATE_SECRETS_KEY")
         .env("RUST_LOG", "info,sqlx=warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

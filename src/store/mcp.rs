@@ -1,0 +1,338 @@
+//! MCP server configurations, scoped to an account, and the last tool list of
+//! each server. The secret map (stdio `env` / http `headers`) is sealed with
+//! the store's secrets key, bound to the server id, before it is written; the
+//! rest of the configuration is stored as JSON in clear. A sealed map the key
+//! cannot open (the key changed) never fails a read: the server comes back
+//! with the map empty and `secrets_error` set, and its ciphertext stays as it
+//! is until new secrets are written, so restoring the key restores them.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::Store;
+use crate::domain::mcp::{McpServer, McpServerConfig};
+use crate::domain::{Page, PageRequest};
+use crate::error::{Error, ErrorCode, Result};
+use crate::ids::{new_id, now_ms};
+
+/// Filters of `GET /mcp/servers`; `None` matches everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct McpServerFilter {
+    pub enabled: Option<bool>,
+}
+
+/// The tool list a server last answered, as the MCP runtime stored it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpSnapshot {
+    pub server_id: String,
+    pub tools: serde_json::Value,
+    pub snapshot_at: i64,
+}
+
+const COLUMNS: &str = "id, account_id, name, enabled, config_json, secrets, created_at, updated_at";
+
+/// What `secrets_error` says when the key cannot open a server's secrets.
+const UNREADABLE: &str = "the stored secrets (stdio.env / http.headers) of this server cannot be decrypted with the current secrets key (TOOLGATE_SECRETS_KEY or <data-dir>/secrets-key changed); restore that key, or send the env / headers again";
+
+fn corrupt(column: &str, err: impl std::fmt::Display) -> Error {
+    Error::Internal(anyhow::anyhow!(
+        "stored MCP server has an unreadable {column}: {err}"
+    ))
+}
+
+fn conflict(name: &str) -> Error {
+    Error::refused(
+        ErrorCode::McpServerConflict,
+        format!("this account already has an MCP server named {name:?}"),
+    )
+}
+
+fn not_found(id: &str) -> Error {
+    Error::not_found(format!("MCP server {id:?}"))
+}
+
+/// A stored row as read, with its sealed secrets kept apart.
+struct StoredServer {
+    server: McpServer,
+    sealed: Option<Vec<u8>>,
+}
+
+impl Store {
+    fn server_from_row(&self, row: &SqliteRow) -> Result<StoredServer> {
+        let id: String = row.get("id");
+        let raw: String = row.get("config_json");
+        let mut config: McpServerConfig =
+            serde_json::from_str(&raw).map_err(|err| corrupt("config_json", err))?;
+        // The columns are what uniqueness and filters use: they win.
+        config.name = row.get("name");
+        config.enabled = row.get::<i64, _>("enabled") != 0;
+        let sealed: Option<Vec<u8>> = row.get("secrets");
+        let mut secrets_error = None;
+        if let Some(sealed) = &sealed {
+            match self.secrets.open(&id, sealed) {
+                Ok(plain) => {
+                    *config.secrets_mut() =
+                        serde_json::from_slice(&plain).map_err(|err| corrupt("secrets", err))?;
+                }
+                Err(_) => secrets_error = Some(UNREADABLE.to_owned()),
+            }
+        }
+        Ok(StoredServer {
+            server: McpServer {
+                id,
+                account_id: row.get("account_id"),
+                config,
+                created_at: row.get("created_at"),
+                updated_at: row.get("updated_at"),
+                secrets_error,
+            },
+            sealed,
+        })
+    }
+
+    fn servers_from_rows(&self, rows: &[SqliteRow]) -> Result<Vec<McpServer>> {
+        rows.iter()
+            .map(|row| self.server_from_row(row).map(|read| read.server))
+            .collect()
+    }
+
+    /// The sealed form of `config`'s secret map for server `id`; None when empty.
+    fn seal_secrets(&self, id: &str, config: &McpServerConfig) -> Result<Option<Vec<u8>>> {
+        let secrets = config.secrets();
+        if secrets.is_empty() {
+            return Ok(None);
+        }
+        let plain = serde_json::to_vec(secrets).map_err(|err| Error::Internal(err.into()))?;
+        Ok(Some(self.secrets.seal(id, &plain)?))
+    }
+
+    /// Stores a new server for `account_id`, giving it an id and timestamps.
+    /// A name the account already uses is refused (`mcp_server_conflict`).
+    pub async fn create_mcp_server(
+        &self,
+        account_id: &str,
+        config: &McpServerConfig,
+    ) -> Result<McpServer> {
+        let now = now_ms();
+        let server = McpServer {
+            id: new_id("mcp"),
+            account_id: account_id.to_owned(),
+            config: config.clone(),
+            created_at: now,
+            updated_at: now,
+            secrets_error: None,
+        };
+        let sealed = self.seal_secrets(&server.id, config)?;
+        let public = serde_json::to_string(&config.without_secrets())
+            .map_err(|err| Error::Internal(err.into()))?;
+        let result = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO mcp_servers ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )))
+        .bind(&server.id)
+        .bind(account_id)
+        .bind(&config.name)
+        .bind(config.enabled)
+        .bind(public)
+        .bind(sealed)
+        .bind(now)
+        .bind(now)
+        .execute(self.pool())
+        .await;
+        match result {
+            Ok(_) => Ok(server),
+            Err(err) if super::is_unique_violation(&err) => Err(conflict(&config.name)),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The account's server with that id; another account's is "not found".
+    pub async fn mcp_server(&self, account_id: &str, id: &str) -> Result<McpServer> {
+        let sql = format!("SELECT {COLUMNS} FROM mcp_servers WHERE id = ? AND account_id = ?");
+        match sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+        {
+            Some(row) => Ok(self.server_from_row(&row)?.server),
+            None => Err(not_found(id)),
+        }
+    }
+
+    /// One page of the account's servers matching `filter`, sorted by
+    /// `page.sort_by` (`created_at` or `name`; ties by id).
+    pub async fn list_mcp_servers(
+        &self,
+        account_id: &str,
+        filter: McpServerFilter,
+        page: PageRequest,
+    ) -> Result<Page<McpServer>> {
+        let where_clause = match filter.enabled {
+            Some(_) => "account_id = ? AND enabled = ?",
+            None => "account_id = ?",
+        };
+        let count_sql = format!("SELECT COUNT(*) AS total FROM mcp_servers WHERE {where_clause}");
+        let mut count = sqlx::query(AssertSqlSafe(count_sql)).bind(account_id);
+        if let Some(enabled) = filter.enabled {
+            count = count.bind(enabled);
+        }
+        let total: i64 = count.fetch_one(self.pool()).await?.get("total");
+        // Both come from closed lists (PageRequest and SortOrder), never from input.
+        let sort = match page.sort_by {
+            "name" => "name",
+            _ => "created_at",
+        };
+        let order = page.sort_order.sql();
+        let sql = format!(
+            "SELECT {COLUMNS} FROM mcp_servers WHERE {where_clause} \
+             ORDER BY {sort} {order}, id {order} LIMIT ? OFFSET ?"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(account_id);
+        if let Some(enabled) = filter.enabled {
+            query = query.bind(enabled);
+        }
+        let rows = query
+            .bind(page.limit)
+            .bind(page.offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(Page {
+            items: self.servers_from_rows(&rows)?,
+            total,
+            request: page,
+        })
+    }
+
+    /// Every enabled server of every account, oldest first: what start-up connects.
+    pub async fn enabled_mcp_servers(&self) -> Result<Vec<McpServer>> {
+        let sql =
+            format!("SELECT {COLUMNS} FROM mcp_servers WHERE enabled = 1 ORDER BY created_at, id");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(self.pool())
+            .await?;
+        self.servers_from_rows(&rows)
+    }
+
+    /// Replaces the account's server `id` with what `change` computes from the
+    /// stored one, bumping `updated_at`, and returns what was stored. The
+    /// transaction takes the write lock before reading (`BEGIN IMMEDIATE`) and
+    /// `change` cannot await, so a PATCH and a toggle racing each other merge
+    /// into one another's result instead of losing a change. `change` does the
+    /// merging and every check; its error writes nothing.
+    ///
+    /// Secrets: when `change` leaves `secrets_error` set (it wrote no new
+    /// env / headers over unreadable ones), the stored ciphertext is kept as
+    /// it is; otherwise the map `change` returned is sealed anew.
+    pub async fn update_mcp_server(
+        &self,
+        account_id: &str,
+        id: &str,
+        change: impl FnOnce(&McpServer) -> Result<McpServer>,
+    ) -> Result<McpServer> {
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let sql = format!("SELECT {COLUMNS} FROM mcp_servers WHERE id = ? AND account_id = ?");
+        let existing = match sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await?
+        {
+            Some(row) => self.server_from_row(&row)?,
+            None => return Err(not_found(id)),
+        };
+        let mut server = change(&existing.server)?;
+        // `change` decides the configuration only.
+        server.id = existing.server.id.clone();
+        server.account_id = existing.server.account_id.clone();
+        server.created_at = existing.server.created_at;
+        server.updated_at = now_ms().max(existing.server.updated_at);
+        let sealed = match &server.secrets_error {
+            Some(_) => existing.sealed,
+            None => self.seal_secrets(&server.id, &server.config)?,
+        };
+        if server.secrets_error.is_some() {
+            // What is shown stays what was read: nothing, since it is unreadable.
+            server.config.secrets_mut().clear();
+        }
+        let public = serde_json::to_string(&server.config.without_secrets())
+            .map_err(|err| Error::Internal(err.into()))?;
+        let result = sqlx::query(
+            "UPDATE mcp_servers SET name = ?, enabled = ?, config_json = ?, secrets = ?, \
+             updated_at = ? WHERE id = ? AND account_id = ?",
+        )
+        .bind(&server.config.name)
+        .bind(server.config.enabled)
+        .bind(public)
+        .bind(sealed)
+        .bind(server.updated_at)
+        .bind(&server.id)
+        .bind(&server.account_id)
+        .execute(&mut *tx)
+        .await;
+        match result {
+            Ok(_) => {}
+            // Dropping `tx` rolls back.
+            Err(err) if super::is_unique_violation(&err) => {
+                return Err(conflict(&server.config.name));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        tx.commit().await?;
+        Ok(server)
+    }
+
+    /// Deletes the account's server with that id, and its snapshot with it.
+    pub async fn delete_mcp_server(&self, account_id: &str, id: &str) -> Result<()> {
+        let done = sqlx::query("DELETE FROM mcp_servers WHERE id = ? AND account_id = ?")
+            .bind(id)
+            .bind(account_id)
+            .execute(self.pool())
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(not_found(id));
+        }
+        Ok(())
+    }
+
+    /// Stores `tools` as the last tool list of `server_id`, replacing the one
+    /// before. A server deleted meanwhile keeps no snapshot (nothing is written).
+    pub async fn save_mcp_snapshot(
+        &self,
+        server_id: &str,
+        tools: &serde_json::Value,
+        snapshot_at: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO mcp_tool_snapshots (server_id, tools_json, snapshot_at) \
+             SELECT id, ?, ? FROM mcp_servers WHERE id = ? \
+             ON CONFLICT (server_id) DO UPDATE SET tools_json = excluded.tools_json, \
+             snapshot_at = excluded.snapshot_at",
+        )
+        .bind(tools.to_string())
+        .bind(snapshot_at)
+        .bind(server_id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Every stored snapshot (read at start-up, so a server that does not
+    /// answer still offers its last tools).
+    pub async fn mcp_snapshots(&self) -> Result<Vec<McpSnapshot>> {
+        let rows = sqlx::query(
+            "SELECT server_id, tools_json, snapshot_at FROM mcp_tool_snapshots ORDER BY server_id",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let raw: String = row.get("tools_json");
+                Ok(McpSnapshot {
+                    server_id: row.get("server_id"),
+                    tools: serde_json::from_str(&raw).map_err(|err| corrupt("tools_json", err))?,
+                    snapshot_at: row.get("snapshot_at"),
+                })
+            })
+            .collect()
+    }
+}
