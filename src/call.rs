@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::domain::tool::{SideEffectLevel, Slot};
 use crate::journal::ExecutionStatus;
+use crate::reason::ReasonCode;
 
 /// Arguments exactly as the model produced them, plus their parsed form.
 #[derive(Debug, Clone)]
@@ -71,27 +72,39 @@ pub struct ToolCall {
 }
 
 /// What the model sees, plus the outcome status.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct ToolCallResult {
     pub call_id: String,
     pub name: String,
+    #[schema(value_type = Object)]
     pub output: Value,
     pub is_error: bool,
     pub status: ExecutionStatus,
+    /// Why the call did not succeed; null on success (and for a deferred
+    /// receipt, whose job has not run yet).
+    pub execution_reason_code: Option<ReasonCode>,
     /// The journal row of this call.
     pub execution_id: String,
 }
 
-/// The provider's answer to one call.
+/// The provider's answer to one call. Every failure names its reason, so that
+/// the journal and the caller can tell failures apart without parsing messages.
 #[derive(Debug, Clone)]
 pub enum ToolOutcome {
     Success(Value),
-    Error(String),
-    Timeout(String),
+    Error {
+        reason: ReasonCode,
+        message: String,
+    },
+    Timeout {
+        reason: ReasonCode,
+        message: String,
+    },
     /// The provider never received the call (connection refused, sandbox at
     /// capacity, a switch that is off): nothing can have happened, so the call
     /// counts as neither a step, a replay parent nor against the call budget.
     NotStarted {
+        reason: ReasonCode,
         message: String,
         /// When the caller may try again, if the refusal is temporary.
         retry_after_ms: Option<u64>,
@@ -99,11 +112,39 @@ pub enum ToolOutcome {
 }
 
 impl ToolOutcome {
+    /// The provider ran the call and it failed.
+    pub fn error(reason: ReasonCode, message: impl Into<String>) -> Self {
+        ToolOutcome::Error {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The provider did not answer in time; `settle` decides whether that is a
+    /// `timeout` or `uncertain`.
+    pub fn timeout(reason: ReasonCode, message: impl Into<String>) -> Self {
+        ToolOutcome::Timeout {
+            reason,
+            message: message.into(),
+        }
+    }
+
     /// A refusal before the provider started, with no retry hint.
-    pub fn not_started(message: impl Into<String>) -> Self {
+    pub fn not_started(reason: ReasonCode, message: impl Into<String>) -> Self {
         ToolOutcome::NotStarted {
+            reason,
             message: message.into(),
             retry_after_ms: None,
+        }
+    }
+
+    /// Why the call failed; None on success.
+    pub fn reason(&self) -> Option<ReasonCode> {
+        match self {
+            ToolOutcome::Success(_) => None,
+            ToolOutcome::Error { reason, .. }
+            | ToolOutcome::Timeout { reason, .. }
+            | ToolOutcome::NotStarted { reason, .. } => Some(*reason),
         }
     }
 }
@@ -116,17 +157,20 @@ pub struct Settled {
     pub is_error: bool,
     /// Whether the provider received the call (see `ToolOutcome::NotStarted`).
     pub provider_started: bool,
+    /// Why the call failed; None on success.
+    pub reason_code: Option<ReasonCode>,
 }
 
 /// The one rule from a provider's answer to a journal status, for inline calls
 /// and runtime jobs alike: a tool with side effects that timed out may or may not
 /// have acted, so its status is `uncertain`, not `timeout`.
 pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settled {
-    let failed = |status, message: String, provider_started| Settled {
+    let failed = |status, reason, message: String, provider_started| Settled {
         status,
         output: Value::String(message),
         is_error: true,
         provider_started,
+        reason_code: Some(reason),
     };
     match outcome {
         ToolOutcome::Success(output) => Settled {
@@ -134,13 +178,21 @@ pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settl
             output,
             is_error: false,
             provider_started: true,
+            reason_code: None,
         },
-        ToolOutcome::Error(message) => failed(ExecutionStatus::Error, message, true),
-        ToolOutcome::Timeout(message) if side_effect_level != SideEffectLevel::None => {
-            failed(ExecutionStatus::Uncertain, message, true)
+        ToolOutcome::Error { reason, message } => {
+            failed(ExecutionStatus::Error, reason, message, true)
         }
-        ToolOutcome::Timeout(message) => failed(ExecutionStatus::Timeout, message, true),
+        ToolOutcome::Timeout { reason, message }
+            if side_effect_level != SideEffectLevel::None =>
+        {
+            failed(ExecutionStatus::Uncertain, reason, message, true)
+        }
+        ToolOutcome::Timeout { reason, message } => {
+            failed(ExecutionStatus::Timeout, reason, message, true)
+        }
         ToolOutcome::NotStarted {
+            reason,
             message,
             retry_after_ms,
         } => {
@@ -148,7 +200,7 @@ pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settl
                 Some(ms) => format!("{message}; retry after {ms} ms"),
                 None => message,
             };
-            failed(ExecutionStatus::Error, message, false)
+            failed(ExecutionStatus::Error, reason, message, false)
         }
     }
 }
@@ -203,11 +255,10 @@ mod tests {
 
     #[test]
     fn timeouts_of_side_effecting_tools_are_uncertain() {
-        let timeout = || ToolOutcome::Timeout("slow".into());
-        assert_eq!(
-            settle(timeout(), SideEffectLevel::None).status,
-            ExecutionStatus::Timeout
-        );
+        let timeout = || ToolOutcome::timeout(ReasonCode::RemoteTimeout, "slow");
+        let plain = settle(timeout(), SideEffectLevel::None);
+        assert_eq!(plain.status, ExecutionStatus::Timeout);
+        assert_eq!(plain.reason_code, Some(ReasonCode::RemoteTimeout));
         for level in [SideEffectLevel::Sandbox, SideEffectLevel::Irreversible] {
             assert_eq!(settle(timeout(), level).status, ExecutionStatus::Uncertain);
         }
@@ -217,6 +268,7 @@ mod tests {
     fn refusals_before_the_provider_are_errors_that_never_started() {
         let settled = settle(
             ToolOutcome::NotStarted {
+                reason: ReasonCode::ScriptSandboxBusy,
                 message: "busy".into(),
                 retry_after_ms: Some(250),
             },
@@ -224,8 +276,22 @@ mod tests {
         );
         assert_eq!(settled.status, ExecutionStatus::Error);
         assert!(!settled.provider_started);
+        assert_eq!(settled.reason_code, Some(ReasonCode::ScriptSandboxBusy));
         assert!(settled.output.as_str().unwrap().contains("250 ms"));
-        assert!(settle(ToolOutcome::Error("x".into()), SideEffectLevel::None).provider_started);
+        let error = ToolOutcome::error(ReasonCode::BuiltinToolError, "x");
+        assert!(settle(error, SideEffectLevel::None).provider_started);
+    }
+
+    #[test]
+    fn only_success_settles_without_a_reason() {
+        let success = settle(ToolOutcome::Success(Value::Null), SideEffectLevel::None);
+        assert_eq!(success.reason_code, None);
+        assert!(!success.is_error);
+        let refused = ToolOutcome::not_started(ReasonCode::JobSessionGone, "gone");
+        assert_eq!(refused.reason(), Some(ReasonCode::JobSessionGone));
+        let settled = settle(refused, SideEffectLevel::None);
+        assert_eq!(settled.reason_code, Some(ReasonCode::JobSessionGone));
+        assert_eq!(settled.output, Value::String("gone".into()));
     }
 
     #[test]

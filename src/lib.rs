@@ -17,6 +17,7 @@ pub mod listener;
 pub mod logging;
 pub mod model_sessions;
 pub mod permissions;
+pub mod reason;
 pub mod runtime;
 pub mod schema;
 pub mod secrets;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::catalog::{Availability, Catalog};
 use crate::domain::tool::{SideEffectLevel, Slot, ToolMetadata};
 use crate::error::{Error, Result};
+use crate::reason::ReasonCode;
 
 /// The key under the session's `metadata_json` holding the permissions.
 pub const METADATA_KEY: &str = "tool_permissions";
@@ -80,6 +81,18 @@ impl Refusal {
             Refusal::OnSlotDenyList { .. } => "slot_deny_list",
             Refusal::IrreversibleNotAllowed => "allow_irreversible",
             Refusal::CallLimitReached { .. } => "max_calls_per_turn",
+        }
+    }
+
+    /// The journal's reason code of this refusal, one per rule.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self {
+            Refusal::Disabled => ReasonCode::PermissionToolsDisabled,
+            Refusal::SlotNotAllowedByTool { .. } => ReasonCode::PermissionSlotNotAllowedByTool,
+            Refusal::NotOnSlotAllowList { .. } => ReasonCode::PermissionSlotNotOnAllowList,
+            Refusal::OnSlotDenyList { .. } => ReasonCode::PermissionSlotOnDenyList,
+            Refusal::IrreversibleNotAllowed => ReasonCode::PermissionIrreversibleNotAllowed,
+            Refusal::CallLimitReached { .. } => ReasonCode::PermissionMaxCallsPerTurnExceeded,
         }
     }
 
@@ -424,7 +437,10 @@ mod tests {
             _cx: &'a CallContext<'a>,
             _args: &'a Value,
         ) -> futures::future::BoxFuture<'a, ToolOutcome> {
-            Box::pin(std::future::ready(ToolOutcome::Error("unused".into())))
+            Box::pin(std::future::ready(ToolOutcome::error(
+                ReasonCode::BuiltinToolError,
+                "unused",
+            )))
         }
     }
     use crate::domain::tool::{Basis, ProviderType, SideEffectLevel, ToolSpec};

@@ -427,6 +427,7 @@ async fn an_irreversible_call_refused_for_its_arguments_is_no_replay_parent_nor_
     .await;
     assert_status(&again, "error");
     let row = execution(&server, again["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["execution_reason_code"], "remote_connection_failed", "{row}");
     assert!(row["replay_parent_execution_id"].is_null(), "{row}");
     assert_eq!(row["attempt_no"], 1, "{row}");
     // Step 1 held only a refused call, so step 2 is this generation's one step.
@@ -480,6 +481,10 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     )
     .await;
     assert_status(&refused, "error");
+    assert_eq!(
+        refused["execution_reason_code"], "remote_connection_failed",
+        "{refused}"
+    );
     assert!(
         refused["output"].as_str().unwrap().contains("connect"),
         "{refused}"
@@ -491,6 +496,7 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     )
     .await;
     assert_status(&look, "success");
+    assert_eq!(look["execution_reason_code"], Value::Null, "{look}");
     let third = call(
         &server,
         &session,
@@ -498,6 +504,15 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     )
     .await;
     assert_status(&third, "blocked");
+    assert_eq!(
+        third["execution_reason_code"], "permission_max_steps_per_generation_exceeded",
+        "{third}"
+    );
+    let row = execution(&server, third["execution_id"].as_str().unwrap()).await;
+    assert_eq!(
+        row["execution_reason_code"],
+        "permission_max_steps_per_generation_exceeded"
+    );
     close_run(&server, &run1, "discard").await;
 
     let run2 = try_open_run(&server, &floor_id).await;
@@ -511,6 +526,7 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     .await;
     assert_status(&again, "error");
     let row = execution(&server, again["execution_id"].as_str().unwrap()).await;
+    assert_eq!(row["execution_reason_code"], "remote_connection_failed", "{row}");
     assert!(row["replay_parent_execution_id"].is_null(), "{row}");
     assert_eq!(row["attempt_no"], 1, "{row}");
 }
@@ -797,10 +813,20 @@ async fn a_side_effecting_async_job_that_times_out_is_uncertain() {
     let session = server.create_session().await;
     set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
     let mut receipts = Vec::new();
-    for (name, level, expected) in [
-        ("publish_post", "irreversible", "uncertain"),
-        ("stage_draft", "sandbox", "uncertain"),
-        ("probe_feed", "none", "timeout"),
+    for (name, level, expected, code) in [
+        (
+            "publish_post",
+            "irreversible",
+            "uncertain",
+            "remote_timeout_uncertain",
+        ),
+        (
+            "stage_draft",
+            "sandbox",
+            "uncertain",
+            "remote_timeout_uncertain",
+        ),
+        ("probe_feed", "none", "timeout", "remote_timeout"),
     ] {
         register(
             &server,
@@ -815,10 +841,10 @@ async fn a_side_effecting_async_job_that_times_out_is_uncertain() {
             .as_str()
             .unwrap()
             .to_owned();
-        receipts.push((name, id, expected));
+        receipts.push((name, id, expected, code));
     }
     let server_ref = &server;
-    let ids: Vec<String> = receipts.iter().map(|(_, id, _)| id.clone()).collect();
+    let ids: Vec<String> = receipts.iter().map(|(_, id, _, _)| id.clone()).collect();
     let ids = &ids;
     common::wait_until(
         Duration::from_secs(20),
@@ -833,9 +859,22 @@ async fn a_side_effecting_async_job_that_times_out_is_uncertain() {
         },
     )
     .await;
-    for (name, id, expected) in &receipts {
+    let delivered = server
+        .get(&format!("/sessions/{session}/tool-results"))
+        .await;
+    assert_eq!(delivered.status, StatusCode::OK, "{delivered:?}");
+    for (name, id, expected, code) in &receipts {
         let row = execution(&server, id).await;
         assert_eq!(row["status"], *expected, "{name}: {row}");
+        assert_eq!(row["execution_reason_code"], *code, "{name}: {row}");
+        let delivery = delivered.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["execution_id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{name} was not delivered: {delivered:?}"));
+        assert_eq!(delivery["is_error"], true, "{name}: {delivery}");
+        assert_eq!(delivery["execution_reason_code"], *code, "{name}: {delivery}");
         assert_eq!(row["delivery_mode"], "async_job", "{name}: {row}");
         if *expected == "uncertain" {
             // As for an inline call: the outcome rule is one.

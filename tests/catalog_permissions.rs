@@ -66,10 +66,29 @@ async fn tool_call(server: &TestServer, session: &str, body: Value) -> Value {
     reply.body["data"].clone()
 }
 
-/// A refusal: model-visible, `denied`, naming the rule that refused.
+/// The `execution_reason_code` of a refusal by `rule`.
+fn reason_code_of(rule: &str) -> &'static str {
+    match rule {
+        "enabled" => "permission_tools_disabled",
+        "allowed_slots" => "permission_slot_not_allowed_by_tool",
+        "slot_allow_list" => "permission_slot_not_on_allow_list",
+        "slot_deny_list" => "permission_slot_on_deny_list",
+        "allow_irreversible" => "permission_irreversible_not_allowed",
+        "max_calls_per_turn" => "permission_max_calls_per_turn_exceeded",
+        other => panic!("no permission rule {other}"),
+    }
+}
+
+/// A refusal: model-visible, `denied`, naming the rule that refused, with the
+/// rule's reason code.
 fn assert_denied(result: &Value, rule: &str) {
     assert_eq!(result["is_error"], true, "{result}");
     assert_eq!(result["status"], "denied", "{result}");
+    assert_eq!(
+        result["execution_reason_code"],
+        reason_code_of(rule),
+        "{result}"
+    );
     let message = result["output"].as_str().unwrap_or_default();
     assert!(
         message.contains(&format!("`{rule}`")),
@@ -451,6 +470,7 @@ async fn each_permission_rule_refuses_without_running_the_tool() {
     )
     .await;
     assert_eq!(ok["status"], "success", "{ok}");
+    assert_eq!(ok["execution_reason_code"], Value::Null, "{ok}");
     let reply = server
         .post(
             &format!("/sessions/{session}/tool-calls"),
@@ -523,6 +543,37 @@ async fn each_permission_rule_refuses_without_running_the_tool() {
     let unknown = tool_call(&server, &session, json!({"name": "summon_demon"})).await;
     assert_eq!(unknown["status"], "denied");
     assert_eq!(unknown["is_error"], true);
+    assert_eq!(unknown["execution_reason_code"], "tool_not_found");
+
+    // The journal rows carry the codes the answers did.
+    let rows = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&sort_order=asc&limit=200"
+        ))
+        .await;
+    assert_eq!(rows.status, StatusCode::OK, "{rows:?}");
+    let codes: Vec<&Value> = rows.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| &row["execution_reason_code"])
+        .collect();
+    for (result, code) in [(&ok, Value::Null), (&unknown, json!("tool_not_found"))] {
+        let id = result["execution_id"].as_str().unwrap();
+        let row = server.get(&format!("/tool-executions/{id}")).await;
+        assert_eq!(row.body["data"]["execution_reason_code"], code, "{row:?}");
+    }
+    for rule in [
+        "enabled",
+        "allowed_slots",
+        "slot_allow_list",
+        "slot_deny_list",
+    ] {
+        assert!(
+            codes.contains(&&json!(reason_code_of(rule))),
+            "{rule}: {codes:?}"
+        );
+    }
 }
 
 #[tokio::test]

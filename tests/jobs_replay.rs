@@ -247,6 +247,10 @@ async fn an_unconfirmed_repeat_is_blocked_and_journalled() {
     assert_eq!(repeat["status"], "blocked", "{repeat}");
     assert_eq!(repeat["is_error"], true);
     assert_eq!(
+        repeat["execution_reason_code"], "tool_replay_confirmation_required",
+        "{repeat}"
+    );
+    assert_eq!(
         callbacks.hits.load(Ordering::SeqCst),
         1,
         "the repeat must not run"
@@ -254,6 +258,10 @@ async fn an_unconfirmed_repeat_is_blocked_and_journalled() {
     let row = execution(&server, repeat["execution_id"].as_str().unwrap()).await;
     assert_eq!(row["status"], "blocked");
     assert_eq!(row["commit_outcome"], "replay_blocked");
+    assert_eq!(
+        row["execution_reason_code"],
+        "tool_replay_confirmation_required"
+    );
     assert_eq!(row["attempt_no"], 2);
     assert_eq!(row["replay_parent_execution_id"], first["execution_id"]);
     let records = server
@@ -343,6 +351,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
         .to_owned();
     let receipt = call(&server, &session, json!({"name": "render_song", "arguments": {"key": "C"}, "run_id": run, "call_id": "call_song"})).await;
     assert_eq!(receipt["is_error"], false);
+    assert_eq!(receipt["execution_reason_code"], Value::Null, "{receipt}");
     let output = &receipt["output"];
     assert_eq!(output["accepted"], true);
     assert_eq!(output["status"], "queued");
@@ -350,6 +359,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     let execution_id = output["execution_id"].as_str().unwrap().to_owned();
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "queued");
+    assert_eq!(row["execution_reason_code"], Value::Null);
     assert_eq!(row["delivery_mode"], "async_job");
     assert_eq!(row["result_visibility"], "deferred_receipt");
     assert_eq!(row["runtime_job_id"], job.as_str());
@@ -371,9 +381,11 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     assert_eq!(delivered["execution_id"], execution_id.as_str());
     assert_eq!(delivered["call_id"], "call_song");
     assert_eq!(delivered["output"]["done"], true);
+    assert_eq!(delivered["execution_reason_code"], Value::Null, "{delivered}");
     assert_eq!(job_state(&server, &job).await, "succeeded");
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "success");
+    assert_eq!(row["execution_reason_code"], Value::Null, "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
     assert_eq!(row["commit_outcome"], "committed");
     let results = server
@@ -410,6 +422,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     )
     .await;
     assert_eq!(row2["status"], "blocked");
+    assert_eq!(row2["execution_reason_code"], "job_run_discarded", "{row2}");
     assert_eq!(row2["commit_outcome"], "discarded");
     assert_eq!(row2["lifecycle_state"], "finished");
     assert_eq!(callbacks.hits.load(Ordering::SeqCst), 1);
@@ -446,6 +459,11 @@ async fn a_call_hanging_at_sigkill_is_uncertain_after_restart() {
         .await;
     assert_eq!(running.body["data"][0]["status"], "running");
     assert_eq!(running.body["data"][0]["lifecycle_state"], "opened");
+    assert_eq!(
+        running.body["data"][0]["execution_reason_code"],
+        Value::Null,
+        "an open row has no reason yet"
+    );
 
     server.kill().await;
     assert!(
@@ -460,6 +478,7 @@ async fn a_call_hanging_at_sigkill_is_uncertain_after_restart() {
     assert_eq!(row["status"], "uncertain", "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
     assert_eq!(row["commit_outcome"], "uncertain");
+    assert_eq!(row["execution_reason_code"], "interrupted_by_restart", "{row}");
     assert!(row["finished_at"].as_i64().is_some());
     callbacks.release.notify_waiters();
 }
@@ -504,6 +523,7 @@ async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
     assert_eq!(callbacks.hits.load(Ordering::SeqCst), 1);
     let row = execution(server, receipt["output"]["execution_id"].as_str().unwrap()).await;
     assert_eq!(row["status"], "success");
+    assert_eq!(row["execution_reason_code"], Value::Null, "{row}");
     assert_eq!(row["result"]["echo"]["n"], 1);
 }
 
@@ -587,6 +607,7 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "uncertain", "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
+    assert_eq!(row["execution_reason_code"], "job_lease_lost", "{row}");
     // The restarted server's worker polls the queue; the lost job must not be
     // picked up again. A later job runs, so the worker is alive.
     register(

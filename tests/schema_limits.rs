@@ -137,9 +137,17 @@ async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server
     assert_eq!(result["status"], "error", "{result}");
     let message = result["output"].as_str().unwrap();
     assert!(message.contains("time budget"), "{message}");
+    assert_eq!(
+        result["execution_reason_code"], "argument_validation_timeout",
+        "{result}"
+    );
     let id = result["execution_id"].as_str().unwrap();
     let row = server.get(&format!("/tool-executions/{id}")).await;
     assert_eq!(row.body["data"]["provider_started"], false, "{row:?}");
+    assert_eq!(
+        row.body["data"]["execution_reason_code"], "argument_validation_timeout",
+        "{row:?}"
+    );
 
     // A small argument validates within the budget and reaches the provider.
     let reply = server
@@ -150,6 +158,10 @@ async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server
         .await;
     let message = reply.body["data"]["output"].as_str().unwrap_or_default();
     assert!(message.contains("could not connect"), "{reply:?}");
+    assert_eq!(
+        reply.body["data"]["execution_reason_code"], "remote_connection_failed",
+        "{reply:?}"
+    );
 }
 
 #[test]

@@ -397,6 +397,10 @@ async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() 
     );
     for refused in &busy {
         assert_eq!(refused["status"], "error", "{refused}");
+        assert_eq!(
+            refused["execution_reason_code"], "script_sandbox_busy",
+            "{refused}"
+        );
         assert!(
             refused["output"].as_str().unwrap().contains("retry after"),
             "{refused}"
@@ -404,6 +408,10 @@ async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() 
         let id = refused["execution_id"].as_str().unwrap();
         let row = sandbox.server.get(&format!("/tool-executions/{id}")).await;
         assert_eq!(row.body["data"]["provider_started"], false, "{row:?}");
+        assert_eq!(
+            row.body["data"]["execution_reason_code"], "script_sandbox_busy",
+            "{row:?}"
+        );
     }
     let ran = results
         .iter()
@@ -417,4 +425,8 @@ async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() 
     let id = ran["execution_id"].as_str().unwrap();
     let row = sandbox.server.get(&format!("/tool-executions/{id}")).await;
     assert_eq!(row.body["data"]["provider_started"], true, "{row:?}");
+    assert_eq!(
+        row.body["data"]["execution_reason_code"], "script_time_limit",
+        "{row:?}"
+    );
 }

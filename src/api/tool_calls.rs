@@ -45,7 +45,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Execute a tool call as the session's model would.
 #[utoipa::path(post, path = "/sessions/{id}/tool-calls", tag = "tools", request_body = ToolCallBody,
     params(("id" = String, Path)),
-    responses((status = 200, description = "what the model sees: call_id, name, output, is_error, status"), (status = 404)))]
+    responses((status = 200, description = "what the model sees: call_id, name, output, is_error, status, execution_reason_code (null on success)", body = Data<crate::call::ToolCallResult>), (status = 404)))]
 async fn create_tool_call(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

@@ -6,6 +6,7 @@ pub mod query;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::reason::ReasonCode;
 
 /// Outcome status of an execution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -177,6 +178,9 @@ pub struct ExecutionRecord {
     pub side_effect_level: String,
     pub replay_safety: String,
     pub error_message: Option<String>,
+    /// Why the call did not succeed (the `ReasonCode` table); null on success,
+    /// while the row is open, and on rows written before the code was recorded.
+    pub execution_reason_code: Option<ReasonCode>,
     pub duration_ms: i64,
     pub started_at: i64,
     pub finished_at: Option<i64>,

@@ -16,6 +16,7 @@ use crate::domain::tool::ResultVisibility;
 use crate::error::Result;
 use crate::journal::{ExecutionStatus, canonical_json};
 use crate::permissions::{Refusal, ToolPermissions};
+use crate::reason::ReasonCode;
 use crate::store::{Admission, Admitted, ReplayParent};
 
 impl ToolRuntime {
@@ -68,9 +69,9 @@ impl ToolRuntime {
         }
         let args = match self.checked_arguments(entry, &call).await {
             Ok(args) => args,
-            Err(problem) => {
+            Err((reason, problem)) => {
                 return journal
-                    .refused(Some(entry), ExecutionStatus::Error, problem)
+                    .refused(Some(entry), ExecutionStatus::Error, reason, problem)
                     .await;
             }
         };
@@ -111,7 +112,7 @@ impl ToolRuntime {
     }
 
     /// The call's arguments if they parse and satisfy the tool's schema, else
-    /// the model-visible reason. Validation is CPU work of a size the tool's
+    /// the reason code and the model-visible message. Validation is CPU work of a size the tool's
     /// author and the model chose, so unless the schema is known to be cheap
     /// and the arguments small it runs on the blocking pool within a time
     /// budget: a schema that takes too long refuses the call instead of
@@ -120,15 +121,16 @@ impl ToolRuntime {
         &self,
         entry: &CatalogEntry,
         call: &ToolCall,
-    ) -> std::result::Result<Value, String> {
-        let args = call.arguments.parsed.clone()?;
+    ) -> std::result::Result<Value, (ReasonCode, String)> {
+        let invalid = |problem| (ReasonCode::ValidationError, problem);
+        let args = call.arguments.parsed.clone().map_err(invalid)?;
         let validator = entry.spec.validator.clone();
         if validator.is_cheap_for(call.arguments.raw.len()) {
             // Microseconds: a hand-off to the blocking pool would cost more.
             return validator
                 .validate(&entry.spec.parameters, &args)
                 .map(|()| args)
-                .map_err(|problem| format!("invalid arguments: {problem}"));
+                .map_err(|problem| invalid(format!("invalid arguments: {problem}")));
         }
         let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
         let schema = entry.spec.parameters.clone();
@@ -138,16 +140,22 @@ impl ToolRuntime {
             tokio::task::spawn_blocking(move || validator.validate(&schema, &args).map(|()| args));
         match tokio::time::timeout(budget, validation).await {
             Ok(Ok(Ok(args))) => Ok(args),
-            Ok(Ok(Err(problem))) => Err(format!("invalid arguments: {problem}")),
+            Ok(Ok(Err(problem))) => Err(invalid(format!("invalid arguments: {problem}"))),
             Ok(Err(join)) => {
                 tracing::error!(error = %join, tool = ?call.name, "argument validation failed");
-                Err("the arguments could not be validated because of a server error".into())
+                Err((
+                    ReasonCode::InternalError,
+                    "the arguments could not be validated because of a server error".into(),
+                ))
             }
             Err(_) => {
                 tracing::warn!(tool = ?call.name, budget_ms = budget.as_millis() as u64, "argument validation over its time budget; call refused");
-                Err(format!(
-                    "the arguments were not validated within the time budget of {} ms (the tool's schema is too costly); the call was not run",
-                    budget.as_millis()
+                Err((
+                    ReasonCode::ArgumentValidationTimeout,
+                    format!(
+                        "the arguments were not validated within the time budget of {} ms (the tool's schema is too costly); the call was not run",
+                        budget.as_millis()
+                    ),
                 ))
             }
         }
@@ -242,6 +250,7 @@ impl CallJournal<'_> {
         self.refused(
             Some(entry),
             ExecutionStatus::Denied,
+            refusal.reason_code(),
             refusal.message(&self.call.name),
         )
         .await
@@ -261,7 +270,8 @@ impl CallJournal<'_> {
                     "tool {:?} was not run: this generation has used all {limit} steps allowed by max_steps_per_generation",
                     self.call.name
                 );
-                self.refused(Some(entry), ExecutionStatus::Blocked, message)
+                let reason = ReasonCode::PermissionMaxStepsPerGenerationExceeded;
+                self.refused(Some(entry), ExecutionStatus::Blocked, reason, message)
                     .await
             }
             Admitted::CallLimit => {

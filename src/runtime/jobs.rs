@@ -13,6 +13,7 @@ use crate::call::{JobInvocation, ToolOutcome, settle};
 use crate::catalog::CallContext;
 use crate::domain::tool::SideEffectLevel;
 use crate::ids::{new_id, now_ms};
+use crate::reason::ReasonCode;
 use crate::store::RuntimeJob;
 
 /// How long a claim lasts without a heartbeat.
@@ -102,7 +103,7 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
         Ok(invocation) => invocation,
         Err(err) => {
             let message = format!("the job's stored invocation is unreadable: {err}");
-            let outcome = ToolOutcome::not_started(message);
+            let outcome = ToolOutcome::not_started(ReasonCode::JobInvocationUnreadable, message);
             finish(runtime, owner, &job, "", SideEffectLevel::None, outcome).await;
             return;
         }
@@ -152,13 +153,14 @@ async fn finish(
 ) {
     let settled = settle(outcome, side_effect_level);
     let status = settled.status.as_str();
+    let reason_code = settled.reason_code.map(ReasonCode::as_str);
     match runtime
         .store
         .complete_job(job, owner, &settled, call_id)
         .await
     {
         Ok(Some(delivery)) => {
-            tracing::info!(job_id = %job.id, status, "job finished; result delivered");
+            tracing::info!(job_id = %job.id, status, reason_code, "job finished; result delivered");
             runtime.publish_tool_result(&delivery).await;
         }
         Ok(None) => {
@@ -174,19 +176,24 @@ impl ToolRuntime {
     /// Runs a job's tool from its snapshot, through the provider that took it.
     async fn invoke_job(&self, job: &RuntimeJob, invocation: &JobInvocation) -> ToolOutcome {
         let Some(provider) = self.provider(&invocation.kind) else {
-            return ToolOutcome::not_started(format!(
-                "no provider of kind {:?} can run this job",
-                invocation.kind
-            ));
+            return ToolOutcome::not_started(
+                ReasonCode::JobProviderMissing,
+                format!("no provider of kind {:?} can run this job", invocation.kind),
+            );
         };
         let handler = match provider.restore(invocation) {
             Ok(handler) => handler,
-            Err(message) => return ToolOutcome::not_started(message),
+            Err(message) => {
+                return ToolOutcome::not_started(ReasonCode::JobSnapshotInvalid, message);
+            }
         };
         let session = match self.store.session(&job.account_id, &job.session_id).await {
             Ok(session) => session,
             Err(err) => {
-                return ToolOutcome::not_started(format!("the job's session is gone: {err}"));
+                return ToolOutcome::not_started(
+                    ReasonCode::JobSessionGone,
+                    format!("the job's session is gone: {err}"),
+                );
             }
         };
         let call = invocation.to_call(&job.tool_name);

@@ -9,6 +9,7 @@ use crate::catalog::{CatalogEntry, NotCallable};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{new_id, now_ms};
 use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState, canonical_json};
+use crate::reason::ReasonCode;
 use crate::store::{
     Admission, Admitted, ExecutionFinish, NewExecution, NewJob, ReplayParent, Run, Session, Store,
 };
@@ -132,6 +133,7 @@ impl CallJournal<'_> {
             replay_parent_execution_id: None,
             result: None,
             error_message: None,
+            reason_code: None,
             started_at: now_ms(),
             provider_started: false,
             admission: Admission::default(),
@@ -168,13 +170,15 @@ impl CallJournal<'_> {
     /// unavailable).
     pub async fn refused_lookup(&self, refused: NotCallable<'_>) -> Result<ToolCallResult> {
         let name = &self.call.name;
-        let (entry, message) = match refused {
+        let (entry, reason, message) = match refused {
             NotCallable::Unknown => (
                 None,
+                ReasonCode::ToolNotFound,
                 format!("unknown tool {name:?}: it is not in this session's catalog"),
             ),
             NotCallable::Conflict(conflict) => (
                 None,
+                ReasonCode::ToolNameConflict,
                 format!(
                     "tool {:?} is offered by several providers ({}); the call was refused",
                     conflict.name,
@@ -183,6 +187,7 @@ impl CallJournal<'_> {
             ),
             NotCallable::Unavailable(entry) => (
                 Some(entry),
+                ReasonCode::ToolUnavailable,
                 format!(
                     "tool {name:?} is unavailable: {}",
                     entry
@@ -192,7 +197,8 @@ impl CallJournal<'_> {
                 ),
             ),
         };
-        self.refused(entry, ExecutionStatus::Denied, message).await
+        self.refused(entry, ExecutionStatus::Denied, reason, message)
+            .await
     }
 
     /// Journals a call that was not run, and answers the model with the reason.
@@ -200,14 +206,16 @@ impl CallJournal<'_> {
         &self,
         entry: Option<&CatalogEntry>,
         status: ExecutionStatus,
+        reason: ReasonCode,
         message: String,
     ) -> Result<ToolCallResult> {
         let mut row = self.row(entry, &self.logged_args(), status);
         row.lifecycle_state = LifecycleState::Finished;
         row.error_message = Some(message.clone());
+        row.reason_code = Some(reason);
         self.insert(&row).await?;
-        tracing::info!(tool = ?self.call.name, status = status.as_str(), reason = ?message, "tool call refused");
-        Ok(self.result(&row.id, Value::String(message), true, status))
+        tracing::info!(tool = ?self.call.name, status = status.as_str(), reason_code = reason.as_str(), reason = ?message, "tool call refused");
+        Ok(self.result(&row.id, Value::String(message), status, Some(reason)))
     }
 
     /// Journals a repeat of an earlier attempt's execution that needs confirming.
@@ -227,13 +235,15 @@ impl CallJournal<'_> {
         row.attempt_no = parent.attempt_no + 1;
         row.replay_parent_execution_id = Some(parent.id.clone());
         row.error_message = Some(message.clone());
+        let reason = ReasonCode::ToolReplayConfirmationRequired;
+        row.reason_code = Some(reason);
         self.insert(&row).await?;
         tracing::info!(tool = ?self.call.name, parent = %parent.id, "replay blocked");
         Ok(self.result(
             &row.id,
             Value::String(message),
-            true,
             ExecutionStatus::Blocked,
+            Some(reason),
         ))
     }
 
@@ -312,8 +322,8 @@ impl CallJournal<'_> {
         Ok(Opened::Deferred(self.result(
             &row.id,
             receipt,
-            false,
             ExecutionStatus::Queued,
+            None,
         )))
     }
 
@@ -336,6 +346,7 @@ impl CallJournal<'_> {
             error_message: settled
                 .is_error
                 .then(|| settled.output.as_str().unwrap_or_default().to_owned()),
+            reason_code: settled.reason_code,
             commit_outcome: (settled.status == ExecutionStatus::Uncertain)
                 .then_some(CommitOutcome::Uncertain),
         };
@@ -344,30 +355,34 @@ impl CallJournal<'_> {
             tool = ?self.call.name,
             execution_id,
             status = settled.status.as_str(),
+            reason_code = settled.reason_code.map(ReasonCode::as_str),
             provider_started = settled.provider_started,
             "tool call finished"
         );
         Ok(self.result(
             &execution_id,
             settled.output,
-            settled.is_error,
             settled.status,
+            settled.reason_code,
         ))
     }
 
+    /// The model's view of a row: an error exactly when it has a reason (as
+    /// `settle` decides for providers' outcomes).
     fn result(
         &self,
         execution_id: &str,
         output: Value,
-        is_error: bool,
         status: ExecutionStatus,
+        reason: Option<ReasonCode>,
     ) -> ToolCallResult {
         ToolCallResult {
             call_id: self.call.call_id.clone(),
             name: self.call.name.clone(),
             output,
-            is_error,
+            is_error: reason.is_some(),
             status,
+            execution_reason_code: reason,
             execution_id: execution_id.to_owned(),
         }
     }

@@ -7,6 +7,7 @@ use sqlx::sqlite::SqliteRow;
 use super::Store;
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
+use crate::reason::ReasonCode;
 
 /// A deferred tool call waiting for, or run by, a worker.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -45,6 +46,9 @@ pub struct Delivery {
     #[schema(value_type = Object)]
     pub output: serde_json::Value,
     pub is_error: bool,
+    /// Why the job's call did not succeed; null on success (the journal row's
+    /// `execution_reason_code`).
+    pub execution_reason_code: Option<ReasonCode>,
     pub created_at: i64,
 }
 
@@ -197,14 +201,16 @@ impl Store {
         if changed == 0 {
             return Ok(None);
         }
+        let reason_code = settled.reason_code.map(ReasonCode::as_str);
         sqlx::query(
-            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, lifecycle_state = 'finished', \
-             finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ?, \
+            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, execution_reason_code = ?, \
+             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ?, \
              commit_outcome = CASE WHEN ? = 'uncertain' THEN 'uncertain' ELSE commit_outcome END WHERE id = ?",
         )
         .bind(settled.status.as_str())
         .bind((!is_error).then(|| output.to_string()))
         .bind(&error_message)
+        .bind(reason_code)
         .bind(now)
         .bind(now)
         .bind(settled.provider_started)
@@ -221,11 +227,12 @@ impl Store {
             tool_name: job.tool_name.clone(),
             output: output.clone(),
             is_error,
+            execution_reason_code: settled.reason_code,
             created_at: now,
         };
         sqlx::query(
-            "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
+             execution_reason_code, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&delivery.id)
         .bind(&delivery.session_id)
@@ -235,6 +242,7 @@ impl Store {
         .bind(&delivery.tool_name)
         .bind(delivery.output.to_string())
         .bind(is_error as i64)
+        .bind(reason_code)
         .bind(now)
         .execute(&mut *tx)
         .await?;
@@ -262,11 +270,12 @@ impl Store {
         for execution_id in &ids {
             sqlx::query(
                 "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?, \
-                 duration_ms = MAX(0, ? - started_at), error_message = 'the job running this call lost its lease; its outcome is unknown' \
-                 WHERE id = ?",
+                 duration_ms = MAX(0, ? - started_at), error_message = 'the job running this call lost its lease; its outcome is unknown', \
+                 execution_reason_code = ? WHERE id = ?",
             )
             .bind(now)
             .bind(now)
+            .bind(ReasonCode::JobLeaseLost.as_str())
             .bind(execution_id)
             .execute(&mut *tx)
             .await?;
@@ -279,8 +288,8 @@ impl Store {
     pub async fn deliveries(&self, account_id: &str, session_id: &str) -> Result<Vec<Delivery>> {
         let session = self.session(account_id, session_id).await?;
         let rows = sqlx::query(
-            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, created_at \
-             FROM session_deliveries WHERE session_id = ? ORDER BY created_at, id",
+            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
+             execution_reason_code, created_at FROM session_deliveries WHERE session_id = ? ORDER BY created_at, id",
         )
         .bind(&session.id)
         .fetch_all(self.pool())
@@ -297,6 +306,10 @@ impl Store {
                 output: serde_json::from_str(&row.get::<String, _>("output_json"))
                     .unwrap_or(serde_json::Value::Null),
                 is_error: row.get::<i64, _>("is_error") != 0,
+                execution_reason_code: row
+                    .get::<Option<String>, _>("execution_reason_code")
+                    .as_deref()
+                    .and_then(ReasonCode::parse),
                 created_at: row.get("created_at"),
             })
             .collect())

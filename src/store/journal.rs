@@ -8,6 +8,7 @@ use super::journal_writer::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
+use crate::reason::ReasonCode;
 use crate::journal::query::{CallRecordQuery, ExecutionQuery};
 use crate::journal::{
     CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
@@ -41,6 +42,8 @@ pub struct NewExecution {
     /// Set when the row is written already finished (refusals).
     pub result: Option<serde_json::Value>,
     pub error_message: Option<String>,
+    /// Why the call did not succeed, for rows written already finished.
+    pub reason_code: Option<ReasonCode>,
     pub started_at: i64,
     /// The run step this call belongs to (max_steps_per_generation).
     pub step_key: Option<String>,
@@ -83,13 +86,16 @@ pub struct ExecutionFinish {
     pub provider_started: bool,
     pub result: serde_json::Value,
     pub error_message: Option<String>,
+    /// Why the call did not succeed; None on success.
+    pub reason_code: Option<ReasonCode>,
     pub commit_outcome: Option<CommitOutcome>,
 }
 
 const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, caller_slot, provider_id, \
     provider_type, tool_name, args_json, result_json, status, lifecycle_state, commit_outcome, \
     side_effect_level, replay_safety, error_message, duration_ms, started_at, finished_at, \
-    delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, provider_started, created_at";
+    delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, provider_started, \
+    execution_reason_code, created_at";
 
 fn json_column(row: &SqliteRow, column: &str) -> serde_json::Value {
     row.get::<Option<String>, _>(column)
@@ -121,6 +127,10 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         side_effect_level: row.get("side_effect_level"),
         replay_safety: row.get("replay_safety"),
         error_message: row.get("error_message"),
+        execution_reason_code: row
+            .get::<Option<String>, _>("execution_reason_code")
+            .as_deref()
+            .and_then(ReasonCode::parse),
         duration_ms: row.get("duration_ms"),
         started_at: row.get("started_at"),
         finished_at: row.get("finished_at"),
@@ -183,11 +193,13 @@ impl Store {
         let changed = sqlx::query(
             "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
              lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
-             error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown') \
+             error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown'), \
+             execution_reason_code = COALESCE(execution_reason_code, ?) \
              WHERE lifecycle_state = 'opened' AND status <> 'queued'",
         )
         .bind(now)
         .bind(now)
+        .bind(ReasonCode::InterruptedByRestart.as_str())
         .execute(self.pool())
         .await?
         .rows_affected();
@@ -388,7 +400,7 @@ fn call_record_sql(account_id: &str, query: &CallRecordQuery) -> CallRecordSql {
 
 /// The conditions a row must meet to be written; `?4` is its run, `?5` its
 /// floor, `?28` its step, `?29` whether it starts its provider, `?30` the step
-/// limit and `?31` the call limit. They are evaluated by the statement that
+/// limit and `?31` the call limit (`?32` is the row's reason code). They are evaluated by the statement that
 /// writes the row, under the database's write lock.
 const ADMISSION_RUN_OPEN: &str =
     "(?4 IS NULL OR EXISTS (SELECT 1 FROM floor_runs WHERE id = ?4 AND state = 'open'))";
@@ -406,9 +418,9 @@ const INSERT_COLUMNS: &str = "INSERT INTO tool_execution_record (id, account_id,
     floor_id, page_id, call_id, caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, \
     result_json, status, lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, \
     duration_ms, started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, \
-    created_at, step_key, provider_started)";
+    created_at, step_key, provider_started, execution_reason_code)";
 const INSERT_VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-    ?18, ?19, ?20, 0, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29";
+    ?18, ?19, ?20, 0, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?32";
 
 /// A row's insert under its admission conditions.
 static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -422,7 +434,7 @@ static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 static PLAIN_INSERT: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{INSERT_COLUMNS} VALUES ({INSERT_VALUES})"));
 
-/// Binds a row's values as `?1` … `?31` (the numbering of the statements above).
+/// Binds a row's values as `?1` … `?32` (the numbering of the statements above).
 fn bind_row<'q>(
     query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
     row: &'q NewExecution,
@@ -461,6 +473,7 @@ fn bind_row<'q>(
         .bind(row.provider_started)
         .bind(row.admission.step_limit.map(i64::from))
         .bind(row.admission.call_limit.map(i64::from))
+        .bind(row.reason_code.map(ReasonCode::as_str))
 }
 
 /// Inserts a journal row on `conn` (the writer's connection or a transaction)
@@ -517,12 +530,14 @@ pub(super) async fn finish_execution_with<'e>(
 ) -> Result<()> {
     sqlx::query(
         "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
+         execution_reason_code = ?, \
          lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
          commit_outcome = COALESCE(?, commit_outcome), provider_started = ? WHERE id = ?",
     )
     .bind(finish.status.as_str())
     .bind(finish.result.to_string())
     .bind(&finish.error_message)
+    .bind(finish.reason_code.map(ReasonCode::as_str))
     .bind(now)
     .bind(now)
     .bind(finish.commit_outcome.map(CommitOutcome::as_str))

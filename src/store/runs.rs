@@ -239,10 +239,12 @@ impl Store {
         let now = now_ms();
         sqlx::query(
             "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
-             error_message = 'the run was discarded before this deferred call started; it never ran' \
+             error_message = 'the run was discarded before this deferred call started; it never ran', \
+             execution_reason_code = ? \
              WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = 'staged')",
         )
         .bind(now)
+        .bind(crate::reason::ReasonCode::JobRunDiscarded.as_str())
         .bind(&run.id)
         .execute(&mut **tx)
         .await?;

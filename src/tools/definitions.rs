@@ -14,6 +14,7 @@ use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
 use crate::domain::definition::ToolDefinition;
 use crate::domain::tool::{ProviderType, ToolMetadata, ToolSpec};
 use crate::error::Result;
+use crate::reason::ReasonCode;
 use crate::store::{Session, Store};
 use crate::tools::script::{ScriptError, ScriptRunner};
 
@@ -122,22 +123,28 @@ impl DefinitionHandler {
         // The catalog already marks these unavailable; checking again here keeps
         // the switch authoritative even for a caller holding an older catalog.
         if !self.scripts_enabled {
-            return ToolOutcome::not_started(SCRIPT_DISABLED_REASON);
+            return ToolOutcome::not_started(
+                ReasonCode::ScriptHandlerDisabled,
+                SCRIPT_DISABLED_REASON,
+            );
         }
         let Some(script) = &self.script else {
-            return ToolOutcome::not_started(format!(
-                "tool definition {} has no handler",
-                self.definition_id
-            ));
+            return ToolOutcome::not_started(
+                ReasonCode::ScriptHandlerMissing,
+                format!("tool definition {} has no handler", self.definition_id),
+            );
         };
         match self.scripts.run(script.clone(), args.clone()).await {
             Ok(output) => ToolOutcome::Success(output),
-            Err(err @ ScriptError::TimeLimit(_)) => ToolOutcome::Timeout(err.to_string()),
+            Err(err @ ScriptError::TimeLimit(_)) => {
+                ToolOutcome::timeout(err.reason_code(), err.to_string())
+            }
             Err(err @ ScriptError::Busy) => ToolOutcome::NotStarted {
+                reason: err.reason_code(),
                 message: err.to_string(),
                 retry_after_ms: Some(self.scripts.limits().time.as_millis() as u64),
             },
-            Err(err) => ToolOutcome::Error(err.to_string()),
+            Err(err) => ToolOutcome::error(err.reason_code(), err.to_string()),
         }
     }
 }

@@ -43,7 +43,7 @@ impl Builtin for RandomChoice {
         // The schema cannot relate `count` to the length of `options`.
         let count = params.count as usize;
         if count > params.options.len() {
-            return Err(ToolError(format!(
+            return Err(ToolError::new(format!(
                 "count is {count} but there are only {} options; pick at most as many as there are options",
                 params.options.len()
             )));

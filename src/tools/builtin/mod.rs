@@ -26,6 +26,7 @@ use crate::call::ToolOutcome;
 use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
 use crate::domain::tool::{ProviderType, SideEffectLevel, Slot, ToolMetadata, ToolSpec};
 use crate::error::{Error, Result};
+use crate::reason::ReasonCode;
 use crate::store::{Run, Session, Store};
 
 /// Which builtin provider a tool belongs to.
@@ -67,13 +68,21 @@ pub struct Context<'a> {
     pub state: &'a dyn SessionState,
 }
 
-/// A tool-level failure: the message goes to the model, which can act on it.
+/// A tool-level failure: the message goes to the model, which can act on it;
+/// the reason goes to the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolError(pub String);
+pub struct ToolError {
+    pub reason: ReasonCode,
+    pub message: String,
+}
 
 impl ToolError {
+    /// A failure the model can act on (bad input, a missing thing).
     pub fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
+        Self {
+            reason: ReasonCode::BuiltinToolError,
+            message: message.into(),
+        }
     }
 }
 
@@ -82,9 +91,12 @@ impl From<Error> for ToolError {
         match err {
             Error::Internal(cause) => {
                 tracing::error!(error = format!("{cause:#}"), "builtin tool failed");
-                ToolError::new("the tool failed because of a server error; try again later")
+                ToolError {
+                    reason: ReasonCode::BuiltinInternalError,
+                    message: "the tool failed because of a server error; try again later".into(),
+                }
             }
-            other => ToolError(other.to_string()),
+            other => ToolError::new(other.to_string()),
         }
     }
 }
@@ -108,6 +120,15 @@ pub trait Builtin: Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<Value, ToolError>> + Send;
 }
 
+/// Arguments the builtin's own typed parameters refuse (the dispatcher checks
+/// the same schema first, so this is the second line of defence).
+fn invalid_arguments(message: String) -> ToolError {
+    ToolError {
+        reason: ReasonCode::BuiltinInvalidArguments,
+        message,
+    }
+}
+
 /// The object-safe face of a [`Builtin`], so the registry can hold them all.
 trait Erased: Send + Sync {
     fn call<'a>(
@@ -125,7 +146,7 @@ impl<T: Builtin> Erased for T {
     ) -> BoxFuture<'a, std::result::Result<Value, ToolError>> {
         Box::pin(async move {
             let params: T::Params = serde_json::from_value(args)
-                .map_err(|err| ToolError(format!("invalid arguments: {err}")))?;
+                .map_err(|err| invalid_arguments(format!("invalid arguments: {err}")))?;
             self.run(ctx, params).await
         })
     }
@@ -311,7 +332,10 @@ async fn call(
 ) -> ToolOutcome {
     let name = tool.spec.name.as_str();
     if let Err(problems) = crate::schema::check_with(&tool.validator, args) {
-        return ToolOutcome::Error(format!("invalid arguments: {problems}"));
+        return ToolOutcome::error(
+            ReasonCode::BuiltinInvalidArguments,
+            format!("invalid arguments: {problems}"),
+        );
     }
     let state: Box<dyn SessionState> = match run {
         Some(run) => Box::new(RunSessionState::new(
@@ -340,9 +364,9 @@ async fn call(
             }
             ToolOutcome::Success(output)
         }
-        Err(ToolError(message)) => {
-            tracing::info!(tool = name, session = %session.id, message = ?message, "builtin tool answered an error");
-            ToolOutcome::Error(message)
+        Err(ToolError { reason, message }) => {
+            tracing::info!(tool = name, session = %session.id, reason_code = reason.as_str(), message = ?message, "builtin tool answered an error");
+            ToolOutcome::error(reason, message)
         }
     }
 }

@@ -48,7 +48,7 @@ pub struct WriteParams {
 }
 
 fn missing(name: &str) -> ToolError {
-    ToolError(format!(
+    ToolError::new(format!(
         "there is no resource named {name:?}; call list_resources to see which exist"
     ))
 }
@@ -111,7 +111,7 @@ impl Builtin for WriteResource {
         let content = match (params.kind, params.content) {
             (Some(Kind::Text) | None, Value::String(text)) => ResourceContent::Text(text),
             (Some(Kind::Text), other) => {
-                return Err(ToolError(format!(
+                return Err(ToolError::new(format!(
                     "a text resource needs a string as content, got {}; use kind \"json\" for other values",
                     json_type(&other)
                 )));

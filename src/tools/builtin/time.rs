@@ -31,7 +31,7 @@ impl Builtin for GetTime {
     async fn run(&self, _ctx: &Context<'_>, params: GetTimeParams) -> Result<Value, ToolError> {
         let offset = params.utc_offset.as_deref().unwrap_or("+00:00");
         let offset_minutes = parse_offset(offset).ok_or_else(|| {
-            ToolError(format!(
+            ToolError::new(format!(
                 "utc_offset must look like \"+08:00\" or \"-05:30\", got {offset:?}"
             ))
         })?;

@@ -15,6 +15,8 @@ use serde_json::{Value, json};
 
 use super::RemoteTool;
 use crate::call::{ToolCall, ToolOutcome};
+use crate::domain::tool::SideEffectLevel;
+use crate::reason::ReasonCode;
 
 /// How long opening a connection may take. Loopback connects either succeed or
 /// are refused at once; a slow one means the plugin is wedged.
@@ -133,32 +135,44 @@ impl CallbackClient {
                 .and_then(|value| value.to_str().ok())
                 .map(|value| format!(" to {value}"))
                 .unwrap_or_default();
-            return answered(ToolOutcome::Error(format!(
-                "the callback answered with a redirect (HTTP {status}){location}; redirects are not followed"
-            )));
+            return answered(ToolOutcome::error(
+                ReasonCode::RemoteRedirectRefused,
+                format!(
+                    "the callback answered with a redirect (HTTP {status}){location}; redirects are not followed"
+                ),
+            ));
         }
         if !status.is_success() {
             let snippet = match read_capped(response, ERROR_SNIPPET_BYTES, true).await {
                 Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
                 Err(_) => String::new(),
             };
-            return answered(ToolOutcome::Error(http_error_message(status, &snippet)));
+            return answered(ToolOutcome::error(
+                ReasonCode::RemoteHttpError,
+                http_error_message(status, &snippet),
+            ));
         }
         match read_capped(response, self.response_limit, false).await {
             Ok(bytes) => answered(interpret_body(&bytes)),
-            Err(BodyError::TooLarge) => answered(ToolOutcome::Error(format!(
-                "the callback's response exceeds the limit of {} bytes and was discarded",
-                self.response_limit
-            ))),
+            Err(BodyError::TooLarge) => answered(ToolOutcome::error(
+                ReasonCode::RemoteResponseTooLarge,
+                format!(
+                    "the callback's response exceeds the limit of {} bytes and was discarded",
+                    self.response_limit
+                ),
+            )),
             Err(BodyError::Transport(err)) if err.is_timeout() => Exchange {
                 outcome: timed_out(tool),
                 effect: FailureEffect::Reset,
             },
             Err(BodyError::Transport(err)) => Exchange {
-                outcome: ToolOutcome::Error(format!(
-                    "reading the callback's response failed: {}",
-                    error_chain(&err)
-                )),
+                outcome: ToolOutcome::error(
+                    ReasonCode::RemoteResponseInterrupted,
+                    format!(
+                        "reading the callback's response failed: {}",
+                        error_chain(&err)
+                    ),
+                ),
                 effect: FailureEffect::Neutral,
             },
         }
@@ -172,11 +186,21 @@ fn answered(outcome: ToolOutcome) -> Exchange {
     }
 }
 
+/// A callback that did not answer in time: the code says whether it may have
+/// acted, as `settle` decides from the same side-effect level.
 fn timed_out(tool: &RemoteTool) -> ToolOutcome {
-    ToolOutcome::Timeout(format!(
-        "the callback of {} did not answer within {} seconds",
-        tool.name, tool.timeout_seconds
-    ))
+    let reason = if tool.metadata().side_effect_level == SideEffectLevel::None {
+        ReasonCode::RemoteTimeout
+    } else {
+        ReasonCode::RemoteTimeoutUncertain
+    };
+    ToolOutcome::timeout(
+        reason,
+        format!(
+            "the callback of {} did not answer within {} seconds",
+            tool.name, tool.timeout_seconds
+        ),
+    )
 }
 
 fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
@@ -184,11 +208,14 @@ fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
     // `is_connect` is checked before `is_timeout`.
     if err.is_connect() {
         return Exchange {
-            outcome: ToolOutcome::Error(format!(
-                "could not connect to the callback at {}: {}",
-                tool.callback_url.origin(),
-                error_chain(err)
-            )),
+            outcome: ToolOutcome::not_started(
+                ReasonCode::RemoteConnectionFailed,
+                format!(
+                    "could not connect to the callback at {}: {}",
+                    tool.callback_url.origin(),
+                    error_chain(err)
+                ),
+            ),
             effect: FailureEffect::Count,
         };
     }
@@ -199,7 +226,10 @@ fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
         };
     }
     Exchange {
-        outcome: ToolOutcome::Error(format!("the callback request failed: {}", error_chain(err))),
+        outcome: ToolOutcome::error(
+            ReasonCode::RemoteRequestFailed,
+            format!("the callback request failed: {}", error_chain(err)),
+        ),
         effect: FailureEffect::Neutral,
     }
 }
@@ -230,7 +260,7 @@ pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
                 },
                 Some(other) => other.to_string(),
             };
-            ToolOutcome::Error(message)
+            ToolOutcome::error(ReasonCode::RemoteToolError, message)
         }
         Value::Object(mut map) if map.contains_key("output") => {
             ToolOutcome::Success(map.remove("output").unwrap_or(Value::Null))
@@ -294,9 +324,11 @@ mod tests {
     fn output(outcome: ToolOutcome) -> (bool, Value) {
         match outcome {
             ToolOutcome::Success(value) => (false, value),
-            ToolOutcome::Error(message)
-            | ToolOutcome::Timeout(message)
-            | ToolOutcome::NotStarted { message, .. } => (true, Value::String(message)),
+            ToolOutcome::Error { reason, message } => {
+                assert_eq!(reason, ReasonCode::RemoteToolError);
+                (true, Value::String(message))
+            }
+            other => panic!("the body alone never gives {other:?}"),
         }
     }
 

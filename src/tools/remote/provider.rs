@@ -16,6 +16,7 @@ use crate::catalog::{
 use crate::domain::CallbackUrl;
 use crate::domain::tool::ToolMetadata;
 use crate::error::Result;
+use crate::reason::ReasonCode;
 use crate::store::Session;
 
 /// The `kind` of remote job snapshots.
@@ -137,13 +138,7 @@ impl RemoteHandler {
     async fn call(&self, cx: &CallContext<'_>, args: &Value) -> ToolOutcome {
         let tool = &self.tool;
         let exchange = self.registry.client().call(tool, cx.call, args).await;
-        let outcome = match (exchange.effect, exchange.outcome) {
-            // The callback never received the call: nothing can have happened.
-            (FailureEffect::Count, ToolOutcome::Error(message)) => {
-                ToolOutcome::not_started(message)
-            }
-            (_, outcome) => outcome,
-        };
+        let outcome = exchange.outcome;
         if !tool.is_plugin() {
             return outcome;
         }
@@ -159,9 +154,11 @@ impl RemoteHandler {
                     if let ToolOutcome::NotStarted {
                         message,
                         retry_after_ms,
+                        ..
                     } = outcome
                     {
                         return ToolOutcome::NotStarted {
+                            reason: ReasonCode::RemotePluginEvicted,
                             message: format!(
                                 "{message}; after {} consecutive connection failures the {} tool(s) of {} at {origin} were unregistered",
                                 super::EVICTION_THRESHOLD,

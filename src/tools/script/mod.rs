@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use crate::reason::ReasonCode;
+
 /// Resource limits of one script run.
 #[derive(Debug, Clone)]
 pub struct ScriptLimits {
@@ -80,6 +82,25 @@ pub enum ScriptError {
     Busy,
     #[error("the script engine failed: {0}")]
     Engine(String),
+}
+
+impl ScriptError {
+    /// The journal's reason code of this failure, one per variant.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self {
+            ScriptError::Thrown(_) => ReasonCode::ScriptThrew,
+            ScriptError::Rejected(_) => ReasonCode::ScriptPromiseRejected,
+            ScriptError::TimeLimit(_) => ReasonCode::ScriptTimeLimit,
+            ScriptError::MemoryLimit(_) => ReasonCode::ScriptMemoryLimit,
+            ScriptError::StackLimit(_) => ReasonCode::ScriptStackLimit,
+            ScriptError::OutputLimit { .. } => ReasonCode::ScriptOutputLimit,
+            ScriptError::NotSerializable(_) => ReasonCode::ScriptResultNotSerializable,
+            ScriptError::NeverSettled => ReasonCode::ScriptNeverSettled,
+            ScriptError::Invalid(_) => ReasonCode::ScriptInvalid,
+            ScriptError::Busy => ReasonCode::ScriptSandboxBusy,
+            ScriptError::Engine(_) => ReasonCode::ScriptEngineError,
+        }
+    }
 }
 
 /// Runs `script` on the calling thread. Blocking: use [`ScriptRunner::run`] from
@@ -237,6 +258,27 @@ mod tests {
             run("function f() { Promise.resolve().then(f); } f(); return new Promise(() => {});")
                 .unwrap_err();
         assert!(matches!(err, ScriptError::TimeLimit(_)), "{err:?}");
+    }
+
+    #[test]
+    fn each_failure_has_its_own_reason_code() {
+        let failures = [
+            ScriptError::Thrown(String::new()),
+            ScriptError::Rejected(String::new()),
+            ScriptError::TimeLimit(Duration::ZERO),
+            ScriptError::MemoryLimit(0),
+            ScriptError::StackLimit(0),
+            ScriptError::OutputLimit { limit: 0, size: 0 },
+            ScriptError::NotSerializable(String::new()),
+            ScriptError::NeverSettled,
+            ScriptError::Invalid(String::new()),
+            ScriptError::Busy,
+            ScriptError::Engine(String::new()),
+        ];
+        let codes: std::collections::HashSet<_> =
+            failures.iter().map(ScriptError::reason_code).collect();
+        assert_eq!(codes.len(), failures.len());
+        assert!(codes.iter().all(|code| code.as_str().starts_with("script_")));
     }
 
     #[test]
