@@ -373,3 +373,37 @@ async fn another_accounts_servers_and_tools_are_invisible() {
     }
     assert_eq!(as_other(Method::GET, "/mcp/statuses".into()).await.body["data"], json!([]));
 }
+
+#[tokio::test]
+async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let id = create_server(
+        &server,
+        stdio_body(
+            "deferred",
+            json!({
+                "default_side_effect_level": "none",
+                "tool_overrides": {"echo": {"async_capability": "deferred_ok", "default_delivery_mode": "async_job"}},
+            }),
+        ),
+    )
+    .await;
+    let listed = wait_for_source(&server, &session, &id, "live", CONNECTED).await;
+    assert_eq!(tool(&listed, "echo").unwrap()["result_visibility"], "deferred_receipt");
+
+    let receipt = call(&server, &session, "echo", json!({"text": "later"})).await;
+    assert_eq!(receipt["status"], "queued", "{receipt}");
+    let job = receipt["output"]["runtime_job_id"].as_str().unwrap().to_owned();
+    let server_ref = &server;
+    common::wait_until(Duration::from_secs(30), "the MCP job to succeed", || {
+        let job = job.clone();
+        async move {
+            let reply = server_ref.get(&format!("/runtime-jobs/{job}")).await;
+            reply.body["data"]["state"] == "succeeded"
+        }
+    })
+    .await;
+    let results = server.get(&format!("/sessions/{session}/tool-results")).await;
+    assert!(results.text.contains("later"), "{results:?}");
+}

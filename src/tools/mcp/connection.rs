@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::model::{
-    ClientInfo, ClientRequest, Implementation, PingRequest, ProtocolVersion, ServerResult, Tool,
+    ClientConfig, ClientRequest, Implementation, PingRequest, ProtocolVersion, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RunningServiceCancellationToken};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -40,8 +40,8 @@ struct Handler {
 }
 
 impl ClientHandler for Handler {
-    fn get_info(&self) -> ClientInfo {
-        ClientInfo::new(
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
             Default::default(),
             Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
         )

@@ -270,6 +270,7 @@ mod tests {
             },
             created_at: 0,
             updated_at: 0,
+            secrets_error: None,
         }
     }
 
