@@ -86,8 +86,9 @@ fn assert_refused(reply: &Reply, field: &str, what: &str) {
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{what}: {reply:?}");
     assert_eq!(reply.code(), "validation_error", "{what}: {reply:?}");
     let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    // Our own checks start with the field; serde's name its path in backquotes.
     assert!(
-        message.contains(field),
+        message.starts_with(field) || message.contains(&format!("`{field}")),
         "{what}: the message should name {field}: {message}"
     );
 }
@@ -462,7 +463,7 @@ async fn patches_are_checked_whole_and_refusals_change_nothing() {
     let created = create(&server, secret_stdio_body("s")).await;
     let path = format!("/mcp/servers/{}", id_of(&created));
     let refusals = [
-        (json!({}), "at least one field"),
+        (json!({}), "PATCH needs at least one field"),
         (json!({"name": null}), "name"),
         (json!({"name": ""}), "name"),
         (json!({"transport": null}), "transport"),
@@ -721,6 +722,17 @@ async fn exercise_secret_routes(server: &TestServer) -> Vec<Reply> {
                 .await,
         );
     }
+    // Rows that are only ever created: what the database holds is the first write.
+    replies.push(
+        server
+            .post("/mcp/servers", secret_stdio_body("env-once"))
+            .await,
+    );
+    replies.push(
+        server
+            .post("/mcp/servers", secret_http_body("hdr-once"))
+            .await,
+    );
     replies.push(server.get("/mcp/servers").await);
     replies.push(server.get("/mcp/servers?enabled=true&sort_by=name").await);
     // A refused secret is not quoted back either.

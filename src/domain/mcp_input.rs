@@ -63,7 +63,7 @@ impl TransportKind {
 pub struct StdioBody {
     /// Program to run (a path, or a name looked up in PATH): 1-1024 bytes, no NUL.
     #[serde(default, deserialize_with = "sent")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String, required = false)]
     pub command: Sent<String>,
     /// Its arguments: at most 64, each at most 4096 bytes.
     #[serde(default, deserialize_with = "sent")]
@@ -88,7 +88,7 @@ pub struct StdioBody {
 pub struct HttpBody {
     /// `http` or `https` URL of any host, without user information; at most 2048 bytes.
     #[serde(default, deserialize_with = "sent")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String, required = false)]
     pub url: Sent<String>,
     /// Request headers (write-only secrets, shown as `headers_masked`): at
     /// most 64, valid header names (case-insensitively distinct; not the ones
@@ -108,12 +108,12 @@ pub struct HttpBody {
 pub struct McpServerBody {
     /// Unique in the account; trimmed, 1-128 characters, no control characters.
     #[serde(default, deserialize_with = "sent")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String, required = false)]
     pub name: Sent<String>,
     /// `stdio` or `http` (streamable HTTP). Changing it in a PATCH needs the
     /// new transport's object, with its `command` or `url`.
     #[serde(default, deserialize_with = "sent")]
-    #[schema(value_type = Option<TransportKind>)]
+    #[schema(value_type = TransportKind, required = false)]
     pub transport: Sent<TransportKind>,
     /// Required when `transport` is `stdio`.
     #[serde(default, deserialize_with = "sent")]

@@ -336,3 +336,161 @@ impl Store {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::mcp_input::McpServerBody;
+    use crate::secrets::SecretsKey;
+
+    async fn store_with(dir: &std::path::Path, key: &SecretsKey) -> Store {
+        let store = Store::open_with_secrets(None, dir, key.clone())
+            .await
+            .unwrap();
+        for account in ["acct_a", "acct_b"] {
+            sqlx::query(
+                "INSERT OR IGNORE INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)",
+            )
+            .bind(account)
+            .bind(account)
+            .bind(format!("hash_{account}"))
+            .execute(store.pool())
+            .await
+            .unwrap();
+        }
+        store
+    }
+
+    fn config(body: serde_json::Value) -> McpServerConfig {
+        serde_json::from_value::<McpServerBody>(body)
+            .unwrap()
+            .create()
+            .unwrap()
+    }
+
+    fn with_env(name: &str) -> McpServerConfig {
+        config(serde_json::json!({"name": name, "transport": "stdio",
+            "stdio": {"command": "x", "env": {"TOKEN": "secret-value"}}}))
+    }
+
+    #[tokio::test]
+    async fn concurrent_updates_of_different_fields_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, _) = SecretsKey::generate().unwrap();
+        let store = store_with(dir.path(), &key).await;
+        let created = store
+            .create_mcp_server("acct_a", &with_env("s"))
+            .await
+            .unwrap();
+        let updates = (0..16u64).map(|i| {
+            let store = store.clone();
+            let id = created.id.clone();
+            tokio::spawn(async move {
+                store
+                    .update_mcp_server("acct_a", &id, |existing| {
+                        let mut server = existing.clone();
+                        let overrides = &mut server.config.tool_overrides;
+                        overrides.insert(format!("t{i}"), Default::default());
+                        Ok(server)
+                    })
+                    .await
+            })
+        });
+        for update in futures::future::join_all(updates).await {
+            update.unwrap().unwrap();
+        }
+        let read = store.mcp_server("acct_a", &created.id).await.unwrap();
+        assert_eq!(read.config.tool_overrides.len(), 16, "an update was lost");
+        assert_eq!(read.secrets()["TOKEN"], "secret-value");
+    }
+
+    #[tokio::test]
+    async fn unreadable_secrets_keep_their_ciphertext_until_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old_key, _) = SecretsKey::generate().unwrap();
+        let (new_key, _) = SecretsKey::generate().unwrap();
+        let store = store_with(dir.path(), &old_key).await;
+        let created = store
+            .create_mcp_server("acct_a", &with_env("s"))
+            .await
+            .unwrap();
+        store.close().await;
+
+        let store = store_with(dir.path(), &new_key).await;
+        let read = store.mcp_server("acct_a", &created.id).await.unwrap();
+        assert!(read.secrets_error.is_some());
+        assert!(read.secrets().is_empty());
+        assert_eq!(store.enabled_mcp_servers().await.unwrap().len(), 1);
+        let renamed = store
+            .update_mcp_server("acct_a", &created.id, |existing| {
+                let mut server = existing.clone();
+                server.config.name = "renamed".into();
+                Ok(server)
+            })
+            .await
+            .unwrap();
+        assert!(renamed.secrets_error.is_some());
+        store.close().await;
+
+        let store = store_with(dir.path(), &old_key).await;
+        let read = store.mcp_server("acct_a", &created.id).await.unwrap();
+        assert_eq!(read.secrets_error, None);
+        assert_eq!(read.config.name, "renamed");
+        assert_eq!(read.secrets()["TOKEN"], "secret-value");
+    }
+
+    #[tokio::test]
+    async fn snapshots_replace_each_other_and_go_with_their_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, _) = SecretsKey::generate().unwrap();
+        let store = store_with(dir.path(), &key).await;
+        let a = store
+            .create_mcp_server("acct_a", &with_env("a"))
+            .await
+            .unwrap();
+        let b = store
+            .create_mcp_server("acct_b", &with_env("a"))
+            .await
+            .unwrap();
+        let tools = serde_json::json!([{"name": "read"}]);
+        store.save_mcp_snapshot(&a.id, &tools, 1).await.unwrap();
+        store
+            .save_mcp_snapshot(&a.id, &serde_json::json!([]), 2)
+            .await
+            .unwrap();
+        store.save_mcp_snapshot(&b.id, &tools, 3).await.unwrap();
+        store
+            .save_mcp_snapshot("mcp_gone", &tools, 4)
+            .await
+            .unwrap();
+        let snapshots = store.mcp_snapshots().await.unwrap();
+        let mut expected = vec![
+            McpSnapshot {
+                server_id: a.id.clone(),
+                tools: serde_json::json!([]),
+                snapshot_at: 2,
+            },
+            McpSnapshot {
+                server_id: b.id.clone(),
+                tools: tools.clone(),
+                snapshot_at: 3,
+            },
+        ];
+        expected.sort_by(|x, y| x.server_id.cmp(&y.server_id));
+        assert_eq!(snapshots, expected);
+        assert_eq!(
+            store
+                .delete_mcp_server("acct_b", &a.id)
+                .await
+                .unwrap_err()
+                .code(),
+            ErrorCode::NotFound
+        );
+        store.delete_mcp_server("acct_a", &a.id).await.unwrap();
+        let left = store.mcp_snapshots().await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].server_id, b.id);
+        let enabled = store.enabled_mcp_servers().await.unwrap();
+        assert_eq!(enabled.iter().map(|s| &s.id).collect::<Vec<_>>(), [&b.id]);
+    }
+}
