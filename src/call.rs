@@ -183,9 +183,7 @@ pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settl
         ToolOutcome::Error { reason, message } => {
             failed(ExecutionStatus::Error, reason, message, true)
         }
-        ToolOutcome::Timeout { reason, message }
-            if side_effect_level != SideEffectLevel::None =>
-        {
+        ToolOutcome::Timeout { reason, message } if side_effect_level != SideEffectLevel::None => {
             failed(ExecutionStatus::Uncertain, reason, message, true)
         }
         ToolOutcome::Timeout { reason, message } => {
