@@ -76,7 +76,7 @@ pub struct ToolCall {
 pub struct ToolCallResult {
     pub call_id: String,
     pub name: String,
-    #[schema(value_type = Object)]
+    /// The tool's output; a string saying why when `is_error`.
     pub output: Value,
     pub is_error: bool,
     pub status: ExecutionStatus,
