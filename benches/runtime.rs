@@ -233,6 +233,7 @@ fn execution_row(account_id: &str, session_id: &str, floor_id: &str, n: usize) -
         replay_parent_execution_id: None,
         result: None,
         error_message: None,
+        reason_code: None,
         started_at: now_ms(),
         step_key: None,
         provider_started: true,
@@ -259,6 +260,7 @@ fn journal(c: &mut Criterion) {
         provider_started: true,
         result: json!({"rolls": [4, 17], "total": 21}),
         error_message: None,
+        reason_code: None,
         commit_outcome: None,
     };
     let mut n = 0usize;

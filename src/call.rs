@@ -76,7 +76,7 @@ pub struct ToolCall {
 pub struct ToolCallResult {
     pub call_id: String,
     pub name: String,
-    #[schema(value_type = Object)]
+    /// The tool's output; a string saying why when `is_error`.
     pub output: Value,
     pub is_error: bool,
     pub status: ExecutionStatus,
@@ -183,9 +183,7 @@ pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settl
         ToolOutcome::Error { reason, message } => {
             failed(ExecutionStatus::Error, reason, message, true)
         }
-        ToolOutcome::Timeout { reason, message }
-            if side_effect_level != SideEffectLevel::None =>
-        {
+        ToolOutcome::Timeout { reason, message } if side_effect_level != SideEffectLevel::None => {
             failed(ExecutionStatus::Uncertain, reason, message, true)
         }
         ToolOutcome::Timeout { reason, message } => {

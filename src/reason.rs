@@ -10,15 +10,17 @@
 
 macro_rules! reason_codes {
     ($($variant:ident => ($text:literal, $meaning:literal),)+) => {
-        #[doc = concat!(
-            "Why a tool call did not succeed: `execution_reason_code` on call results and journal rows, null on success. The table:\n\n",
-            $("- `", $text, "`: ", $meaning, "\n",)+
-        )]
+        /// Every stable reason a tool call did not succeed. The OpenAPI
+        /// document carries the whole table in the schema's description.
         #[derive(
             Debug, Clone, Copy, PartialEq, Eq, Hash,
             serde::Serialize, serde::Deserialize, utoipa::ToSchema,
         )]
         #[serde(rename_all = "snake_case")]
+        #[schema(description = concat!(
+            "Why a tool call did not succeed: `execution_reason_code` on call results and journal rows, null on success. The table:\n\n",
+            $("- `", $text, "`: ", $meaning, "\n",)+
+        ))]
         pub enum ReasonCode {
             $(#[doc = $meaning] $variant,)+
         }
@@ -169,7 +171,14 @@ mod tests {
 
     #[test]
     fn the_snake_case_check_refuses_what_it_should() {
-        for bad in ["", "Camel", "trailing_", "double__under", "_lead", "with-dash"] {
+        for bad in [
+            "",
+            "Camel",
+            "trailing_",
+            "double__under",
+            "_lead",
+            "with-dash",
+        ] {
             assert!(!is_snake_case(bad), "{bad:?}");
         }
         assert!(is_snake_case("mcp_call_timeout"));

@@ -427,7 +427,7 @@ async fn an_irreversible_call_refused_for_its_arguments_is_no_replay_parent_nor_
     .await;
     assert_status(&again, "error");
     let row = execution(&server, again["execution_id"].as_str().unwrap()).await;
-    assert_eq!(row["execution_reason_code"], "remote_connection_failed", "{row}");
+    assert_eq!(row["execution_reason_code"], "validation_error", "{row}");
     assert!(row["replay_parent_execution_id"].is_null(), "{row}");
     assert_eq!(row["attempt_no"], 1, "{row}");
     // Step 1 held only a refused call, so step 2 is this generation's one step.
@@ -526,7 +526,10 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     .await;
     assert_status(&again, "error");
     let row = execution(&server, again["execution_id"].as_str().unwrap()).await;
-    assert_eq!(row["execution_reason_code"], "remote_connection_failed", "{row}");
+    assert_eq!(
+        row["execution_reason_code"], "remote_connection_failed",
+        "{row}"
+    );
     assert!(row["replay_parent_execution_id"].is_null(), "{row}");
     assert_eq!(row["attempt_no"], 1, "{row}");
 }
@@ -874,7 +877,10 @@ async fn a_side_effecting_async_job_that_times_out_is_uncertain() {
             .find(|d| d["execution_id"] == id.as_str())
             .unwrap_or_else(|| panic!("{name} was not delivered: {delivered:?}"));
         assert_eq!(delivery["is_error"], true, "{name}: {delivery}");
-        assert_eq!(delivery["execution_reason_code"], *code, "{name}: {delivery}");
+        assert_eq!(
+            delivery["execution_reason_code"], *code,
+            "{name}: {delivery}"
+        );
         assert_eq!(row["delivery_mode"], "async_job", "{name}: {row}");
         if *expected == "uncertain" {
             // As for an inline call: the outcome rule is one.

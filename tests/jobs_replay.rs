@@ -381,7 +381,11 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     assert_eq!(delivered["execution_id"], execution_id.as_str());
     assert_eq!(delivered["call_id"], "call_song");
     assert_eq!(delivered["output"]["done"], true);
-    assert_eq!(delivered["execution_reason_code"], Value::Null, "{delivered}");
+    assert_eq!(
+        delivered["execution_reason_code"],
+        Value::Null,
+        "{delivered}"
+    );
     assert_eq!(job_state(&server, &job).await, "succeeded");
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "success");
@@ -478,7 +482,10 @@ async fn a_call_hanging_at_sigkill_is_uncertain_after_restart() {
     assert_eq!(row["status"], "uncertain", "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
     assert_eq!(row["commit_outcome"], "uncertain");
-    assert_eq!(row["execution_reason_code"], "interrupted_by_restart", "{row}");
+    assert_eq!(
+        row["execution_reason_code"], "interrupted_by_restart",
+        "{row}"
+    );
     assert!(row["finished_at"].as_i64().is_some());
     callbacks.release.notify_waiters();
 }

@@ -407,7 +407,7 @@ async fn refusals_and_builtin_errors_have_their_codes() {
         ),
         (
             "builtin refusing its input",
-            json!({"name": "get_time", "arguments": {"utc_offset": "noon"}}),
+            json!({"name": "random_choice", "arguments": {"options": ["tea"], "count": 2}}),
             "error",
             Some("builtin_tool_error"),
         ),
@@ -471,7 +471,9 @@ async fn the_openapi_document_publishes_the_reason_codes() {
     for schema in ["ExecutionRecord", "ToolCallResult", "Delivery"] {
         let property = &schemas[schema]["properties"]["execution_reason_code"];
         assert!(
-            property.to_string().contains("#/components/schemas/ReasonCode"),
+            property
+                .to_string()
+                .contains("#/components/schemas/ReasonCode"),
             "{schema}.execution_reason_code: {property}"
         );
     }

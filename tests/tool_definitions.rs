@@ -740,7 +740,10 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
     let result = call_tool(&server, &session, "lookup_npc", json!({"name": "A"})).await;
     assert_eq!(result["is_error"], true, "{result}");
     assert_eq!(result["status"], "denied");
-    assert_eq!(result["execution_reason_code"], "tool_unavailable", "{result}");
+    assert_eq!(
+        result["execution_reason_code"], "tool_unavailable",
+        "{result}"
+    );
     let message = result["output"].as_str().unwrap();
     assert!(message.contains("unavailable"), "{message}");
     assert!(
@@ -778,7 +781,10 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
         .collect();
     assert_eq!(statuses, ["success", "denied"], "{journal:?}");
     assert_eq!(journal.body["data"][0]["provider_type"], "preset");
-    assert_eq!(journal.body["data"][0]["execution_reason_code"], Value::Null);
+    assert_eq!(
+        journal.body["data"][0]["execution_reason_code"],
+        Value::Null
+    );
     assert_eq!(
         journal.body["data"][1]["execution_reason_code"],
         "tool_unavailable"

@@ -8,11 +8,11 @@ use super::journal_writer::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
-use crate::reason::ReasonCode;
 use crate::journal::query::{CallRecordQuery, ExecutionQuery};
 use crate::journal::{
     CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
 };
+use crate::reason::ReasonCode;
 
 /// A journal row as it is first written, before (or instead of) running the tool.
 #[derive(Debug, Clone)]

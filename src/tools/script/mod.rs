@@ -278,7 +278,11 @@ mod tests {
         let codes: std::collections::HashSet<_> =
             failures.iter().map(ScriptError::reason_code).collect();
         assert_eq!(codes.len(), failures.len());
-        assert!(codes.iter().all(|code| code.as_str().starts_with("script_")));
+        assert!(
+            codes
+                .iter()
+                .all(|code| code.as_str().starts_with("script_"))
+        );
     }
 
     #[test]
