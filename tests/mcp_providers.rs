@@ -82,9 +82,15 @@ async fn a_stdio_server_is_listed_live_with_prefix_provider_and_basis_fields() {
     assert_eq!(untrusted["side_effect_level_basis"], "server_default");
     assert_eq!(untrusted["allowed_slots_basis"], "platform_default");
     let with_ref = tool(&listed, "d_with_ref").expect("d_with_ref listed");
-    assert_eq!(with_ref["parameter_schema_basis"], "shallow_schema_projection");
+    assert_eq!(
+        with_ref["parameter_schema_basis"],
+        "shallow_schema_projection"
+    );
     assert!(!with_ref["parameters"].to_string().contains("$ref"));
-    assert_eq!(tool(&listed, "d_echo").unwrap()["parameter_schema_basis"], "tool_declared");
+    assert_eq!(
+        tool(&listed, "d_echo").unwrap()["parameter_schema_basis"],
+        "tool_declared"
+    );
 
     let entry = server_entry(&listed, &trusted).unwrap();
     assert_eq!(entry["name"], "trusted");
@@ -93,7 +99,13 @@ async fn a_stdio_server_is_listed_live_with_prefix_provider_and_basis_fields() {
 
     let tools = server.get(&format!("/mcp/servers/{trusted}/tools")).await;
     assert_eq!(tools.status, StatusCode::OK, "{tools:?}");
-    assert!(tools.body["data"].as_array().unwrap().iter().any(|t| t["name"] == "t_echo"));
+    assert!(
+        tools.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "t_echo")
+    );
     let status = server.get(&format!("/mcp/servers/{trusted}/status")).await;
     assert_eq!(status.body["data"]["state"], "connected", "{status:?}");
     assert_eq!(status.body["data"]["attached"], true);
@@ -114,16 +126,26 @@ async fn calls_answer_with_status_and_reason_codes() {
     let echoed = call(&server, &session, "echo", json!({"text": "hi"})).await;
     assert_eq!(echoed["is_error"], false, "{echoed}");
     assert_eq!(echoed["status"], "success");
-    assert_eq!(echoed["output"], json!({"echo": "hi"}), "structuredContent is preferred");
+    assert_eq!(
+        echoed["output"],
+        json!({"echo": "hi"}),
+        "structuredContent is preferred"
+    );
     assert_eq!(echoed["execution_reason_code"], Value::Null);
     let shouted = call(&server, &session, "shout", json!({"text": "hi"})).await;
-    assert_eq!(shouted["output"], "HI", "text content when there is no structuredContent");
+    assert_eq!(
+        shouted["output"], "HI",
+        "text content when there is no structuredContent"
+    );
 
     let failed = call(&server, &session, "fail", json!({"message": "no luck"})).await;
     assert_eq!(failed["is_error"], true, "{failed}");
     assert_eq!(failed["status"], "error");
     assert_eq!(failed["execution_reason_code"], "mcp_remote_error");
-    assert!(failed["output"].as_str().unwrap().contains("no luck"), "{failed}");
+    assert!(
+        failed["output"].as_str().unwrap().contains("no luck"),
+        "{failed}"
+    );
 
     // Invalid arguments never reach the server.
     let invalid = call(&server, &session, "echo", json!({"text": 5})).await;
@@ -133,9 +155,15 @@ async fn calls_answer_with_status_and_reason_codes() {
     assert_eq!(seen.matches("echo").count(), 1, "the server saw: {seen}");
 
     let row = server
-        .get(&format!("/tool-executions/{}", failed["execution_id"].as_str().unwrap()))
+        .get(&format!(
+            "/tool-executions/{}",
+            failed["execution_id"].as_str().unwrap()
+        ))
         .await;
-    assert_eq!(row.body["data"]["execution_reason_code"], "mcp_remote_error", "{row:?}");
+    assert_eq!(
+        row.body["data"]["execution_reason_code"], "mcp_remote_error",
+        "{row:?}"
+    );
     assert_eq!(row.body["data"]["provider_type"], "mcp");
 }
 
@@ -143,7 +171,11 @@ async fn calls_answer_with_status_and_reason_codes() {
 async fn an_irreversible_tool_is_refused_until_allowed() {
     let server = spawn_app().await;
     let session = server.create_session().await;
-    let id = create_server(&server, stdio_body("risky", json!({"trust_annotations": true}))).await;
+    let id = create_server(
+        &server,
+        stdio_body("risky", json!({"trust_annotations": true})),
+    )
+    .await;
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
     let refused = call(&server, &session, "destroy", json!({"target": "castle"})).await;
     assert_eq!(refused["is_error"], true, "{refused}");
@@ -159,7 +191,11 @@ async fn a_hung_call_is_uncertain_at_the_timeout_and_the_server_recovers() {
     let server = spawn_app().await;
     let session = server.create_session().await;
     allow_irreversible(&server, &session).await;
-    let id = create_server(&server, stdio_body("slow", json!({"call_timeout_ms": 1500}))).await;
+    let id = create_server(
+        &server,
+        stdio_body("slow", json!({"call_timeout_ms": 1500})),
+    )
+    .await;
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
 
     let started = Instant::now();
@@ -173,7 +209,10 @@ async fn a_hung_call_is_uncertain_at_the_timeout_and_the_server_recovers() {
         "answered after {took:?}"
     );
     let status = server.get(&format!("/mcp/servers/{id}/status")).await;
-    assert!(status.body["data"]["last_timeout_at"].is_i64(), "{status:?}");
+    assert!(
+        status.body["data"]["last_timeout_at"].is_i64(),
+        "{status:?}"
+    );
 
     // The connection is recycled; the server is usable again afterwards.
     let deadline = Instant::now() + CONNECTED;
@@ -182,9 +221,15 @@ async fn a_hung_call_is_uncertain_at_the_timeout_and_the_server_recovers() {
         if echoed["status"] == "success" {
             break;
         }
-        let code = echoed["execution_reason_code"].as_str().unwrap_or_default().to_owned();
+        let code = echoed["execution_reason_code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         assert!(code.starts_with("mcp_"), "{echoed}");
-        assert!(Instant::now() < deadline, "the server never came back: {echoed}");
+        assert!(
+            Instant::now() < deadline,
+            "the server never came back: {echoed}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -199,8 +244,14 @@ async fn a_crash_mid_call_is_followed_by_a_supervised_restart() {
 
     let crashed = call(&server, &session, "crash", json!({})).await;
     assert_eq!(crashed["is_error"], true, "{crashed}");
-    assert_eq!(crashed["execution_reason_code"], "mcp_transport_error", "{crashed}");
-    assert_eq!(crashed["status"], "uncertain", "it may have acted: {crashed}");
+    assert_eq!(
+        crashed["execution_reason_code"], "mcp_transport_error",
+        "{crashed}"
+    );
+    assert_eq!(
+        crashed["status"], "uncertain",
+        "it may have acted: {crashed}"
+    );
 
     // Tools stay listed (cached) while the child is restarted, then live again.
     let listed = catalog(&server, &session).await;
@@ -221,7 +272,9 @@ async fn list_changed_makes_a_new_tool_appear() {
 
     let added = call(&server, &session, "g_add_tool", json!({"name": "fresh"})).await;
     assert_eq!(added["status"], "success", "{added}");
-    let changed = events.next_of("catalog_changed", Duration::from_secs(20)).await;
+    let changed = events
+        .next_of("catalog_changed", Duration::from_secs(20))
+        .await;
     assert!(changed.to_string().contains("g_fresh"), "{changed}");
     let listed = catalog(&server, &session).await;
     assert!(tool(&listed, "g_fresh").is_some(), "{listed:#}");
@@ -236,7 +289,11 @@ async fn an_http_server_that_goes_down_stays_cached_across_a_restart_and_comes_b
     let mut mcp = HttpMcp::start().await;
     let id = create_server(
         &server,
-        http_body("remote", &mcp.url, json!({"tool_prefix": "r", "default_side_effect_level": "none"})),
+        http_body(
+            "remote",
+            &mcp.url,
+            json!({"tool_prefix": "r", "default_side_effect_level": "none"}),
+        ),
     )
     .await;
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
@@ -246,11 +303,16 @@ async fn an_http_server_that_goes_down_stays_cached_across_a_restart_and_comes_b
     // Noticed without any call: ping or the stream ending.
     let cached = wait_for_source(&server, &session, &id, "cached", Duration::from_secs(15)).await;
     assert_eq!(tool(&cached, "r_echo").unwrap()["catalog_source"], "cached");
-    let disconnected = events.next_of("mcp.disconnected", Duration::from_secs(5)).await;
+    let disconnected = events
+        .next_of("mcp.disconnected", Duration::from_secs(5))
+        .await;
     assert_eq!(disconnected["server_id"], id.as_str(), "{disconnected}");
     let refused = call(&server, &session, "r_echo", json!({"text": "x"})).await;
     assert_eq!(refused["is_error"], true, "{refused}");
-    assert_eq!(refused["execution_reason_code"], "mcp_not_connected", "{refused}");
+    assert_eq!(
+        refused["execution_reason_code"], "mcp_not_connected",
+        "{refused}"
+    );
     let tools = server.get(&format!("/mcp/servers/{id}/tools")).await;
     assert_eq!(tools.status, StatusCode::SERVICE_UNAVAILABLE, "{tools:?}");
     assert_eq!(tools.code(), "mcp_runtime_unavailable");
@@ -277,7 +339,10 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
     let first = catalog(&server, &session).await;
     let entry = server_entry(&first, &dead).expect("an entry for every enabled server");
     assert_eq!(entry["catalog_source"], "unavailable", "{first:#}");
-    assert!(entry["reason"].as_str().is_some_and(|r| !r.is_empty()), "{entry}");
+    assert!(
+        entry["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{entry}"
+    );
     assert_eq!(entry["tool_count"], 0);
     let status = server.get(&format!("/mcp/servers/{dead}/status")).await;
     assert_eq!(status.status, StatusCode::OK);
@@ -286,7 +351,10 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
     let live = create_server(&server, stdio_body("live", json!({"tool_prefix": "l"}))).await;
     wait_for_source(&server, &session, &live, "live", CONNECTED).await;
     let toggled = server
-        .patch(&format!("/mcp/servers/{live}/toggle"), json!({"enabled": false}))
+        .patch(
+            &format!("/mcp/servers/{live}/toggle"),
+            json!({"enabled": false}),
+        )
         .await;
     assert_eq!(toggled.status, StatusCode::OK, "{toggled:?}");
     let listed = catalog(&server, &session).await;
@@ -295,7 +363,9 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
     let tools = server.get(&format!("/mcp/servers/{live}/tools")).await;
     assert_eq!(tools.status, StatusCode::CONFLICT);
     assert_eq!(tools.code(), "mcp_server_disabled");
-    let connect = server.post(&format!("/mcp/servers/{live}/connect"), json!({})).await;
+    let connect = server
+        .post(&format!("/mcp/servers/{live}/connect"), json!({}))
+        .await;
     assert_eq!(connect.status, StatusCode::CONFLICT);
     assert_eq!(connect.code(), "mcp_server_disabled");
 }
@@ -304,10 +374,16 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
 async fn disconnect_connect_and_test_leave_the_real_connection_alone() {
     let server = spawn_app().await;
     let session = server.create_session().await;
-    let id = create_server(&server, stdio_body("manual", json!({"default_side_effect_level": "none"}))).await;
+    let id = create_server(
+        &server,
+        stdio_body("manual", json!({"default_side_effect_level": "none"})),
+    )
+    .await;
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
 
-    let tested = server.post(&format!("/mcp/servers/{id}/test"), json!({})).await;
+    let tested = server
+        .post(&format!("/mcp/servers/{id}/test"), json!({}))
+        .await;
     assert_eq!(tested.status, StatusCode::OK, "{tested:?}");
     assert_eq!(tested.body["data"]["success"], true, "{tested:?}");
     assert!(tested.body["data"]["tool_count"].as_u64().unwrap() >= 8);
@@ -317,22 +393,41 @@ async fn disconnect_connect_and_test_leave_the_real_connection_alone() {
         "success"
     );
 
-    let disconnected = server.post(&format!("/mcp/servers/{id}/disconnect"), json!({})).await;
+    let disconnected = server
+        .post(&format!("/mcp/servers/{id}/disconnect"), json!({}))
+        .await;
     assert_eq!(disconnected.status, StatusCode::OK, "{disconnected:?}");
     assert_eq!(disconnected.body["data"]["server_id"], id.as_str());
     assert_eq!(disconnected.body["data"]["state"], "disconnected");
     let refused = call(&server, &session, "echo", json!({"text": "x"})).await;
-    assert_eq!(refused["execution_reason_code"], "mcp_not_connected", "{refused}");
+    assert_eq!(
+        refused["execution_reason_code"], "mcp_not_connected",
+        "{refused}"
+    );
     let statuses = server.get("/mcp/statuses").await;
     assert_eq!(statuses.status, StatusCode::OK);
-    assert!(statuses.body["data"].as_array().unwrap().iter().any(|s| s["server_id"] == id.as_str()));
+    assert!(
+        statuses.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["server_id"] == id.as_str())
+    );
 
-    let connect = server.post(&format!("/mcp/servers/{id}/connect"), json!({})).await;
+    let connect = server
+        .post(&format!("/mcp/servers/{id}/connect"), json!({}))
+        .await;
     assert_eq!(connect.status, StatusCode::OK, "{connect:?}");
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
 
-    let dead = create_server(&server, http_body("dead", &dead_url(), json!({"connect_timeout_ms": 2000}))).await;
-    let tested = server.post(&format!("/mcp/servers/{dead}/test"), json!({})).await;
+    let dead = create_server(
+        &server,
+        http_body("dead", &dead_url(), json!({"connect_timeout_ms": 2000})),
+    )
+    .await;
+    let tested = server
+        .post(&format!("/mcp/servers/{dead}/test"), json!({}))
+        .await;
     assert_eq!(tested.status, StatusCode::OK, "{tested:?}");
     assert_eq!(tested.body["data"]["success"], false);
     assert!(tested.body["data"]["error"].is_string());
@@ -346,32 +441,53 @@ async fn another_accounts_servers_and_tools_are_invisible() {
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
 
     let other_key = server.create_account("other").await;
-    let as_other = |method: Method, path: String| {
+    let as_other = |method: Method, path: String, body: Option<Value>| {
         let server = &server;
         let key = other_key.clone();
-        async move {
-            let body = (method == Method::POST).then(|| json!({"character": "Lanlan"}));
-            server.send_as(&key, method, &path, body).await
-        }
+        async move { server.send_as(&key, method, &path, body).await }
     };
-    let theirs = as_other(Method::POST, "/sessions".into()).await;
+    let character = as_other(
+        Method::POST,
+        "/characters".into(),
+        Some(json!({"name": "Other"})),
+    )
+    .await;
+    assert_eq!(character.status, StatusCode::CREATED, "{character:?}");
+    let theirs = as_other(
+        Method::POST,
+        "/sessions".into(),
+        Some(json!({"character": "Other"})),
+    )
+    .await;
     assert_eq!(theirs.status, StatusCode::CREATED, "{theirs:?}");
     let their_session = theirs.body["data"]["id"].as_str().unwrap().to_owned();
-    let their_catalog = as_other(Method::GET, format!("/sessions/{their_session}/tools/runtime"))
-        .await
-        .body["data"]
+    let their_catalog = as_other(
+        Method::GET,
+        format!("/sessions/{their_session}/tools/runtime"),
+        None,
+    )
+    .await
+    .body["data"]
         .clone();
-    assert!(tool(&their_catalog, "m_echo").is_none(), "{their_catalog:#}");
+    assert!(
+        tool(&their_catalog, "m_echo").is_none(),
+        "{their_catalog:#}"
+    );
     assert_eq!(their_catalog["mcp_servers"], json!([]));
     for path in ["status", "tools"] {
-        let reply = as_other(Method::GET, format!("/mcp/servers/{id}/{path}")).await;
+        let reply = as_other(Method::GET, format!("/mcp/servers/{id}/{path}"), None).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}: {reply:?}");
     }
     for path in ["connect", "disconnect", "test"] {
-        let reply = as_other(Method::POST, format!("/mcp/servers/{id}/{path}")).await;
+        let reply = as_other(Method::POST, format!("/mcp/servers/{id}/{path}"), None).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}: {reply:?}");
     }
-    assert_eq!(as_other(Method::GET, "/mcp/statuses".into()).await.body["data"], json!([]));
+    assert_eq!(
+        as_other(Method::GET, "/mcp/statuses".into(), None)
+            .await
+            .body["data"],
+        json!([])
+    );
 }
 
 #[tokio::test]
@@ -390,11 +506,17 @@ async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
     )
     .await;
     let listed = wait_for_source(&server, &session, &id, "live", CONNECTED).await;
-    assert_eq!(tool(&listed, "echo").unwrap()["result_visibility"], "deferred_receipt");
+    assert_eq!(
+        tool(&listed, "echo").unwrap()["result_visibility"],
+        "deferred_receipt"
+    );
 
     let receipt = call(&server, &session, "echo", json!({"text": "later"})).await;
     assert_eq!(receipt["status"], "queued", "{receipt}");
-    let job = receipt["output"]["runtime_job_id"].as_str().unwrap().to_owned();
+    let job = receipt["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let server_ref = &server;
     common::wait_until(Duration::from_secs(30), "the MCP job to succeed", || {
         let job = job.clone();
@@ -404,6 +526,8 @@ async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
         }
     })
     .await;
-    let results = server.get(&format!("/sessions/{session}/tool-results")).await;
+    let results = server
+        .get(&format!("/sessions/{session}/tool-results"))
+        .await;
     assert!(results.text.contains("later"), "{results:?}");
 }

@@ -96,12 +96,22 @@ async fn the_mcp_smoke_sequence_answers_as_tavernheadless_expects() {
     assert_eq!(data["reason"], serde_json::Value::Null);
     let state = data["state"].as_str().unwrap();
     assert!(
-        ["disconnected", "connecting", "connected", "reconnect_required", "error"].contains(&state),
+        [
+            "disconnected",
+            "connecting",
+            "connected",
+            "reconnect_required",
+            "error"
+        ]
+        .contains(&state),
         "{state}"
     );
 
     let tools = server.get(&format!("/mcp/servers/{stdio_id}/tools")).await;
-    assert!([200, 409, 503].contains(&tools.status.as_u16()), "{tools:?}");
+    assert!(
+        [200, 409, 503].contains(&tools.status.as_u16()),
+        "{tools:?}"
+    );
     if tools.status != 200 {
         assert!(
             ["mcp_runtime_not_attached", "mcp_runtime_unavailable"].contains(&tools.code()),
@@ -112,7 +122,10 @@ async fn the_mcp_smoke_sequence_answers_as_tavernheadless_expects() {
     let disconnected = server
         .post(&format!("/mcp/servers/{stdio_id}/disconnect"), json!({}))
         .await;
-    assert!([200, 409].contains(&disconnected.status.as_u16()), "{disconnected:?}");
+    assert!(
+        [200, 409].contains(&disconnected.status.as_u16()),
+        "{disconnected:?}"
+    );
     if disconnected.status == 200 {
         assert_eq!(disconnected.body["data"]["server_id"], stdio_id.as_str());
     } else {
@@ -122,7 +135,22 @@ async fn the_mcp_smoke_sequence_answers_as_tavernheadless_expects() {
     assert_eq!(server.get("/mcp/servers/nonexistent").await.status, 404);
     assert_eq!(server.delete("/mcp/servers/nonexistent").await.status, 404);
 
-    assert_eq!(server.delete(&format!("/mcp/servers/{http_id}")).await.status, 200);
-    assert_eq!(server.get(&format!("/mcp/servers/{http_id}")).await.status, 404);
-    assert_eq!(server.delete(&format!("/mcp/servers/{stdio_id}")).await.status, 200);
+    assert_eq!(
+        server
+            .delete(&format!("/mcp/servers/{http_id}"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        server.get(&format!("/mcp/servers/{http_id}")).await.status,
+        404
+    );
+    assert_eq!(
+        server
+            .delete(&format!("/mcp/servers/{stdio_id}"))
+            .await
+            .status,
+        200
+    );
 }

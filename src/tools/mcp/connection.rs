@@ -3,6 +3,7 @@
 //! closing it with its child process group.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use rmcp::model::{
     ClientConfig, ClientRequest, Implementation, PingRequest, ProtocolVersion, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RunningServiceCancellationToken};
+use rmcp::transport::common::client_side_sse::FixedInterval;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
@@ -195,8 +197,13 @@ fn http_transport(
             .map_err(|_| format!("http.headers.{name} has an invalid value"))?;
         headers.insert(name, value);
     }
-    let config = StreamableHttpClientTransportConfig::with_uri(http.url.clone())
+    let mut config = StreamableHttpClientTransportConfig::with_uri(http.url.clone())
         .custom_headers(headers)
         .reinit_on_expired_session(true);
+    // rmcp's default retries a lost stream forever, so a dead server would
+    // never fail anything; one retry, then the supervisor's breaker decides.
+    let mut retry = FixedInterval::default();
+    retry.max_times = Some(1);
+    config.retry_config = Arc::new(retry);
     Ok(StreamableHttpClientTransport::from_config(config))
 }

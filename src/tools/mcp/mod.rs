@@ -105,7 +105,9 @@ pub struct McpHub {
 impl std::fmt::Debug for McpHub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let attached = self.slots.read().map(|s| s.len()).unwrap_or_default();
-        f.debug_struct("McpHub").field("attached", &attached).finish()
+        f.debug_struct("McpHub")
+            .field("attached", &attached)
+            .finish()
     }
 }
 
@@ -135,13 +137,17 @@ impl McpHub {
                     continue;
                 }
             };
-            self.shared.snapshots.lock().expect("snapshots lock").insert(
-                stored.server_id,
-                Snapshot {
-                    tools: Arc::new(tools),
-                    at: stored.snapshot_at,
-                },
-            );
+            self.shared
+                .snapshots
+                .lock()
+                .expect("snapshots lock")
+                .insert(
+                    stored.server_id,
+                    Snapshot {
+                        tools: Arc::new(tools),
+                        at: stored.snapshot_at,
+                    },
+                );
         }
         let servers = self.shared.store.enabled_mcp_servers().await?;
         tracing::info!(servers = servers.len(), "attaching MCP servers");
@@ -167,7 +173,12 @@ impl McpHub {
             (None, None)
         };
         let old = self
-            .swap(&server.account_id, &server.id, server.updated_at, replacement.clone())
+            .swap(
+                &server.account_id,
+                &server.id,
+                server.updated_at,
+                replacement.clone(),
+            )
             .await;
         if let Some(old) = old {
             stop(old).await;
@@ -248,7 +259,7 @@ impl McpHub {
             .into_iter()
             .map(|slot| (slot.server.clone(), slot.state().live_status()))
             .collect();
-        statuses.sort_by(|a, b| a.0.created_at.cmp(&b.0.created_at));
+        statuses.sort_by_key(|(server, _)| server.created_at);
         statuses
     }
 
@@ -274,7 +285,8 @@ impl McpHub {
         let timeout = std::time::Duration::from_millis(server.config.connect_timeout_ms);
         let (notices, _ignored) = mpsc::unbounded_channel();
         let attempt = tokio::time::timeout(timeout, async {
-            let connection = connection::Connection::open(&server.config, &server.id, notices).await?;
+            let connection =
+                connection::Connection::open(&server.config, &server.id, notices).await?;
             let listed = connection.list_tools().await;
             connection.close().await;
             listed
@@ -353,9 +365,9 @@ impl McpHub {
             .get(&server.id)
             .cloned();
         let listed = match snapshot {
-            Some(snapshot) => Some(
-                build_listed(&self.shared, &server, snapshot.tools.clone(), snapshot.at).await,
-            ),
+            Some(snapshot) => {
+                Some(build_listed(&self.shared, &server, snapshot.tools.clone(), snapshot.at).await)
+            }
             None => None,
         };
         let (commands, receiver) = mpsc::unbounded_channel();
@@ -453,13 +465,17 @@ fn diff(account_id: &str, before: &[String], after: &[String], all_updated: bool
 
 /// Builds catalog tools from listed tools, off the async workers (schemas are
 /// checked), logging the tools left out.
-async fn build_listed(shared: &Shared, server: &McpServer, tools: Arc<Vec<Tool>>, at: i64) -> Listed {
+async fn build_listed(
+    shared: &Shared,
+    server: &McpServer,
+    tools: Arc<Vec<Tool>>,
+    at: i64,
+) -> Listed {
     let server_for_build = server.clone();
     let max = shared.max_schema_bytes;
-    let built = tokio::task::spawn_blocking(move || {
-        tools::catalog_tools(&server_for_build, &tools, max)
-    })
-    .await;
+    let built =
+        tokio::task::spawn_blocking(move || tools::catalog_tools(&server_for_build, &tools, max))
+            .await;
     let (catalog, skipped) = match built {
         Ok(built) => built,
         Err(error) => {

@@ -155,7 +155,8 @@ impl McpHandler {
         let arguments = args.as_object().cloned().unwrap_or_default();
         let params = CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
         let timeout_ms = slot.server.config.call_timeout_ms;
-        let answer = tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
+        let answer =
+            tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
         match answer.await {
             Ok(Ok(result)) => outcome(result, self.hub.shared.max_result_bytes),
             Ok(Err(error)) => self.failed(error),
@@ -164,7 +165,9 @@ impl McpHandler {
                 if self.side_effect_level == SideEffectLevel::None {
                     return ToolOutcome::timeout(
                         ReasonCode::McpCallTimeout,
-                        format!("the MCP tool did not answer within call_timeout_ms = {timeout_ms}"),
+                        format!(
+                            "the MCP tool did not answer within call_timeout_ms = {timeout_ms}"
+                        ),
                     );
                 }
                 // The server may still be running it: this connection is not
@@ -230,7 +233,9 @@ fn outcome(result: CallToolResult, max_bytes: usize) -> ToolOutcome {
     if size > max_bytes {
         return ToolOutcome::error(
             ReasonCode::McpProviderError,
-            format!("the MCP tool's result takes {size} bytes, more than the limit of {max_bytes}; it was discarded"),
+            format!(
+                "the MCP tool's result takes {size} bytes, more than the limit of {max_bytes}; it was discarded"
+            ),
         );
     }
     ToolOutcome::Success(output)

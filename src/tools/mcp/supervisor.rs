@@ -39,6 +39,12 @@ pub(super) async fn supervise(
     shared: Arc<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
+    if let Some(error) = &slot.server.secrets_error {
+        // Run without its env or headers, it would be misconfigured.
+        record_failure(&slot, &shared, error, "mcp.error");
+        slot.stop.cancelled().await;
+        return;
+    }
     let mut breaker = Breaker::default();
     let mut idle = false;
     loop {

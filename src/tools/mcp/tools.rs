@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 
 use crate::domain::mcp::{McpServer, ToolOverride};
 use crate::domain::tool::{
-    AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel, ToolMetadata,
-    ToolSpec,
+    AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel,
+    ToolMetadata, ToolSpec,
 };
 
 /// The `source` of every MCP catalog entry.
@@ -119,7 +119,10 @@ fn valid_catalog_name(name: &str) -> bool {
 /// Governance metadata of one server tool (the rules of issue 14, "Metadata").
 fn metadata(server: &McpServer, tool: &Tool, overrides: Option<&ToolOverride>) -> ToolMetadata {
     let config = &server.config;
-    let annotations = tool.annotations.as_ref().filter(|_| config.trust_annotations);
+    let annotations = tool
+        .annotations
+        .as_ref()
+        .filter(|_| config.trust_annotations);
     let (side_effect_level, side_effect_level_basis) =
         if let Some(level) = overrides.and_then(|o| o.side_effect_level) {
             (level, Basis::AccountOverride)
@@ -319,7 +322,11 @@ mod tests {
             allowed_slots: Some(vec![crate::domain::tool::Slot::Memory]),
             ..Default::default()
         };
-        let meta = metadata(&server(true, None), &tool(Some(true), None), Some(&overrides));
+        let meta = metadata(
+            &server(true, None),
+            &tool(Some(true), None),
+            Some(&overrides),
+        );
         assert_eq!(meta.side_effect_level, SideEffectLevel::Sandbox);
         assert_eq!(meta.side_effect_level_basis, Basis::AccountOverride);
         assert_eq!(meta.allowed_slots_basis, Basis::AccountOverride);
@@ -351,7 +358,8 @@ mod tests {
 
     #[test]
     fn plain_schemas_stay_declared() {
-        let Value::Object(schema) = json!({"type": "object", "properties": {"a": {"type": "string"}}})
+        let Value::Object(schema) =
+            json!({"type": "object", "properties": {"a": {"type": "string"}}})
         else {
             unreachable!()
         };
