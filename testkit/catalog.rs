@@ -28,7 +28,11 @@ pub const BUILTIN_NAMES: &[&str] = &[
 pub fn builtin(name: &str) -> Option<Tool> {
     let tool = match name {
         "echo" => echo_like("echo"),
-        "shout" => tool(name, "Answers the text upper-cased, as text only", text_schema()),
+        "shout" => tool(
+            name,
+            "Answers the text upper-cased, as text only",
+            text_schema(),
+        ),
         "fail" => tool(
             name,
             "Always fails with isError, carrying the message",
@@ -46,15 +50,18 @@ pub fn builtin(name: &str) -> Option<Tool> {
         .with_annotations(ToolAnnotations::new().read_only(true)),
         "lookup" => tool(name, "Looks a key up", key_schema("key"))
             .with_annotations(ToolAnnotations::new().read_only(true).idempotent(true)),
-        "destroy" => tool(name, "Destroys the target", key_schema("target")).with_annotations(
-            ToolAnnotations::new().read_only(false).destructive(true),
-        ),
+        "destroy" => tool(name, "Destroys the target", key_schema("target"))
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
         "add_tool" => tool(
             name,
             "Adds an echo-like tool and announces notifications/tools/list_changed",
             key_schema("name"),
         ),
-        "crash" => tool(name, "Exits the process with status 3", object(json!({}), &[])),
+        "crash" => tool(
+            name,
+            "Exits the process with status 3",
+            object(json!({}), &[]),
+        ),
         "env" => tool(name, "Answers an environment variable", key_schema("name")),
         "header" => tool(name, "Answers an HTTP request header", key_schema("name")),
         "calls" => tool(name, "The tool names called so far", object(json!({}), &[])),

@@ -9,6 +9,7 @@
 
 mod catalog;
 mod handler;
+mod stdin_eof;
 mod tools;
 
 use std::io::Write;
@@ -52,9 +53,13 @@ enum Mode {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // A reader that closes our stderr must not take the server down: without
+    // `log_internal_errors(false)` a failed log write reports itself with
+    // `eprintln!`, which panics on a closed stderr.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .log_internal_errors(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -86,15 +91,15 @@ fn initial_tools(names: Option<&[String]>) -> anyhow::Result<Vec<rmcp::model::To
 }
 
 async fn serve_stdio(server: TestServer) -> anyhow::Result<()> {
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let stdin = stdin_eof::WatchEof::new(stdin, server.closing().clone());
     let running = server
-        .serve(rmcp::transport::stdio_pipes())
+        .serve((stdin, stdout))
         .await
         .context("stdio handshake")?;
     let reason = running.waiting().await?;
     tracing::info!(?reason, "stdio session ended");
-    // A tool still sleeping (`hang`) must not keep the process alive once the
-    // client is gone.
-    std::process::exit(0)
+    Ok(())
 }
 
 async fn serve_http(server: TestServer, listen: SocketAddr) -> anyhow::Result<()> {
