@@ -2,7 +2,8 @@
 //! on rmcp's server side. `stdio` serves on stdin/stdout; `http --listen ADDR`
 //! serves streamable HTTP (stateful sessions) at `/mcp` and prints one line
 //! `listening http://ADDR/mcp` to stdout once it accepts connections. Logs go
-//! to stderr only, because stdout is the stdio transport.
+//! to stderr only, because stdout is the stdio transport; the filter comes
+//! from `TOOLGATE_TEST_MCP_LOG` (default `info`).
 //!
 //! Tools: echo, shout, fail, hang, slow_lookup, lookup, destroy, add_tool,
 //! crash, env, header, calls, with_ref (see `catalog.rs` and `tools.rs`).
@@ -23,6 +24,11 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
 use crate::handler::TestServer;
+
+/// The log filter's variable. Not `RUST_LOG`: a child inherits toolgate's own
+/// (tests run it at `info` or `debug`), and rmcp's debug lines carry whole tool
+/// results, such as what `env` read.
+const LOG_ENV: &str = "TOOLGATE_TEST_MCP_LOG";
 
 /// A scriptable MCP server for toolgate's tests.
 #[derive(Debug, Parser)]
@@ -61,11 +67,16 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(false)
         .log_internal_errors(false)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
+            tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    eprintln!("toolgate-test-mcp started pid={}", std::process::id());
+    // Not `eprintln!`, which panics when stderr is closed.
+    let _ = writeln!(
+        std::io::stderr(),
+        "toolgate-test-mcp started pid={}",
+        std::process::id()
+    );
     let page_size = args.page_size.map(|size| size as usize);
     let server = TestServer::new(initial_tools(args.tools.as_deref())?, page_size);
     match args.mode {
