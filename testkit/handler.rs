@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, InitializeRequestParams,
-    InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
 
@@ -34,6 +35,8 @@ struct Shared {
     /// when a notification is sent.
     peers: Mutex<Vec<Peer<RoleServer>>>,
     page_size: Option<usize>,
+    /// Cancelled when the stdio client closes stdin: sleeping tools give up.
+    closing: CancellationToken,
 }
 
 /// Why `add_tool` refused a name.
@@ -57,6 +60,7 @@ impl TestServer {
                 calls: Mutex::new(Vec::new()),
                 peers: Mutex::new(Vec::new()),
                 page_size,
+                closing: CancellationToken::new(),
             }),
         }
     }
@@ -66,6 +70,11 @@ impl TestServer {
             .iter()
             .find(|tool| tool.name == name)
             .cloned()
+    }
+
+    /// Cancelled once the process is closing (stdin reached its end).
+    pub fn closing(&self) -> &CancellationToken {
+        &self.shared.closing
     }
 
     /// The tool names asked for so far (known or not), oldest first.
@@ -188,7 +197,7 @@ impl ServerHandler for TestServer {
                 Some(json!({"name": name})),
             ));
         };
-        let arguments = request.arguments.unwrap_or_else(JsonObject::new);
+        let arguments = request.arguments.unwrap_or_default();
         let result = crate::tools::run(self, &tool, arguments, &context).await;
         Ok(result.into())
     }

@@ -2,13 +2,15 @@
 //! on rmcp's server side. `stdio` serves on stdin/stdout; `http --listen ADDR`
 //! serves streamable HTTP (stateful sessions) at `/mcp` and prints one line
 //! `listening http://ADDR/mcp` to stdout once it accepts connections. Logs go
-//! to stderr only, because stdout is the stdio transport.
+//! to stderr only, because stdout is the stdio transport; the filter comes
+//! from `TOOLGATE_TEST_MCP_LOG` (default `info`).
 //!
 //! Tools: echo, shout, fail, hang, slow_lookup, lookup, destroy, add_tool,
 //! crash, env, header, calls, with_ref (see `catalog.rs` and `tools.rs`).
 
 mod catalog;
 mod handler;
+mod stdin_eof;
 mod tools;
 
 use std::io::Write;
@@ -22,6 +24,11 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
 use crate::handler::TestServer;
+
+/// The log filter's variable. Not `RUST_LOG`: a child inherits toolgate's own
+/// (tests run it at `info` or `debug`), and rmcp's debug lines carry whole tool
+/// results, such as what `env` read.
+const LOG_ENV: &str = "TOOLGATE_TEST_MCP_LOG";
 
 /// A scriptable MCP server for toolgate's tests.
 #[derive(Debug, Parser)]
@@ -52,15 +59,24 @@ enum Mode {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // A reader that closes our stderr must not take the server down: without
+    // `log_internal_errors(false)` a failed log write reports itself with
+    // `eprintln!`, which panics on a closed stderr.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .log_internal_errors(false)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
+            tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    eprintln!("toolgate-test-mcp started pid={}", std::process::id());
+    // Not `eprintln!`, which panics when stderr is closed.
+    let _ = writeln!(
+        std::io::stderr(),
+        "toolgate-test-mcp started pid={}",
+        std::process::id()
+    );
     let page_size = args.page_size.map(|size| size as usize);
     let server = TestServer::new(initial_tools(args.tools.as_deref())?, page_size);
     match args.mode {
@@ -86,15 +102,15 @@ fn initial_tools(names: Option<&[String]>) -> anyhow::Result<Vec<rmcp::model::To
 }
 
 async fn serve_stdio(server: TestServer) -> anyhow::Result<()> {
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let stdin = stdin_eof::WatchEof::new(stdin, server.closing().clone());
     let running = server
-        .serve(rmcp::transport::stdio_pipes())
+        .serve((stdin, stdout))
         .await
         .context("stdio handshake")?;
     let reason = running.waiting().await?;
     tracing::info!(?reason, "stdio session ended");
-    // A tool still sleeping (`hang`) must not keep the process alive once the
-    // client is gone.
-    std::process::exit(0)
+    Ok(())
 }
 
 async fn serve_http(server: TestServer, listen: SocketAddr) -> anyhow::Result<()> {

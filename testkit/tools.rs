@@ -37,10 +37,7 @@ pub async fn run(
                 .unwrap_or("failed as asked")
                 .to_owned(),
         ),
-        "hang" => {
-            tokio::time::sleep(HANG).await;
-            success("woke up".into())
-        }
+        "hang" => hang(server, context).await,
         "slow_lookup" => {
             let ms = arguments.get("ms").and_then(Value::as_u64).unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -62,6 +59,17 @@ pub async fn run(
         "with_ref" => CallToolResult::structured(json!({"item": arguments.get("item")})),
         // `echo` and every tool `add_tool` created.
         _ => echo(&text("text")),
+    }
+}
+
+/// Sleeps for an hour. A cancelled request or a closing process ends the
+/// sleep only to free the task: rmcp drops the answer to a cancelled request,
+/// and a closed stdin has no one to answer.
+async fn hang(server: &TestServer, context: &RequestContext<RoleServer>) -> CallToolResult {
+    tokio::select! {
+        () = tokio::time::sleep(HANG) => success("woke up".into()),
+        () = context.ct.cancelled() => error("cancelled".into()),
+        () = server.closing().cancelled() => error("closing".into()),
     }
 }
 
