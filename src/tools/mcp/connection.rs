@@ -3,8 +3,8 @@
 //! closing it with its child process group.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
