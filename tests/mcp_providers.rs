@@ -301,7 +301,7 @@ async fn an_http_server_that_goes_down_stays_cached_across_a_restart_and_comes_b
 
     mcp.kill().await;
     // Noticed without any call: ping or the stream ending.
-    let cached = wait_for_source(&server, &session, &id, "cached", Duration::from_secs(15)).await;
+    let cached = wait_for_source(&server, &session, &id, "cached", Duration::from_secs(10)).await;
     assert_eq!(tool(&cached, "r_echo").unwrap()["catalog_source"], "cached");
     let disconnected = events
         .next_of("mcp.disconnected", Duration::from_secs(5))
@@ -530,4 +530,183 @@ async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
         .get(&format!("/sessions/{session}/tool-results"))
         .await;
     assert!(results.text.contains("later"), "{results:?}");
+}
+
+/// Pids of running processes whose command line is exactly `args`.
+fn processes_running(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args.join("\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = cmdline.strip_suffix(b"\0").unwrap_or(&cmdline);
+            (cmdline == wanted.as_slice()).then_some(pid)
+        })
+        .collect()
+}
+
+/// A stdio server started through `sh`, leaving a `sleep <marker>` in its
+/// process group.
+fn grouped_body(name: &str, marker: &str) -> Value {
+    json!({
+        "name": name,
+        "transport": "stdio",
+        "stdio": {"command": "sh", "args": ["-c", format!("sleep {marker} & exec {} stdio", common::mcp::test_server_bin())]},
+    })
+}
+
+#[tokio::test]
+async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
+    let mut server = spawn_app().await;
+    let session = server.create_session().await;
+    let pid = std::process::id();
+    let (deleted, kept) = (
+        format!("{}1", 7_000_000 + pid),
+        format!("{}2", 7_000_000 + pid),
+    );
+    let first = create_server(&server, grouped_body("grouped", &deleted)).await;
+    wait_for_source(&server, &session, &first, "live", CONNECTED).await;
+    assert_eq!(
+        processes_running(&["sleep", &deleted]).len(),
+        1,
+        "the group's sleeper runs"
+    );
+
+    let reply = server.delete(&format!("/mcp/servers/{first}")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    common::wait_until(
+        Duration::from_secs(10),
+        "the deleted server's group to die",
+        || async { processes_running(&["sleep", &deleted]).is_empty() },
+    )
+    .await;
+    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
+    assert!(
+        log.contains("toolgate-test-mcp started"),
+        "the child's stderr is in the log"
+    );
+
+    let second = create_server(&server, grouped_body("kept", &kept)).await;
+    wait_for_source(&server, &session, &second, "live", CONNECTED).await;
+    assert_eq!(processes_running(&["sleep", &kept]).len(), 1);
+    server.stop().await;
+    common::wait_until(
+        Duration::from_secs(10),
+        "shutdown to kill the group",
+        || async { processes_running(&["sleep", &kept]).is_empty() },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn secrets_reach_the_servers_but_never_the_log() {
+    let server = common::spawn_with(common::SpawnOptions {
+        env: vec![("RUST_LOG".into(), "debug".into())],
+        ..Default::default()
+    })
+    .await;
+    let session = server.create_session().await;
+    let http = HttpMcp::start().await;
+    let (env_secret, header_secret) = ("env-secret-9f8e7d6c", "hdr-secret-1a2b3c4d");
+    let stdio = create_server(
+        &server,
+        stdio_body(
+            "with-env",
+            json!({
+                "tool_prefix": "s",
+                "default_side_effect_level": "none",
+                "stdio": {"command": common::mcp::test_server_bin(), "args": ["stdio"], "env": {"MCP_SECRET_ENV": env_secret}},
+            }),
+        ),
+    )
+    .await;
+    let remote = create_server(
+        &server,
+        json!({
+            "name": "with-header", "transport": "http", "tool_prefix": "h",
+            "default_side_effect_level": "none",
+            "http": {"url": http.url, "headers": {"X-Secret-Header": header_secret}},
+        }),
+    )
+    .await;
+    wait_for_source(&server, &session, &stdio, "live", CONNECTED).await;
+    wait_for_source(&server, &session, &remote, "live", CONNECTED).await;
+    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
+    assert!(
+        log.contains("MCP server connected"),
+        "the log is the server's"
+    );
+    assert!(!log.contains(env_secret), "an env secret is in the log");
+    assert!(
+        !log.contains(header_secret),
+        "a header secret is in the log"
+    );
+
+    let env = call(
+        &server,
+        &session,
+        "s_env",
+        json!({"name": "MCP_SECRET_ENV"}),
+    )
+    .await;
+    assert_eq!(env["output"], env_secret, "{env}");
+    let header = call(
+        &server,
+        &session,
+        "h_header",
+        json!({"name": "x-secret-header"}),
+    )
+    .await;
+    assert_eq!(header["output"], header_secret, "{header}");
+    let leaked = call(
+        &server,
+        &session,
+        "s_env",
+        json!({"name": "TOOLGATE_ADMIN_TOKEN"}),
+    )
+    .await;
+    assert_eq!(
+        leaked["is_error"], true,
+        "the child inherits no TOOLGATE_ setting: {leaked}"
+    );
+}
+
+#[tokio::test]
+async fn a_config_change_sends_catalog_changed_and_pagination_is_followed() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let id = create_server(
+        &server,
+        stdio_body(
+            "paged",
+            json!({"tool_prefix": "a", "stdio": {"command": common::mcp::test_server_bin(), "args": ["stdio", "--page-size", "2"]}}),
+        ),
+    )
+    .await;
+    let listed = wait_for_source(&server, &session, &id, "live", CONNECTED).await;
+    let count = server_entry(&listed, &id).unwrap()["tool_count"]
+        .as_u64()
+        .unwrap();
+    assert!(count >= 8, "every page is listed: {count}");
+    let mut events = common::events::Events::open(&server, &session).await;
+    let patched = server
+        .patch(&format!("/mcp/servers/{id}"), json!({"tool_prefix": "b"}))
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let changed = events
+        .next_of("catalog_changed", Duration::from_secs(20))
+        .await;
+    let text = changed.to_string();
+    assert!(
+        text.contains("a_echo"),
+        "the old names are removed: {changed}"
+    );
+    let relisted = wait_for_source(&server, &session, &id, "live", CONNECTED).await;
+    assert!(tool(&relisted, "b_echo").is_some() && tool(&relisted, "a_echo").is_none());
+    let connected = events
+        .next_of("mcp.connected", Duration::from_secs(20))
+        .await;
+    assert_eq!(connected["server_id"], id.as_str(), "{connected}");
 }

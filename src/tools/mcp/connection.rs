@@ -62,6 +62,8 @@ pub struct Connection {
     cancel: RunningServiceCancellationToken,
     /// Cancelled when the service loop has ended.
     done: CancellationToken,
+    /// A stdio child's process group (its pid: the child leads it).
+    process_group: Option<u32>,
 }
 
 impl Connection {
@@ -73,10 +75,16 @@ impl Connection {
     ) -> Result<Self, String> {
         let handler = Handler { notices };
         let lifecycle = ClientLifecycleMode::Initialize;
+        let mut process_group = None;
         let service = match &config.transport {
             McpTransport::Stdio(stdio) => {
                 let transport = spawn_child(stdio, server_id)?;
-                handler.serve_with_lifecycle(transport, lifecycle).await
+                process_group = transport.id();
+                let served = handler.serve_with_lifecycle(transport, lifecycle).await;
+                if served.is_err() {
+                    kill_group(process_group);
+                }
+                served
             }
             McpTransport::Http(http) => {
                 let transport = http_transport(http)?;
@@ -92,7 +100,12 @@ impl Connection {
             let _ = service.waiting().await;
             finished.cancel();
         });
-        Ok(Self { peer, cancel, done })
+        Ok(Self {
+            peer,
+            cancel,
+            done,
+            process_group,
+        })
     }
 
     /// Every tool the server lists, following pagination.
@@ -130,6 +143,20 @@ impl Connection {
         {
             tracing::warn!("an MCP connection did not close within 10 s");
         }
+        // The child may have exited on its own and left others of its group.
+        kill_group(self.process_group);
+    }
+}
+
+/// Kills what is left of a stdio child's process group.
+fn kill_group(process_group: Option<u32>) {
+    let Some(pgid) = process_group.and_then(|pid| i32::try_from(pid).ok()) else {
+        return;
+    };
+    use nix::sys::signal::{Signal, killpg};
+    match killpg(nix::unistd::Pid::from_raw(pgid), Signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(error) => tracing::warn!(pgid, %error, "could not kill an MCP server's process group"),
     }
 }
 
