@@ -224,6 +224,15 @@ pub struct JobInvocation {
 }
 
 impl JobInvocation {
+    /// A text field of the tool snapshot, or why it is missing.
+    pub fn tool_text(&self, field: &str) -> std::result::Result<String, String> {
+        self.tool
+            .get(field)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the job snapshot has no {field:?}"))
+    }
+
     /// The side-effect level the outcome rule uses for this job.
     pub fn effective_side_effect_level(&self) -> SideEffectLevel {
         self.side_effect_level

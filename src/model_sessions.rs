@@ -338,31 +338,26 @@ impl ModelSessionHub {
     /// Queues an event for every live model session of one chat session (e.g. a
     /// deferred tool result). Returns how many sessions took it.
     pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
-        let targets: Vec<Arc<ModelSession>> = self
-            .live()
-            .by_character
-            .values()
-            .flatten()
-            .filter(|model_session| model_session.session.id == session_id)
-            .cloned()
-            .collect();
-        targets
-            .iter()
-            .filter(|model_session| {
-                matches!(model_session.deliver(event.clone()), Delivery::Queued)
-            })
-            .count()
+        self.publish_where(|session| session.id == session_id, event)
     }
 
     /// Queues an event for every live model session of an account (an MCP
     /// server's connection changed). Returns how many sessions took it.
     pub fn publish_to_account(&self, account_id: &str, event: ModelSessionEvent) -> usize {
+        self.publish_where(|session| session.account_id == account_id, event)
+    }
+
+    fn publish_where(
+        &self,
+        concerned: impl Fn(&Session) -> bool,
+        event: ModelSessionEvent,
+    ) -> usize {
         let targets: Vec<Arc<ModelSession>> = self
             .live()
             .by_character
             .values()
             .flatten()
-            .filter(|model_session| model_session.session.account_id == account_id)
+            .filter(|model_session| concerned(&model_session.session))
             .cloned()
             .collect();
         targets

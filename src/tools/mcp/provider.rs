@@ -67,18 +67,10 @@ impl ToolProvider for McpProvider {
         &self,
         invocation: &JobInvocation,
     ) -> std::result::Result<Arc<dyn ToolHandler>, String> {
-        let text = |field: &str| {
-            invocation
-                .tool
-                .get(field)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("the MCP job snapshot has no {field:?}"))
-        };
         Ok(Arc::new(McpHandler {
             hub: self.hub.clone(),
-            server_id: text("server_id")?,
-            remote_name: text("tool")?,
+            server_id: invocation.tool_text("server_id")?,
+            remote_name: invocation.tool_text("tool")?,
             side_effect_level: invocation.effective_side_effect_level(),
         }))
     }

@@ -59,14 +59,7 @@ impl ToolProvider for RemoteProvider {
         &self,
         invocation: &JobInvocation,
     ) -> std::result::Result<Arc<dyn ToolHandler>, String> {
-        let text = |field: &str| {
-            invocation
-                .tool
-                .get(field)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("the job snapshot has no {field:?}"))
-        };
+        let text = |field: &str| invocation.tool_text(field);
         let callback_url = CallbackUrl::parse(&text("callback_url")?)
             .map_err(|err| format!("stored callback URL is invalid: {err}"))?;
         let timeout_seconds = invocation
