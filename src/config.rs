@@ -61,6 +61,15 @@ pub struct ServeArgs {
     /// Key sealing stored secrets (MCP servers' env and headers) at rest: 32 bytes as 64 hexadecimal digits, e.g. from `openssl rand -hex 32`; prefer the environment variable to the flag, which other users can see (default: generated at first start into <data-dir>/secrets-key, mode 0600, and reused).
     #[arg(long, env = "TOOLGATE_SECRETS_KEY", hide_env_values = true)]
     pub secrets_key: Option<String>,
+    /// Base URL of an OpenAI-compatible chat-completions endpoint, e.g. http://127.0.0.1:8080/v1 (default: none; floors then start no run).
+    #[arg(long, env = "TOOLGATE_LLM_BASE_URL")]
+    pub llm_base_url: Option<String>,
+    /// API key sent as a bearer token to the model endpoint (never logged).
+    #[arg(long, env = "TOOLGATE_LLM_API_KEY", hide_env_values = true)]
+    pub llm_api_key: Option<String>,
+    /// Model name sent with every chat-completions request (required with --llm-base-url).
+    #[arg(long, env = "TOOLGATE_LLM_MODEL")]
+    pub llm_model: Option<String>,
     /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
     #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -132,6 +141,9 @@ struct FileSettings {
     database_url: Option<String>,
     admin_token: Option<String>,
     secrets_key: Option<String>,
+    llm_base_url: Option<String>,
+    llm_api_key: Option<String>,
+    llm_model: Option<String>,
     log_format: Option<LogFormat>,
     default_character: Option<String>,
     body_limit_bytes: Option<usize>,
@@ -158,6 +170,10 @@ pub struct Settings {
     pub admin_token: Option<String>,
     /// The secrets key as configured (hex); None uses the data directory's key file.
     pub secrets_key: Option<String>,
+    /// The model endpoint (`--llm-base-url`); None: no generation loop.
+    pub llm_base_url: Option<String>,
+    pub llm_api_key: Option<String>,
+    pub llm_model: Option<String>,
     pub log_format: LogFormat,
     pub default_character: String,
     pub body_limit_bytes: usize,
@@ -265,6 +281,15 @@ impl Settings {
                 .secrets_key
                 .or(file.secrets_key)
                 .filter(|key| !key.is_empty()),
+            llm_base_url: args
+                .llm_base_url
+                .or(file.llm_base_url)
+                .filter(|v| !v.is_empty()),
+            llm_api_key: args
+                .llm_api_key
+                .or(file.llm_api_key)
+                .filter(|v| !v.is_empty()),
+            llm_model: args.llm_model.or(file.llm_model).filter(|v| !v.is_empty()),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             default_character: args
                 .default_character
