@@ -58,6 +58,8 @@ error_codes! {
     InternalError => ("internal_error", 500, "The server failed; the cause is in its log, never in the answer."),
     McpRuntimeUnavailable => ("mcp_runtime_unavailable", 503, "The MCP runtime knows the server but cannot reach it now (connecting, disconnected or failing); retry later, or read its status."),
     ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),
+    GenerationInProgress => ("generation_in_progress", 409, "The session's previous turn is still generating; wait for run_finished or cancel the run."),
+    ModelNotConfigured => ("model_not_configured", 503, "No model endpoint is configured (TOOLGATE_LLM_BASE_URL, TOOLGATE_LLM_MODEL); the floor is stored without a run."),
 }
 
 impl fmt::Display for ErrorCode {

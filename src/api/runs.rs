@@ -36,6 +36,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_run))
         .routes(routes!(commit_run))
         .routes(routes!(discard_run))
+        .routes(routes!(regenerate_floor))
+        .routes(routes!(get_floor))
+        .routes(routes!(select_page))
+        .routes(routes!(cancel_run))
 }
 
 /// Open a run (a new page) on a floor. Refused with 409
@@ -117,5 +121,68 @@ async fn discard_run(
     let run = state.runtime.discard_run(&account.id, &run_id).await?;
     Ok(axum::Json(Data {
         data: run_json(&run),
+    }))
+}
+
+/// Regenerate a floor: a new run and page through the replay guard, generated
+/// by the configured model; earlier pages keep their text.
+#[utoipa::path(post, path = "/floors/{id}/regenerate", tag = "runs", request_body = OpenRun,
+    params(("id" = String, Path)),
+    responses((status = 202, description = "`{\"data\": {floor_id, run_id, page_id}}`"), (status = 404),
+        (status = 409, description = "`tool_replay_confirmation_required` (naming the executions) or `generation_in_progress`"),
+        (status = 503, description = "`model_not_configured`")))]
+async fn regenerate_floor(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(floor_id): Path<String>,
+    OptionalJson(body): OptionalJson<OpenRun>,
+) -> ApiResult<(StatusCode, axum::Json<Data<serde_json::Value>>)> {
+    let run = state
+        .runtime
+        .regenerate(&account.id, &floor_id, body.confirmed_execution_ids)
+        .await?;
+    let data = serde_json::json!({"floor_id": run.floor_id, "run_id": run.id, "page_id": run.page_id});
+    Ok((StatusCode::ACCEPTED, axum::Json(Data { data })))
+}
+
+/// A floor with every page and its text.
+#[utoipa::path(get, path = "/floors/{id}", tag = "runs", params(("id" = String, Path)),
+    responses((status = 200, description = "the floor", body = Data<crate::store::Floor>), (status = 404)))]
+async fn get_floor(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(floor_id): Path<String>,
+) -> ApiResult<axum::Json<Data<crate::store::Floor>>> {
+    let floor = state.runtime.store.floor(&account.id, &floor_id).await?;
+    Ok(axum::Json(Data { data: floor }))
+}
+
+/// Choose a page: its run is committed, the floor's other open runs discarded.
+#[utoipa::path(post, path = "/pages/{id}/select", tag = "runs", params(("id" = String, Path)),
+    responses((status = 200, description = "the committed run", body = Data<Run>), (status = 404),
+        (status = 409, description = "`run_not_open` (the page's run was discarded) or `generation_in_progress`")))]
+async fn select_page(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(page_id): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let run = state.runtime.select_page(&account.id, &page_id).await?;
+    Ok(axum::Json(Data {
+        data: run_json(&run),
+    }))
+}
+
+/// Stop a run's generation before its next step; calls already started finish.
+#[utoipa::path(post, path = "/runs/{id}/cancel", tag = "runs", params(("id" = String, Path)),
+    responses((status = 200, description = "`{\"data\": {run_id, cancelled}}` (`cancelled: false` when it was not generating)"),
+        (status = 404)))]
+async fn cancel_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(run_id): Path<String>,
+) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    let cancelled = state.runtime.cancel_generation(&account.id, &run_id).await?;
+    Ok(axum::Json(Data {
+        data: serde_json::json!({"run_id": run_id, "cancelled": cancelled}),
     }))
 }

@@ -122,21 +122,49 @@ async fn delete_session(
     }))
 }
 
-/// Append a user turn (a floor) to the session.
+/// Append a user turn (a floor) to the session. With a model configured it
+/// also starts a generation run (202, its events on `/sessions/{id}/events`);
+/// the session's previous finished run is committed first.
 #[utoipa::path(post, path = "/sessions/{id}/floors", tag = "sessions", request_body = AppendFloor,
-    params(("id" = String, Path)), responses((status = 201, description = "the appended floor", body = Data<Floor>), (status = 404)))]
+    params(("id" = String, Path)),
+    responses(
+        (status = 201, description = "no model configured: the appended floor, with `run: null` and `run_error: {code: \"model_not_configured\", message}`"),
+        (status = 202, description = "the appended floor with `floor_id`, `run_id`, `page_id` and `run` of the generation it started"),
+        (status = 404),
+        (status = 409, description = "`generation_in_progress`: the previous turn is still generating")))]
 async fn append_floor(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
     Json(body): Json<AppendFloor>,
-) -> ApiResult<(StatusCode, axum::Json<Data<Floor>>)> {
-    let floor = state
-        .runtime
+) -> ApiResult<(StatusCode, axum::Json<Data<serde_json::Value>>)> {
+    let runtime = &state.runtime;
+    let session = runtime.store.session(&account.id, &id).await?;
+    runtime.commit_finished_turn(&account.id, &session.id).await?;
+    let floor = runtime
         .store
-        .append_floor(&account.id, &id, &body.content)
+        .append_floor(&account.id, &session.id, &body.content)
         .await?;
-    Ok((StatusCode::CREATED, axum::Json(Data { data: floor })))
+    let started = runtime
+        .start_turn(&account.id, &session.id, &floor.id, &body.content)
+        .await?;
+    let mut data = serde_json::to_value(&floor).unwrap_or_default();
+    data["floor_id"] = serde_json::json!(floor.id);
+    let status = match started {
+        Some(run) => {
+            data["run_id"] = serde_json::json!(run.id);
+            data["page_id"] = serde_json::json!(run.page_id);
+            data["run"] = serde_json::to_value(&run).unwrap_or_default();
+            StatusCode::ACCEPTED
+        }
+        None => {
+            let code = crate::error::ErrorCode::ModelNotConfigured;
+            data["run"] = serde_json::Value::Null;
+            data["run_error"] = serde_json::json!({"code": code.as_str(), "message": code.meaning()});
+            StatusCode::CREATED
+        }
+    };
+    Ok((status, axum::Json(Data { data })))
 }
 
 /// List the session's floors, oldest first, with their pages and active page.

@@ -5,6 +5,8 @@
 
 mod detach;
 mod dispatch;
+mod generation;
+mod turns;
 pub mod jobs;
 mod journal_rows;
 mod runs;
@@ -29,6 +31,7 @@ use crate::tools::mcp::{McpHub, McpListener, McpProvider};
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
+pub use generation::Turn;
 pub use jobs::JobSignal;
 
 /// Shared tool-runtime state; cheap to clone.
@@ -49,6 +52,13 @@ pub struct ToolRuntime {
     /// Calls whose caller went away before they finished: they run to their
     /// end in a task of their own, and shutdown waits for them.
     calls: TaskTracker,
+    /// The model endpoint of the generation loop; None when not configured.
+    pub llm: Option<crate::llm::LlmClient>,
+    /// Each session's latest generation: running, or finished and waiting for
+    /// the next floor to commit it.
+    turns: Arc<std::sync::Mutex<std::collections::HashMap<String, generation::TurnState>>>,
+    /// Cancelled at shutdown: running generations stop between steps.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 impl ToolRuntime {
@@ -74,7 +84,16 @@ impl ToolRuntime {
             )),
             Arc::new(McpProvider::new(mcp.clone())),
         ];
+        let llm = match crate::llm::LlmConfig::from_settings(&settings) {
+            Some(config) => Some(
+                crate::llm::LlmClient::new(config).context("building the model client")?,
+            ),
+            None => None,
+        };
         Ok(Self {
+            llm,
+            turns: Default::default(),
+            stopping: Default::default(),
             remote,
             mcp,
             providers: providers.into(),
@@ -113,6 +132,7 @@ impl ToolRuntime {
     /// Stops taking new calls' tasks and waits for the started ones (at
     /// shutdown, after the listener has stopped).
     pub async fn finish_started_calls(&self) {
+        self.stopping.cancel();
         self.calls.close();
         if !self.calls.is_empty() {
             tracing::info!(

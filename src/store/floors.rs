@@ -101,6 +101,16 @@ impl Store {
         })
     }
 
+    /// The account's floor with every page.
+    pub async fn floor(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
+        let found = self.floor_ref(account_id, floor_id).await?;
+        self.list_floors(account_id, &found.session_id)
+            .await?
+            .into_iter()
+            .find(|floor| floor.id == found.id)
+            .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))
+    }
+
     /// Every floor of the account's session, oldest first, with pages.
     pub async fn list_floors(&self, account_id: &str, session_id: &str) -> Result<Vec<Floor>> {
         let session = self.session(account_id, session_id).await?;

@@ -164,6 +164,41 @@ impl Store {
         self.run(account_id, run_id).await
     }
 
+    /// The account's run that made page `page_id`.
+    pub async fn run_of_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
+        let sql = format!("SELECT {COLUMNS} FROM floor_runs WHERE page_id = ? AND account_id = ?");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(page_id)
+            .bind(account_id)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("page {page_id:?}")))
+    }
+
+    /// The runs of the account's floor that are still open, oldest first.
+    pub async fn open_runs_of_floor(&self, account_id: &str, floor_id: &str) -> Result<Vec<Run>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND account_id = ? AND state = 'open' ORDER BY created_at"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(floor_id)
+            .bind(account_id)
+            .fetch_all(self.pool())
+            .await?;
+        Ok(rows.iter().map(from_row).collect())
+    }
+
+    /// Writes the text a run produced into its page (before the run is committed).
+    pub async fn set_page_content(&self, page_id: &str, content: &str) -> Result<()> {
+        sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
+            .bind(content)
+            .bind(page_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Discards an open run: its pending executions become `discarded`, its page and
     /// its buffered effects are dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {

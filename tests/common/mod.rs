@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod mcp;
+pub mod model;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -1,0 +1,71 @@
+//! What a client does with generated pages: regenerate a floor (a new run and
+//! page, through the replay guard), select a page (its run committed, the
+//! others discarded), cancel a run between steps.
+
+use super::ToolRuntime;
+use super::generation::TurnState;
+use crate::error::{Error, ErrorCode, Result};
+use crate::store::Run;
+
+impl ToolRuntime {
+    /// Starts a new run (a new page) on the floor with its user message; 409
+    /// `tool_replay_confirmation_required` until `confirmed` covers the earlier
+    /// attempts' executions that are not replay-safe.
+    pub async fn regenerate(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+        confirmed: Vec<String>,
+    ) -> Result<Run> {
+        let Some(llm) = self.llm.clone() else {
+            return Err(Error::refused(
+                ErrorCode::ModelNotConfigured,
+                "no model endpoint is configured; set TOOLGATE_LLM_BASE_URL and TOOLGATE_LLM_MODEL",
+            ));
+        };
+        let floor = self.store.floor(account_id, floor_id).await?;
+        self.ensure_idle(&floor.session_id)?;
+        let run = self.open_run(account_id, &floor.id, confirmed).await?;
+        self.begin(llm, account_id, &floor.session_id, run.clone(), &floor.content);
+        Ok(run)
+    }
+
+    /// Chooses the page: its run is committed and the floor's other open runs
+    /// are discarded.
+    pub async fn select_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
+        let run = self.store.run_of_page(account_id, page_id).await?;
+        self.ensure_idle(&run.session_id)?;
+        let chosen = match run.state.as_str() {
+            "open" => self.commit_run(account_id, &run.id, None).await?,
+            "committed" => run,
+            _ => {
+                return Err(Error::refused(
+                    ErrorCode::RunNotOpen,
+                    format!("page {page_id} belongs to run {}, which was discarded", run.id),
+                ));
+            }
+        };
+        self.discard_other_runs(account_id, &chosen).await?;
+        let mut turns = self.turns.lock().expect("turns lock");
+        if matches!(turns.get(&chosen.session_id), Some(TurnState::Finished(_))) {
+            turns.remove(&chosen.session_id);
+        }
+        tracing::info!(page_id, run_id = %chosen.id, "page selected");
+        Ok(chosen)
+    }
+
+    /// Stops the run's generation before its next step (calls already started
+    /// finish and are journalled); `false` when it is not generating.
+    pub async fn cancel_generation(&self, account_id: &str, run_id: &str) -> Result<bool> {
+        let run = self.store.run(account_id, run_id).await?;
+        let turns = self.turns.lock().expect("turns lock");
+        match turns.get(&run.session_id) {
+            Some(TurnState::Running(running, cancel)) if *running == run.id => {
+                cancel.cancel();
+                tracing::info!(run_id, "run cancellation requested");
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}

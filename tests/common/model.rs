@@ -1,0 +1,172 @@
+//! A stand-in for an OpenAI-compatible chat-completions endpoint: scripted
+//! answers (streamed, whole JSON, or an error status), and every request body
+//! it received, for the generation-loop tests. toolgate's client is the real one.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// `text/event-stream` chunks (each a `chat.completion.chunk` object).
+    Stream(Vec<Value>),
+    /// A whole `application/json` completion.
+    Json(Value),
+    /// An error status with an optional Retry-After (seconds) and a message.
+    Status(u16, Option<u64>, String),
+}
+
+#[derive(Default)]
+struct Script {
+    answers: VecDeque<Answer>,
+    /// Answered when the script is empty (a model that keeps calling tools).
+    repeat: Option<Answer>,
+    requests: Vec<Value>,
+}
+
+/// The running stand-in.
+#[derive(Clone)]
+pub struct StandIn {
+    pub base_url: String,
+    script: Arc<Mutex<Script>>,
+}
+
+impl StandIn {
+    pub async fn start(answers: Vec<Answer>) -> Self {
+        let script = Arc::new(Mutex::new(Script {
+            answers: answers.into(),
+            ..Default::default()
+        }));
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(complete))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            base_url: format!("http://{addr}/v1"),
+            script,
+        }
+    }
+
+    /// Answers `answer` whenever the script has run out.
+    pub fn repeat(&self, answer: Answer) {
+        self.script.lock().unwrap().repeat = Some(answer);
+    }
+
+    /// Every request body received so far.
+    pub fn requests(&self) -> Vec<Value> {
+        self.script.lock().unwrap().requests.clone()
+    }
+
+    /// The environment that points toolgate at this stand-in.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("TOOLGATE_LLM_BASE_URL".into(), self.base_url.clone()),
+            ("TOOLGATE_LLM_MODEL".into(), "stand-in".into()),
+            ("TOOLGATE_LLM_API_KEY".into(), "sk-test-stand-in-key".into()),
+        ]
+    }
+}
+
+async fn complete(
+    State(script): State<Arc<Mutex<Script>>>,
+    _headers: HeaderMap,
+    body: axum::Json<Value>,
+) -> Response {
+    let answer = {
+        let mut script = script.lock().unwrap();
+        script.requests.push(body.0);
+        script
+            .answers
+            .pop_front()
+            .or_else(|| script.repeat.clone())
+            .unwrap_or_else(|| Answer::Status(500, None, "the script ran out".into()))
+    };
+    match answer {
+        Answer::Json(value) => axum::Json(value).into_response(),
+        Answer::Status(status, retry_after, message) => {
+            let mut response = (
+                StatusCode::from_u16(status).unwrap(),
+                axum::Json(json!({"error": {"message": message, "type": "test"}})),
+            )
+                .into_response();
+            if let Some(seconds) = retry_after {
+                response
+                    .headers_mut()
+                    .insert("retry-after", seconds.to_string().parse().unwrap());
+            }
+            response
+        }
+        Answer::Stream(chunks) => {
+            let mut body = String::new();
+            for chunk in chunks {
+                body.push_str(&format!("data: {chunk}\n\n"));
+            }
+            body.push_str("data: [DONE]\n\n");
+            ([("content-type", "text/event-stream")], body).into_response()
+        }
+    }
+}
+
+/// A chunk carrying a text delta.
+pub fn text_chunk(text: &str) -> Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+}
+
+/// A streamed text answer, one chunk per piece.
+pub fn text_answer(pieces: &[&str]) -> Answer {
+    let mut chunks: Vec<Value> = pieces.iter().map(|p| text_chunk(p)).collect();
+    chunks.push(finish("stop"));
+    Answer::Stream(chunks)
+}
+
+/// The last chunk of an answer.
+pub fn finish(reason: &str) -> Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+}
+
+/// A chunk of tool call `index`: its id and name (first chunk) and a piece of
+/// its arguments.
+pub fn tool_chunk(index: u32, id_and_name: Option<(&str, &str)>, arguments: &str) -> Value {
+    let mut call = json!({"index": index, "function": {"arguments": arguments}});
+    if let Some((id, name)) = id_and_name {
+        call["id"] = json!(id);
+        call["type"] = json!("function");
+        call["function"]["name"] = json!(name);
+    }
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": null}]})
+}
+
+/// A streamed answer calling each `(id, name, arguments)` once, every
+/// argument split into 3-byte pieces and the calls interleaved.
+pub fn calls_answer(calls: &[(&str, &str, &str)]) -> Answer {
+    let mut chunks = Vec::new();
+    for (index, (id, name, _)) in calls.iter().enumerate() {
+        chunks.push(tool_chunk(index as u32, Some((id, name)), ""));
+    }
+    let pieces: Vec<Vec<String>> = calls
+        .iter()
+        .map(|(_, _, args)| {
+            args.as_bytes()
+                .chunks(3)
+                .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                .collect()
+        })
+        .collect();
+    let longest = pieces.iter().map(Vec::len).max().unwrap_or(0);
+    for round in 0..longest {
+        for (index, call_pieces) in pieces.iter().enumerate() {
+            if let Some(piece) = call_pieces.get(round) {
+                chunks.push(tool_chunk(index as u32, None, piece));
+            }
+        }
+    }
+    chunks.push(finish("tool_calls"));
+    Answer::Stream(chunks)
+}

@@ -1,0 +1,429 @@
+//! The generation loop through the real binary, against a scripted
+//! OpenAI-compatible stand-in: text turns streamed as tokens, tool calls run
+//! through the call path and answered in call order, permission refusals the
+//! model reads, the step limit, retries, a provider that is down, and no
+//! provider at all.
+
+mod common;
+
+use std::time::Duration;
+
+use common::events::Events;
+use common::model::{Answer, StandIn, calls_answer, text_answer};
+use common::{SpawnOptions, TestServer, spawn_app, spawn_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn with_model(stand_in: &StandIn) -> TestServer {
+    spawn_with(SpawnOptions {
+        env: stand_in.env(),
+        ..Default::default()
+    })
+    .await
+}
+
+/// Posts a floor and answers the 202's data.
+async fn turn(server: &TestServer, session: &str, content: &str) -> Value {
+    let reply = server
+        .post(&format!("/sessions/{session}/floors"), json!({"content": content}))
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+/// Events of the stream until `run_finished` or `run_failed` (that one last).
+async fn until_run_ends(events: &mut Events) -> Vec<(String, Value)> {
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(40), events.next())
+            .await
+            .expect("the run did not end within 40 s");
+        let end = event.kind == "run_finished" || event.kind == "run_failed";
+        seen.push((event.kind, event.data));
+        if end {
+            return seen;
+        }
+    }
+}
+
+fn kinds(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(kind, _)| kind.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_turn_without_tools_streams_its_tokens_in_order() {
+    let stand_in = StandIn::start(vec![text_answer(&["Hel", "lo", ", wor", "ld"])]).await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "hi there").await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    assert!(started["floor_id"].is_string() && started["page_id"].is_string(), "{started}");
+
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen[0].0, "run_started", "{seen:?}");
+    let tokens: String = seen
+        .iter()
+        .filter(|(kind, _)| kind == "token")
+        .map(|(_, data)| data["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, "Hello, world");
+    let (last, data) = seen.last().unwrap();
+    assert_eq!(last, "run_finished");
+    assert_eq!(data["content"], "Hello, world");
+    assert!(seen.iter().all(|(_, data)| data["run_id"] == run_id.as_str()), "{seen:?}");
+
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 1, "a default run makes one model request");
+    assert_eq!(requests[0]["stream"], true);
+    assert_eq!(requests[0]["model"], "stand-in");
+    let messages = requests[0]["messages"].as_array().unwrap();
+    assert_eq!(messages.last().unwrap()["content"], "hi there");
+    assert!(requests[0]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+
+    // The next floor commits the finished page; its text is the history.
+    stand_in.repeat(text_answer(&["again"]));
+    turn(&server, &session, "second").await;
+    until_run_ends(&mut events).await;
+    let floors = server.get(&format!("/sessions/{session}/floors")).await;
+    let first = &floors.body["data"][0];
+    assert_eq!(first["active_page_id"], started["page_id"], "{floors:?}");
+    let second_request = &stand_in.requests()[1];
+    let history = second_request["messages"].to_string();
+    assert!(history.contains("Hello, world") && history.contains("hi there"), "{history}");
+}
+
+#[tokio::test]
+async fn tool_calls_run_through_the_call_path_and_answer_in_call_order() {
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[
+            ("call_a", "roll_dice", r#"{"sides": 6}"#),
+            ("call_b", "get_time", "{}"),
+            ("call_c", "random_choice", r#"{"options": ["x", "y"]}"#),
+        ]),
+        text_answer(&["done"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "roll").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
+    let kinds = kinds(&seen);
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_call_started").count(), 3, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_call_finished").count(), 3, "{kinds:?}");
+
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let tool_messages: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
+    let ids: Vec<&str> = tool_messages.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["call_a", "call_b", "call_c"], "results in call order");
+    let assistant = messages.iter().find(|m| m["role"] == "assistant").unwrap();
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"], r#"{"sides": 6}"#,
+        "arguments split across chunks are assembled"
+    );
+
+    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
+    let rows = rows.body["data"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["run_id"], started["run_id"]);
+        assert_eq!(row["floor_id"], started["floor_id"]);
+        assert_eq!(row["page_id"], started["page_id"]);
+        assert_eq!(row["caller_slot"], "narrator");
+        assert_eq!(row["status"], "success", "{row}");
+    }
+}
+
+#[tokio::test]
+async fn a_denied_tool_is_not_offered_and_its_refusal_reaches_the_model() {
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[("call_1", "roll_dice", r#"{"sides": 6}"#)]),
+        text_answer(&["ok"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["roll_dice"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "roll").await;
+    until_run_ends(&mut events).await;
+    let requests = stand_in.requests();
+    let offered = requests[0]["tools"].to_string();
+    assert!(!offered.contains("roll_dice"), "the denied tool is offered: {offered}");
+    let tool_message = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .unwrap()
+        .clone();
+    let content = tool_message["content"].as_str().unwrap();
+    assert!(content.contains("denied"), "{content}");
+}
+
+#[tokio::test]
+async fn the_step_limit_ends_a_model_that_calls_tools_forever() {
+    let stand_in = StandIn::start(Vec::new()).await;
+    stand_in.repeat(calls_answer(&[("call_x", "get_time", "{}")]));
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"max_steps_per_generation": 2}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "loop").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 3, "N answers with calls, then one without tools");
+    assert!(requests[2].get("tools").is_none_or(Value::is_null), "{}", requests[2]);
+    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
+    assert_eq!(rows.body["meta"]["total"], 2, "the last answer's calls are not run");
+}
+
+#[tokio::test]
+async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly() {
+    let stand_in = StandIn::start(vec![
+        Answer::Status(429, Some(0), "slow down".into()),
+        text_answer(&["after the wait"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "hello").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().1["content"], "after the wait", "{seen:?}");
+
+    stand_in.repeat(Answer::Status(503, None, "the model is down".into()));
+    turn(&server, &session, "again").await;
+    let seen = until_run_ends(&mut events).await;
+    let (last, data) = seen.last().unwrap();
+    assert_eq!(last, "run_failed", "{seen:?}");
+    assert_eq!(data["error"]["status"], 503, "{data}");
+    assert!(data["error"]["message"].as_str().unwrap().contains("the model is down"), "{data}");
+    assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
+    assert!(!log.contains("sk-test-stand-in-key"), "the API key is in the log");
+}
+
+#[tokio::test]
+async fn without_a_model_the_floor_is_stored_with_run_null() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let reply = server
+        .post(&format!("/sessions/{session}/floors"), json!({"content": "hello"}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    assert_eq!(reply.body["data"]["run"], Value::Null);
+    assert_eq!(reply.body["data"]["run_error"]["code"], "model_not_configured");
+    assert_eq!(reply.body["data"]["content"], "hello");
+    let floors = server.get(&format!("/sessions/{session}/floors")).await;
+    assert_eq!(floors.body["data"].as_array().unwrap().len(), 1);
+}
+
+/// A loopback callback whose `/hold` answers only once released; counts calls.
+#[derive(Clone)]
+struct Hold {
+    base: String,
+    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Hold {
+    async fn start() -> Self {
+        use axum::extract::State;
+        let (release, _) = tokio::sync::watch::channel(false);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hold = Hold {
+            base: format!("http://{}", listener.local_addr().unwrap()),
+            hits: Default::default(),
+            release: std::sync::Arc::new(release),
+        };
+        let app = axum::Router::new()
+            .route(
+                "/hold",
+                axum::routing::post(|State(h): State<Hold>| async move {
+                    h.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mut released = h.release.subscribe();
+                    let _ = released.wait_for(|r| *r).await;
+                    axum::Json(json!({"output": "held result", "is_error": false}))
+                }),
+            )
+            .with_state(hold.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        hold
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait_hits(&self, n: usize) {
+        let this = self.clone();
+        common::wait_until(Duration::from_secs(20), "the callback to be called", || {
+            let this = this.clone();
+            async move { this.hits() >= n }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
+    let hold = Hold::start().await;
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[("call_1", "slow_tool", "{}")]),
+        text_answer(&["done"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "slow_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "none"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "go").await;
+    hold.wait_hits(1).await;
+    common::register_remote(
+        &server,
+        json!({"name": "fresh_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30}),
+    )
+    .await;
+    hold.release.send_replace(true);
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
+    let requests = stand_in.requests();
+    assert!(!requests[0]["tools"].to_string().contains("fresh_tool"));
+    assert!(requests[1]["tools"].to_string().contains("fresh_tool"), "{}", requests[1]["tools"]);
+}
+
+#[tokio::test]
+async fn cancel_stops_the_run_between_steps_and_the_started_call_is_journalled() {
+    let hold = Hold::start().await;
+    let stand_in = StandIn::start(vec![calls_answer(&[("call_1", "slow_tool", "{}")])]).await;
+    stand_in.repeat(text_answer(&["never asked"]));
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "slow_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "none"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "go").await;
+    let run_id = started["run_id"].as_str().unwrap();
+    hold.wait_hits(1).await;
+    let cancelled = server.post(&format!("/runs/{run_id}/cancel"), json!({})).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
+    assert_eq!(cancelled.body["data"]["cancelled"], true);
+    hold.release.send_replace(true);
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_failed", "{seen:?}");
+    assert_eq!(stand_in.requests().len(), 1, "no model request after the cancel");
+    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
+    assert_eq!(rows.body["data"][0]["status"], "discarded", "{rows:?}");
+}
+
+#[tokio::test]
+async fn regenerate_makes_a_new_page_and_selecting_one_commits_it() {
+    let stand_in = StandIn::start(vec![text_answer(&["first"]), text_answer(&["second"])]).await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let first = turn(&server, &session, "hello").await;
+    until_run_ends(&mut events).await;
+    let floor_id = first["floor_id"].as_str().unwrap();
+    let again = server
+        .post(&format!("/floors/{floor_id}/regenerate"), json!({}))
+        .await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{again:?}");
+    assert_eq!(again.body["data"]["floor_id"], floor_id);
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().1["content"], "second", "{seen:?}");
+    let floor = server.get(&format!("/floors/{floor_id}")).await;
+    let pages: Vec<&str> = floor.body["data"]["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(pages, ["first", "second"], "earlier pages keep their text");
+
+    let page = first["page_id"].as_str().unwrap();
+    let selected = server.post(&format!("/pages/{page}/select"), json!({})).await;
+    assert_eq!(selected.status, StatusCode::OK, "{selected:?}");
+    assert_eq!(selected.body["data"]["state"], "committed");
+    let second_run = again.body["data"]["run_id"].as_str().unwrap();
+    let other = server.get(&format!("/runs/{second_run}")).await;
+    assert_eq!(other.body["data"]["state"], "discarded", "{other:?}");
+    let floor = server.get(&format!("/floors/{floor_id}")).await;
+    assert_eq!(floor.body["data"]["active_page_id"], page);
+}
+
+#[tokio::test]
+async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
+    let hold = Hold::start().await;
+    hold.release.send_replace(true);
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[("call_1", "send_gift", r#"{"to": "ann"}"#)]),
+        text_answer(&["sent"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "send_gift", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "irreversible"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let reply = server
+        .patch(&format!("/sessions/{session}/tool-permissions"), json!({"allow_irreversible": true}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let mut events = Events::open(&server, &session).await;
+    let first = turn(&server, &session, "send it").await;
+    until_run_ends(&mut events).await;
+    assert_eq!(hold.hits(), 1);
+    let floor_id = first["floor_id"].as_str().unwrap();
+    let refused = server
+        .post(&format!("/floors/{floor_id}/regenerate"), json!({}))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    assert_eq!(refused.code(), "tool_replay_confirmation_required");
+    let ids: Vec<String> = refused.body["error"]["blocking_executions"]
+        .as_array()
+        .or_else(|| refused.body["blocking_executions"].as_array())
+        .expect("the blocking executions are named")
+        .iter()
+        .map(|e| e["id"].as_str().or(e["execution_id"].as_str()).unwrap().to_owned())
+        .collect();
+    assert!(!ids.is_empty());
+    assert_eq!(hold.hits(), 1, "nothing ran without confirmation");
+    stand_in.repeat(text_answer(&["no gift this time"]));
+    let confirmed = server
+        .post(
+            &format!("/floors/{floor_id}/regenerate"),
+            json!({"confirmed_execution_ids": ids}),
+        )
+        .await;
+    assert_eq!(confirmed.status, StatusCode::ACCEPTED, "{confirmed:?}");
+    until_run_ends(&mut events).await;
+    assert_eq!(hold.hits(), 1, "the irreversible callback ran exactly once");
+}
