@@ -129,10 +129,12 @@ struct Inner {
 }
 
 impl LlmClient {
+    /// A client with the server's timeouts, retries and caps.
     pub fn new(config: LlmConfig) -> anyhow::Result<Self> {
         Self::with_tuning(config, Tuning::default())
     }
 
+    /// A client with other timeouts, retries or caps (tests, benchmarks).
     pub fn with_tuning(config: LlmConfig, tuning: Tuning) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .connect_timeout(tuning.connect_timeout)
