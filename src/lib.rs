@@ -14,6 +14,7 @@ pub mod error;
 pub mod ids;
 pub mod journal;
 pub mod listener;
+pub mod llm;
 pub mod logging;
 pub mod model_sessions;
 pub mod permissions;
