@@ -273,23 +273,11 @@ impl Settings {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./data")),
             database_url: args.database_url.or(file.database_url),
-            admin_token: args
-                .admin_token
-                .or(file.admin_token)
-                .filter(|t| !t.is_empty()),
-            secrets_key: args
-                .secrets_key
-                .or(file.secrets_key)
-                .filter(|key| !key.is_empty()),
-            llm_base_url: args
-                .llm_base_url
-                .or(file.llm_base_url)
-                .filter(|v| !v.is_empty()),
-            llm_api_key: args
-                .llm_api_key
-                .or(file.llm_api_key)
-                .filter(|v| !v.is_empty()),
-            llm_model: args.llm_model.or(file.llm_model).filter(|v| !v.is_empty()),
+            admin_token: non_empty(args.admin_token, file.admin_token),
+            secrets_key: non_empty(args.secrets_key, file.secrets_key),
+            llm_base_url: non_empty(args.llm_base_url, file.llm_base_url),
+            llm_api_key: non_empty(args.llm_api_key, file.llm_api_key),
+            llm_model: non_empty(args.llm_model, file.llm_model),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             default_character: args
                 .default_character
@@ -347,4 +335,9 @@ impl Settings {
                 .unwrap_or(Self::DEFAULT_MAX_TOOL_SCHEMA_BYTES),
         }
     }
+}
+
+/// The flag's value, else the file's; an empty string counts as unset.
+fn non_empty(flag: Option<String>, file: Option<String>) -> Option<String> {
+    flag.or(file).filter(|value| !value.is_empty())
 }

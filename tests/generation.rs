@@ -25,7 +25,10 @@ async fn with_model(stand_in: &StandIn) -> TestServer {
 /// Posts a floor and answers the 202's data.
 async fn turn(server: &TestServer, session: &str, content: &str) -> Value {
     let reply = server
-        .post(&format!("/sessions/{session}/floors"), json!({"content": content}))
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": content}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
     reply.body["data"].clone()
@@ -58,7 +61,10 @@ async fn a_turn_without_tools_streams_its_tokens_in_order() {
     let mut events = Events::open(&server, &session).await;
     let started = turn(&server, &session, "hi there").await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
-    assert!(started["floor_id"].is_string() && started["page_id"].is_string(), "{started}");
+    assert!(
+        started["floor_id"].is_string() && started["page_id"].is_string(),
+        "{started}"
+    );
 
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen[0].0, "run_started", "{seen:?}");
@@ -71,7 +77,11 @@ async fn a_turn_without_tools_streams_its_tokens_in_order() {
     let (last, data) = seen.last().unwrap();
     assert_eq!(last, "run_finished");
     assert_eq!(data["content"], "Hello, world");
-    assert!(seen.iter().all(|(_, data)| data["run_id"] == run_id.as_str()), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(_, data)| data["run_id"] == run_id.as_str()),
+        "{seen:?}"
+    );
 
     let requests = stand_in.requests();
     assert_eq!(requests.len(), 1, "a default run makes one model request");
@@ -79,7 +89,11 @@ async fn a_turn_without_tools_streams_its_tokens_in_order() {
     assert_eq!(requests[0]["model"], "stand-in");
     let messages = requests[0]["messages"].as_array().unwrap();
     assert_eq!(messages.last().unwrap()["content"], "hi there");
-    assert!(requests[0]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(
+        requests[0]["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+    );
 
     // The next floor commits the finished page; its text is the history.
     stand_in.repeat(text_answer(&["again"]));
@@ -90,7 +104,10 @@ async fn a_turn_without_tools_streams_its_tokens_in_order() {
     assert_eq!(first["active_page_id"], started["page_id"], "{floors:?}");
     let second_request = &stand_in.requests()[1];
     let history = second_request["messages"].to_string();
-    assert!(history.contains("Hello, world") && history.contains("hi there"), "{history}");
+    assert!(
+        history.contains("Hello, world") && history.contains("hi there"),
+        "{history}"
+    );
 }
 
 #[tokio::test]
@@ -111,14 +128,25 @@ async fn tool_calls_run_through_the_call_path_and_answer_in_call_order() {
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
     let kinds = kinds(&seen);
-    assert_eq!(kinds.iter().filter(|k| **k == "tool_call_started").count(), 3, "{kinds:?}");
-    assert_eq!(kinds.iter().filter(|k| **k == "tool_call_finished").count(), 3, "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "tool_call_started").count(),
+        3,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "tool_call_finished").count(),
+        3,
+        "{kinds:?}"
+    );
 
     let requests = stand_in.requests();
     assert_eq!(requests.len(), 2);
     let messages = requests[1]["messages"].as_array().unwrap();
     let tool_messages: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
-    let ids: Vec<&str> = tool_messages.iter().map(|m| m["tool_call_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = tool_messages
+        .iter()
+        .map(|m| m["tool_call_id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, ["call_a", "call_b", "call_c"], "results in call order");
     let assistant = messages.iter().find(|m| m["role"] == "assistant").unwrap();
     assert_eq!(
@@ -126,7 +154,9 @@ async fn tool_calls_run_through_the_call_path_and_answer_in_call_order() {
         "arguments split across chunks are assembled"
     );
 
-    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
+    let rows = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
     let rows = rows.body["data"].as_array().unwrap().clone();
     assert_eq!(rows.len(), 3, "{rows:?}");
     for row in &rows {
@@ -159,7 +189,10 @@ async fn a_denied_tool_is_not_offered_and_its_refusal_reaches_the_model() {
     until_run_ends(&mut events).await;
     let requests = stand_in.requests();
     let offered = requests[0]["tools"].to_string();
-    assert!(!offered.contains("roll_dice"), "the denied tool is offered: {offered}");
+    assert!(
+        !offered.contains("roll_dice"),
+        "the denied tool is offered: {offered}"
+    );
     let tool_message = requests[1]["messages"]
         .as_array()
         .unwrap()
@@ -189,10 +222,23 @@ async fn the_step_limit_ends_a_model_that_calls_tools_forever() {
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
     let requests = stand_in.requests();
-    assert_eq!(requests.len(), 3, "N answers with calls, then one without tools");
-    assert!(requests[2].get("tools").is_none_or(Value::is_null), "{}", requests[2]);
-    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
-    assert_eq!(rows.body["meta"]["total"], 2, "the last answer's calls are not run");
+    assert_eq!(
+        requests.len(),
+        3,
+        "N answers with calls, then one without tools"
+    );
+    assert!(
+        requests[2].get("tools").is_none_or(Value::is_null),
+        "{}",
+        requests[2]
+    );
+    let rows = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
+    assert_eq!(
+        rows.body["meta"]["total"], 2,
+        "the last answer's calls are not run"
+    );
 }
 
 #[tokio::test]
@@ -207,7 +253,11 @@ async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly()
     let mut events = Events::open(&server, &session).await;
     turn(&server, &session, "hello").await;
     let seen = until_run_ends(&mut events).await;
-    assert_eq!(seen.last().unwrap().1["content"], "after the wait", "{seen:?}");
+    assert_eq!(
+        seen.last().unwrap().1["content"],
+        "after the wait",
+        "{seen:?}"
+    );
 
     stand_in.repeat(Answer::Status(503, None, "the model is down".into()));
     turn(&server, &session, "again").await;
@@ -215,10 +265,19 @@ async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly()
     let (last, data) = seen.last().unwrap();
     assert_eq!(last, "run_failed", "{seen:?}");
     assert_eq!(data["error"]["status"], 503, "{data}");
-    assert!(data["error"]["message"].as_str().unwrap().contains("the model is down"), "{data}");
+    assert!(
+        data["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the model is down"),
+        "{data}"
+    );
     assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
     let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
-    assert!(!log.contains("sk-test-stand-in-key"), "the API key is in the log");
+    assert!(
+        !log.contains("sk-test-stand-in-key"),
+        "the API key is in the log"
+    );
 }
 
 #[tokio::test]
@@ -226,11 +285,17 @@ async fn without_a_model_the_floor_is_stored_with_run_null() {
     let server = spawn_app().await;
     let session = server.create_session().await;
     let reply = server
-        .post(&format!("/sessions/{session}/floors"), json!({"content": "hello"}))
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "hello"}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     assert_eq!(reply.body["data"]["run"], Value::Null);
-    assert_eq!(reply.body["data"]["run_error"]["code"], "model_not_configured");
+    assert_eq!(
+        reply.body["data"]["run_error"]["code"],
+        "model_not_configured"
+    );
     assert_eq!(reply.body["data"]["content"], "hello");
     let floors = server.get(&format!("/sessions/{session}/floors")).await;
     assert_eq!(floors.body["data"].as_array().unwrap().len(), 1);
@@ -311,7 +376,11 @@ async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
     assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
     let requests = stand_in.requests();
     assert!(!requests[0]["tools"].to_string().contains("fresh_tool"));
-    assert!(requests[1]["tools"].to_string().contains("fresh_tool"), "{}", requests[1]["tools"]);
+    assert!(
+        requests[1]["tools"].to_string().contains("fresh_tool"),
+        "{}",
+        requests[1]["tools"]
+    );
 }
 
 #[tokio::test]
@@ -330,15 +399,31 @@ async fn cancel_stops_the_run_between_steps_and_the_started_call_is_journalled()
     let started = turn(&server, &session, "go").await;
     let run_id = started["run_id"].as_str().unwrap();
     hold.wait_hits(1).await;
-    let cancelled = server.post(&format!("/runs/{run_id}/cancel"), json!({})).await;
+    let cancelled = server
+        .post(&format!("/runs/{run_id}/cancel"), json!({}))
+        .await;
     assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
     assert_eq!(cancelled.body["data"]["cancelled"], true);
     hold.release.send_replace(true);
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen.last().unwrap().0, "run_failed", "{seen:?}");
-    assert_eq!(stand_in.requests().len(), 1, "no model request after the cancel");
-    let rows = server.get(&format!("/tool-executions?session_id={session}")).await;
-    assert_eq!(rows.body["data"][0]["status"], "discarded", "{rows:?}");
+    assert_eq!(
+        stand_in.requests().len(),
+        1,
+        "no model request after the cancel"
+    );
+    let rows = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
+    let row = &rows.body["data"][0];
+    assert_eq!(
+        row["status"], "success",
+        "the started call finished: {rows:?}"
+    );
+    assert_eq!(
+        row["commit_outcome"], "discarded",
+        "with its cancelled run: {rows:?}"
+    );
 }
 
 #[tokio::test]
@@ -367,7 +452,9 @@ async fn regenerate_makes_a_new_page_and_selecting_one_commits_it() {
     assert_eq!(pages, ["first", "second"], "earlier pages keep their text");
 
     let page = first["page_id"].as_str().unwrap();
-    let selected = server.post(&format!("/pages/{page}/select"), json!({})).await;
+    let selected = server
+        .post(&format!("/pages/{page}/select"), json!({}))
+        .await;
     assert_eq!(selected.status, StatusCode::OK, "{selected:?}");
     assert_eq!(selected.body["data"]["state"], "committed");
     let second_run = again.body["data"]["run_id"].as_str().unwrap();
@@ -394,7 +481,10 @@ async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
     .await;
     let session = server.create_session().await;
     let reply = server
-        .patch(&format!("/sessions/{session}/tool-permissions"), json!({"allow_irreversible": true}))
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK);
     let mut events = Events::open(&server, &session).await;
@@ -412,7 +502,13 @@ async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
         .or_else(|| refused.body["blocking_executions"].as_array())
         .expect("the blocking executions are named")
         .iter()
-        .map(|e| e["id"].as_str().or(e["execution_id"].as_str()).unwrap().to_owned())
+        .map(|e| {
+            e["id"]
+                .as_str()
+                .or(e["execution_id"].as_str())
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert!(!ids.is_empty());
     assert_eq!(hold.hits(), 1, "nothing ran without confirmation");

@@ -141,7 +141,8 @@ async fn regenerate_floor(
         .runtime
         .regenerate(&account.id, &floor_id, body.confirmed_execution_ids)
         .await?;
-    let data = serde_json::json!({"floor_id": run.floor_id, "run_id": run.id, "page_id": run.page_id});
+    let data =
+        serde_json::json!({"floor_id": run.floor_id, "run_id": run.id, "page_id": run.page_id});
     Ok((StatusCode::ACCEPTED, axum::Json(Data { data })))
 }
 
@@ -181,7 +182,10 @@ async fn cancel_run(
     CurrentAccount(account): CurrentAccount,
     Path(run_id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    let cancelled = state.runtime.cancel_generation(&account.id, &run_id).await?;
+    let cancelled = state
+        .runtime
+        .cancel_generation(&account.id, &run_id)
+        .await?;
     Ok(axum::Json(Data {
         data: serde_json::json!({"run_id": run_id, "cancelled": cancelled}),
     }))

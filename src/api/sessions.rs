@@ -140,7 +140,9 @@ async fn append_floor(
 ) -> ApiResult<(StatusCode, axum::Json<Data<serde_json::Value>>)> {
     let runtime = &state.runtime;
     let session = runtime.store.session(&account.id, &id).await?;
-    runtime.commit_finished_turn(&account.id, &session.id).await?;
+    runtime
+        .commit_finished_turn(&account.id, &session.id)
+        .await?;
     let floor = runtime
         .store
         .append_floor(&account.id, &session.id, &body.content)
@@ -160,7 +162,8 @@ async fn append_floor(
         None => {
             let code = crate::error::ErrorCode::ModelNotConfigured;
             data["run"] = serde_json::Value::Null;
-            data["run_error"] = serde_json::json!({"code": code.as_str(), "message": code.meaning()});
+            data["run_error"] =
+                serde_json::json!({"code": code.as_str(), "message": code.meaning()});
             StatusCode::CREATED
         }
     };

@@ -48,7 +48,12 @@ impl ToolRuntime {
     /// Commits the session's finished generation (its page becomes the floor's
     /// reply) before a new floor is appended; refused while one still runs.
     pub async fn commit_finished_turn(&self, account_id: &str, session_id: &str) -> Result<()> {
-        let previous = self.turns.lock().expect("turns lock").get(session_id).cloned();
+        let previous = self
+            .turns
+            .lock()
+            .expect("turns lock")
+            .get(session_id)
+            .cloned();
         match previous {
             Some(TurnState::Running(run_id, _)) => Err(still_generating(&run_id)),
             Some(TurnState::Finished(run_id)) => {
@@ -65,7 +70,11 @@ impl ToolRuntime {
 
     /// Discards the open runs of `chosen`'s floor other than `chosen`.
     pub(super) async fn discard_other_runs(&self, account_id: &str, chosen: &Run) -> Result<()> {
-        for other in self.store.open_runs_of_floor(account_id, &chosen.floor_id).await? {
+        for other in self
+            .store
+            .open_runs_of_floor(account_id, &chosen.floor_id)
+            .await?
+        {
             if other.id != chosen.id {
                 self.discard_run(account_id, &other.id).await?;
             }
@@ -100,7 +109,14 @@ impl ToolRuntime {
 
     /// Runs the generation of an opened run in a task of its own (tracked:
     /// shutdown waits for it, and stops it between steps).
-    pub(super) fn begin(&self, llm: LlmClient, account_id: &str, session_id: &str, run: Run, content: &str) {
+    pub(super) fn begin(
+        &self,
+        llm: LlmClient,
+        account_id: &str,
+        session_id: &str,
+        run: Run,
+        content: &str,
+    ) {
         let cancel = tokio_util::sync::CancellationToken::new();
         self.turns.lock().expect("turns lock").insert(
             session_id.to_owned(),
@@ -120,7 +136,11 @@ impl ToolRuntime {
 
     async fn run_turn(&self, llm: &LlmClient, turn: Turn) {
         let run = &turn.run;
-        self.emit(&turn, "run_started", json!({"floor_id": run.floor_id, "page_id": run.page_id}));
+        self.emit(
+            &turn,
+            "run_started",
+            json!({"floor_id": run.floor_id, "page_id": run.page_id}),
+        );
         tracing::info!(run_id = %run.id, session_id = %turn.session_id, "generation started");
         let ending = match self.generate(llm, &turn).await {
             Ok(ending) => ending,
@@ -132,14 +152,21 @@ impl ToolRuntime {
                     tracing::warn!(run_id = %run.id, %error, "could not store the answer");
                 }
                 tracing::info!(run_id = %run.id, "generation finished");
-                self.turns.lock().expect("turns lock").insert(
-                    turn.session_id.clone(),
-                    TurnState::Finished(run.id.clone()),
+                self.turns
+                    .lock()
+                    .expect("turns lock")
+                    .insert(turn.session_id.clone(), TurnState::Finished(run.id.clone()));
+                self.emit(
+                    &turn,
+                    "run_finished",
+                    json!({"content": text, "page_id": run.page_id}),
                 );
-                self.emit(&turn, "run_finished", json!({"content": text, "page_id": run.page_id}));
             }
             Ending::Failed(message, status) => {
-                self.turns.lock().expect("turns lock").remove(&turn.session_id);
+                self.turns
+                    .lock()
+                    .expect("turns lock")
+                    .remove(&turn.session_id);
                 tracing::warn!(run_id = %run.id, status, error = ?message, "generation failed");
                 if let Err(error) = self.discard_run(&turn.account_id, &run.id).await {
                     tracing::warn!(run_id = %run.id, %error, "could not discard the failed run");
@@ -154,7 +181,10 @@ impl ToolRuntime {
     }
 
     async fn generate(&self, llm: &LlmClient, turn: &Turn) -> Result<Ending> {
-        let session = self.store.session(&turn.account_id, &turn.session_id).await?;
+        let session = self
+            .store
+            .session(&turn.account_id, &turn.session_id)
+            .await?;
         let max_steps = ToolPermissions::from_metadata(&session.metadata)?.max_steps_per_generation;
         let mut messages = self.history(&turn.account_id, &session, &turn.run).await?;
         messages.push(json!({"role": "user", "content": turn.content}));
@@ -166,7 +196,11 @@ impl ToolRuntime {
                 return Ok(Ending::Failed("the run was cancelled".into(), None));
             }
             let last = step > max_steps;
-            let tools = if last { None } else { Some(self.offered_tools(&session).await?) };
+            let tools = if last {
+                None
+            } else {
+                Some(self.offered_tools(&session).await?)
+            };
             let request = ChatRequest {
                 model: None,
                 messages: messages.clone(),
@@ -174,7 +208,8 @@ impl ToolRuntime {
                 tool_choice: None,
                 temperature: None,
             };
-            let mut on_token = |text: &str| self.emit(turn, "token", json!({"text": text, "step": step}));
+            let mut on_token =
+                |text: &str| self.emit(turn, "token", json!({"text": text, "step": step}));
             let answer = match llm.complete(&request, &mut on_token).await {
                 Ok(answer) => answer,
                 Err(error) => return Ok(Ending::Failed(error.to_string(), error.status)),
@@ -264,7 +299,8 @@ impl ToolRuntime {
             fields.insert("run_id".into(), json!(turn.run.id));
         }
         let event = ModelSessionEvent { kind, data };
-        self.model_sessions.publish_to_session(&turn.session_id, event);
+        self.model_sessions
+            .publish_to_session(&turn.session_id, event);
     }
 }
 

@@ -6,10 +6,10 @@
 mod detach;
 mod dispatch;
 mod generation;
-mod turns;
 pub mod jobs;
 mod journal_rows;
 mod runs;
+mod turns;
 
 use std::sync::Arc;
 
@@ -84,10 +84,14 @@ impl ToolRuntime {
             )),
             Arc::new(McpProvider::new(mcp.clone())),
         ];
-        let llm = match crate::llm::LlmConfig::from_settings(&settings) {
-            Some(config) => Some(
-                crate::llm::LlmClient::new(config).context("building the model client")?,
-            ),
+        // A malformed endpoint stops the start instead of silently turning
+        // generation off.
+        let llm = match crate::llm::LlmConfig::try_from_settings(&settings)
+            .context("the model endpoint (--llm-base-url)")?
+        {
+            Some(config) => {
+                Some(crate::llm::LlmClient::new(config).context("building the model client")?)
+            }
             None => None,
         };
         Ok(Self {

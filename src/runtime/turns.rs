@@ -26,7 +26,13 @@ impl ToolRuntime {
         let floor = self.store.floor(account_id, floor_id).await?;
         self.ensure_idle(&floor.session_id)?;
         let run = self.open_run(account_id, &floor.id, confirmed).await?;
-        self.begin(llm, account_id, &floor.session_id, run.clone(), &floor.content);
+        self.begin(
+            llm,
+            account_id,
+            &floor.session_id,
+            run.clone(),
+            &floor.content,
+        );
         Ok(run)
     }
 
@@ -41,7 +47,10 @@ impl ToolRuntime {
             _ => {
                 return Err(Error::refused(
                     ErrorCode::RunNotOpen,
-                    format!("page {page_id} belongs to run {}, which was discarded", run.id),
+                    format!(
+                        "page {page_id} belongs to run {}, which was discarded",
+                        run.id
+                    ),
                 ));
             }
         };
