@@ -64,10 +64,10 @@ pub struct ServeArgs {
     /// Base URL of an OpenAI-compatible chat-completions endpoint, e.g. http://127.0.0.1:8080/v1 (default: none; floors then start no run).
     #[arg(long, env = "TOOLGATE_LLM_BASE_URL")]
     pub llm_base_url: Option<String>,
-    /// API key sent as a bearer token to the model endpoint (never logged).
+    /// API key sent as a bearer token to the model endpoint, never logged (default: none).
     #[arg(long, env = "TOOLGATE_LLM_API_KEY", hide_env_values = true)]
     pub llm_api_key: Option<String>,
-    /// Model name sent with every chat-completions request (required with --llm-base-url).
+    /// Model name sent with every chat-completions request; required with --llm-base-url (default: none).
     #[arg(long, env = "TOOLGATE_LLM_MODEL")]
     pub llm_model: Option<String>,
     /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
