@@ -523,3 +523,92 @@ async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
     until_run_ends(&mut events).await;
     assert_eq!(hold.hits(), 1, "the irreversible callback ran exactly once");
 }
+
+#[tokio::test]
+async fn parallel_calls_answer_in_call_order_while_the_slowest_finishes_last() {
+    use axum::routing::post;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/delay",
+        post(|axum::Json(body): axum::Json<Value>| async move {
+            let ms = body["arguments"]["ms"].as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            axum::Json(json!({"output": format!("waited {ms}"), "is_error": false}))
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[
+            ("slow", "wait_for", r#"{"ms": 600}"#),
+            ("fast", "wait_for", r#"{"ms": 1}"#),
+            ("middle", "wait_for", r#"{"ms": 200}"#),
+        ]),
+        text_answer(&["all done"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "wait_for", "callback_url": format!("{base}/delay"), "timeout_seconds": 30, "side_effect_level": "none",
+               "parameters": {"type": "object", "properties": {"ms": {"type": "integer"}}}}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "wait").await;
+    let seen = until_run_ends(&mut events).await;
+    let finished: Vec<&str> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_finished")
+        .map(|(_, data)| data["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        finished,
+        ["fast", "middle", "slow"],
+        "the calls ran concurrently"
+    );
+    let request = &stand_in.requests()[1];
+    let tool_messages: Vec<(String, String)> = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().to_owned(),
+                m["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tool_messages,
+        [
+            ("slow".to_owned(), "waited 600".to_owned()),
+            ("fast".to_owned(), "waited 1".to_owned()),
+            ("middle".to_owned(), "waited 200".to_owned()),
+        ],
+        "results go back in call order"
+    );
+}
+
+#[tokio::test]
+async fn an_endpoint_that_does_not_stream_answers_in_one_piece() {
+    let stand_in = StandIn::start(vec![Answer::Json(json!({
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "whole answer"}, "finish_reason": "stop"}],
+    }))])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "hi").await;
+    let seen = until_run_ends(&mut events).await;
+    let (last, data) = seen.last().unwrap();
+    assert_eq!(last, "run_finished", "{seen:?}");
+    assert_eq!(data["content"], "whole answer");
+    assert!(
+        seen.iter()
+            .any(|(kind, data)| kind == "token" && data["text"] == "whole answer")
+    );
+}
