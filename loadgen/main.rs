@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod generation;
+
 const TOKEN: &str = "tg_bench_admin_token_0123456789abcdef";
 
 /// Load generator for toolgate: register fan-out, remote and builtin tool calls,
@@ -53,7 +55,7 @@ struct Args {
     /// inspect the seeded database; default: a temporary directory.
     #[arg(long)]
     keep_dir: Option<PathBuf>,
-    /// Only these phases (comma-separated: register, remote, builtin, journal).
+    /// Only these phases (comma-separated: register, remote, builtin, generation, journal).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
 }
@@ -152,6 +154,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         builtin_phase(&args, &api, &session).await?;
     }
     drop(roles);
+    if args.wants("generation") {
+        generation::generation_phase(&args, &binary, &work.path).await?;
+    }
     if args.wants("journal") {
         server.stop().await?;
         let plan = seed_journal(&work.path, args.rows).await?;
@@ -216,6 +221,15 @@ struct Server {
 
 impl Server {
     async fn start(binary: &Path, work: &Path) -> anyhow::Result<Self> {
+        Self::start_with(binary, work, &[]).await
+    }
+
+    /// Starts toolgate with extra environment (`(name, value)` pairs).
+    async fn start_with(
+        binary: &Path,
+        work: &Path,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let data_dir = work.join("data");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -232,6 +246,7 @@ impl Server {
             .env_remove("TOOLGATE_LISTEN")
             .env_remove("TOOLGATE_DATA_DIR")
             .env_remove("TOOLGATE_CONFIG")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
