@@ -612,3 +612,51 @@ async fn an_endpoint_that_does_not_stream_answers_in_one_piece() {
             .any(|(kind, data)| kind == "token" && data["text"] == "whole answer")
     );
 }
+
+#[tokio::test]
+async fn a_character_brings_its_own_model_temperature_and_system_prompt() {
+    let stand_in = StandIn::start(vec![text_answer(&["aye"])]).await;
+    let server = with_model(&stand_in).await;
+    let created = server
+        .post(
+            "/characters",
+            json!({"name": "Pirate", "persona": "a pirate", "model": "pirate-model", "temperature": 0.3, "system_prompt": "Talk like a pirate."}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    assert_eq!(created.body["data"]["model"], "pirate-model");
+    let bad = server
+        .patch("/characters/Pirate", json!({"temperature": 7}))
+        .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{bad:?}");
+    assert!(
+        bad.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("temperature")
+    );
+    let session = server
+        .post("/sessions", json!({"character": "Pirate"}))
+        .await;
+    let session = session.body["data"]["id"].as_str().unwrap().to_owned();
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "ahoy").await;
+    until_run_ends(&mut events).await;
+    let request = &stand_in.requests()[0];
+    assert_eq!(request["model"], "pirate-model");
+    assert_eq!(request["temperature"], 0.3);
+    assert_eq!(
+        request["messages"][0],
+        json!({"role": "system", "content": "Talk like a pirate."})
+    );
+
+    let reset = server
+        .patch(
+            "/characters/Pirate",
+            json!({"model": null, "system_prompt": null}),
+        )
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{reset:?}");
+    assert_eq!(reset.body["data"]["model"], Value::Null);
+    assert_eq!(reset.body["data"]["temperature"], 0.3);
+}

@@ -25,15 +25,40 @@ pub struct CreateCharacter {
     pub description: String,
     #[serde(default)]
     pub persona: String,
+    /// The model the generation loop asks for this character (default: `TOOLGATE_LLM_MODEL`).
+    pub model: Option<String>,
+    /// Sampling temperature, 0–2 (default: the model's).
+    pub temperature: Option<f64>,
+    /// The system prompt of its turns (default: the persona).
+    pub system_prompt: Option<String>,
 }
 
-/// Body of `PATCH /characters/{name}`: at least one field.
+/// Body of `PATCH /characters/{name}`: at least one field; `null` resets
+/// `model`, `temperature` or `system_prompt` to the default.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateCharacter {
     pub name: Option<String>,
     pub description: Option<String>,
     pub persona: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub model: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<f64>, nullable)]
+    pub temperature: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub system_prompt: Option<Option<String>>,
+}
+
+/// A field that was present in the body, possibly as null.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 fn check_text(field: &str, value: &str) -> Result<(), ApiError> {
@@ -63,11 +88,27 @@ async fn create_character(
     let name = CharacterName::parse(&body.name)?;
     check_text("description", &body.description)?;
     check_text("persona", &body.persona)?;
-    let character = state
-        .runtime
-        .store
+    let overrides = crate::domain::model_overrides::ModelOverrides {
+        model: body.model,
+        temperature: body.temperature,
+        system_prompt: body.system_prompt,
+    };
+    overrides.check()?;
+    let store = &state.runtime.store;
+    let mut character = store
         .create_character(&account.id, &name, &body.description, &body.persona)
         .await?;
+    if overrides != Default::default() {
+        let patch = CharacterPatch {
+            model: Some(overrides.model),
+            temperature: Some(overrides.temperature),
+            system_prompt: Some(overrides.system_prompt),
+            ..Default::default()
+        };
+        character = store
+            .update_character(&account.id, &character.name, patch)
+            .await?;
+    }
     Ok((StatusCode::CREATED, axum::Json(Data { data: character })))
 }
 
@@ -112,16 +153,31 @@ async fn update_character(
     Path(name): Path<String>,
     Json(body): Json<UpdateCharacter>,
 ) -> ApiResult<axum::Json<Data<Character>>> {
-    if body.name.is_none() && body.description.is_none() && body.persona.is_none() {
-        return Err(ApiError::validation(
-            "PATCH needs at least one of name, description, persona",
-        ));
-    }
+    let overrides = crate::domain::model_overrides::ModelOverrides {
+        model: body.model.clone().flatten(),
+        temperature: body.temperature.flatten(),
+        system_prompt: body.system_prompt.clone().flatten(),
+    };
+    overrides.check()?;
     let patch = CharacterPatch {
         name: body.name.as_deref().map(CharacterName::parse).transpose()?,
         description: body.description,
         persona: body.persona,
+        model: body.model,
+        temperature: body.temperature,
+        system_prompt: body.system_prompt,
     };
+    if patch.name.is_none()
+        && patch.description.is_none()
+        && patch.persona.is_none()
+        && patch.model.is_none()
+        && patch.temperature.is_none()
+        && patch.system_prompt.is_none()
+    {
+        return Err(ApiError::validation(
+            "PATCH needs at least one of name, description, persona, model, temperature, system_prompt",
+        ));
+    }
     if let Some(text) = &patch.description {
         check_text("description", text)?;
     }

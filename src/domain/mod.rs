@@ -5,6 +5,7 @@ pub mod definition;
 pub mod mcp;
 pub mod mcp_input;
 pub mod mcp_rules;
+pub mod model_overrides;
 pub mod names;
 pub mod paging;
 

@@ -186,6 +186,7 @@ impl ToolRuntime {
             .session(&turn.account_id, &turn.session_id)
             .await?;
         let max_steps = ToolPermissions::from_metadata(&session.metadata)?.max_steps_per_generation;
+        let overrides = self.character_overrides(&turn.account_id, &session).await?;
         let mut messages = self.history(&turn.account_id, &session, &turn.run).await?;
         messages.push(json!({"role": "user", "content": turn.content}));
         for step in 1..=max_steps + 1 {
@@ -202,11 +203,11 @@ impl ToolRuntime {
                 Some(self.offered_tools(&session).await?)
             };
             let request = ChatRequest {
-                model: None,
+                model: overrides.model.clone(),
                 messages: messages.clone(),
                 tools,
                 tool_choice: None,
-                temperature: None,
+                temperature: overrides.temperature,
             };
             let mut on_token =
                 |text: &str| self.emit(turn, "token", json!({"text": text, "step": step}));
@@ -224,6 +225,20 @@ impl ToolRuntime {
             }
         }
         Ok(Ending::Answered(String::new()))
+    }
+
+    /// The session's character's own model settings.
+    async fn character_overrides(
+        &self,
+        account_id: &str,
+        session: &Session,
+    ) -> Result<crate::domain::model_overrides::ModelOverrides> {
+        let characters = self.store.all_characters().await?;
+        Ok(characters
+            .iter()
+            .find(|c| c.id == session.character_id && c.account_id == account_id)
+            .map(|c| c.overrides.clone())
+            .unwrap_or_default())
     }
 
     /// The narrator's tools as the model is offered them now.
@@ -269,15 +284,16 @@ impl ToolRuntime {
     /// The committed history of the session before this run's floor.
     async fn history(&self, account_id: &str, session: &Session, run: &Run) -> Result<Vec<Value>> {
         let mut messages = Vec::new();
-        // The character's persona is its system prompt.
+        // The character's system prompt, else its persona.
+        let overrides = self.character_overrides(account_id, session).await?;
         let characters = self.store.all_characters().await?;
         let persona = characters
             .iter()
             .find(|c| c.id == session.character_id && c.account_id == account_id)
-            .map(|c| c.persona.trim())
-            .filter(|persona| !persona.is_empty());
-        if let Some(persona) = persona {
-            messages.push(json!({"role": "system", "content": persona}));
+            .map(|c| c.persona.trim().to_owned());
+        let prompt = overrides.system_prompt.or(persona);
+        if let Some(prompt) = prompt.filter(|p| !p.trim().is_empty()) {
+            messages.push(json!({"role": "system", "content": prompt}));
         }
         for floor in self.store.list_floors(account_id, &session.id).await? {
             if floor.id == run.floor_id {

@@ -20,6 +20,9 @@ pub struct Character {
     pub name: String,
     pub description: String,
     pub persona: String,
+    /// The generation loop's settings for this character.
+    #[serde(flatten)]
+    pub overrides: crate::domain::model_overrides::ModelOverrides,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -30,9 +33,13 @@ pub struct CharacterPatch {
     pub name: Option<CharacterName>,
     pub description: Option<String>,
     pub persona: Option<String>,
+    /// `Some(None)` resets a value to the default.
+    pub model: Option<Option<String>>,
+    pub temperature: Option<Option<f64>>,
+    pub system_prompt: Option<Option<String>>,
 }
 
-const COLUMNS: &str = "id, account_id, name, description, persona, created_at, updated_at";
+const COLUMNS: &str = "id, account_id, name, description, persona, model, temperature, system_prompt, created_at, updated_at";
 
 fn from_row(row: &SqliteRow) -> Character {
     Character {
@@ -41,6 +48,11 @@ fn from_row(row: &SqliteRow) -> Character {
         name: row.get("name"),
         description: row.get("description"),
         persona: row.get("persona"),
+        overrides: crate::domain::model_overrides::ModelOverrides {
+            model: row.get("model"),
+            temperature: row.get("temperature"),
+            system_prompt: row.get("system_prompt"),
+        },
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
     }
@@ -68,6 +80,7 @@ impl Store {
             name: name.as_str().to_owned(),
             description: description.to_owned(),
             persona: persona.to_owned(),
+            overrides: Default::default(),
             created_at: now,
             updated_at: now,
         };
@@ -177,13 +190,26 @@ impl Store {
         if let Some(persona) = patch.persona {
             character.persona = persona;
         }
+        let overrides = &mut character.overrides;
+        if let Some(model) = patch.model {
+            overrides.model = model;
+        }
+        if let Some(temperature) = patch.temperature {
+            overrides.temperature = temperature;
+        }
+        if let Some(system_prompt) = patch.system_prompt {
+            overrides.system_prompt = system_prompt;
+        }
         character.updated_at = now_ms();
         let result = sqlx::query(
-            "UPDATE characters SET name = ?, description = ?, persona = ?, updated_at = ? WHERE id = ?",
+            "UPDATE characters SET name = ?, description = ?, persona = ?, model = ?, temperature = ?, system_prompt = ?, updated_at = ? WHERE id = ?",
         )
         .bind(&character.name)
         .bind(&character.description)
         .bind(&character.persona)
+        .bind(&character.overrides.model)
+        .bind(character.overrides.temperature)
+        .bind(&character.overrides.system_prompt)
         .bind(character.updated_at)
         .bind(&character.id)
         .execute(self.pool())
