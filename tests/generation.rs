@@ -660,3 +660,68 @@ async fn a_character_brings_its_own_model_temperature_and_system_prompt() {
     assert_eq!(reset.body["data"]["model"], Value::Null);
     assert_eq!(reset.body["data"]["temperature"], 0.3);
 }
+
+#[tokio::test]
+async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_next_turn() {
+    let hold = Hold::start().await;
+    hold.release.send_replace(true);
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[("call_later", "later_tool", r#"{"n": 1}"#)]),
+        text_answer(&["it is queued"]),
+    ])
+    .await;
+    stand_in.repeat(text_answer(&["thanks"]));
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "later_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30,
+               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "start it").await;
+    until_run_ends(&mut events).await;
+    // The next floor commits the run; its staged job is released and delivers.
+    turn(&server, &session, "anything new?").await;
+    until_run_ends(&mut events).await;
+    let server_ref = &server;
+    let session_ref = &session;
+    common::wait_until(
+        Duration::from_secs(20),
+        "the deferred result",
+        || async move {
+            let results = server_ref
+                .get(&format!("/sessions/{session_ref}/tool-results"))
+                .await;
+            results.body["data"]
+                .as_array()
+                .is_some_and(|d| !d.is_empty())
+        },
+    )
+    .await;
+    turn(&server, &session, "and now?").await;
+    until_run_ends(&mut events).await;
+    turn(&server, &session, "once more").await;
+    until_run_ends(&mut events).await;
+    let requests = stand_in.requests();
+    let given = |request: &Value| {
+        request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| {
+                m["role"] == "tool"
+                    && m["tool_call_id"] == "call_later"
+                    && m["content"] == "held result"
+            })
+            .count()
+    };
+    assert_eq!(
+        given(&requests[3]),
+        1,
+        "the delivered result is given: {}",
+        requests[3]
+    );
+    assert_eq!(given(&requests[4]), 0, "and only once: {}", requests[4]);
+}

@@ -188,6 +188,9 @@ impl ToolRuntime {
         let max_steps = ToolPermissions::from_metadata(&session.metadata)?.max_steps_per_generation;
         let overrides = self.character_overrides(&turn.account_id, &session).await?;
         let mut messages = self.history(&turn.account_id, &session, &turn.run).await?;
+        let deferred = self
+            .deferred_results(&turn.account_id, &session, &mut messages)
+            .await?;
         messages.push(json!({"role": "user", "content": turn.content}));
         for step in 1..=max_steps + 1 {
             if self.stopping.is_cancelled() {
@@ -216,6 +219,8 @@ impl ToolRuntime {
                 Err(error) => return Ok(Ending::Failed(error.to_string(), error.status)),
             };
             if answer.tool_calls.is_empty() || last {
+                // Given to the model only once it has answered with them.
+                self.store.consume_deliveries(&deferred).await?;
                 return Ok(Ending::Answered(answer.content));
             }
             messages.push(assistant_message(&answer.content, &answer.tool_calls));
@@ -225,6 +230,42 @@ impl ToolRuntime {
             }
         }
         Ok(Ending::Answered(String::new()))
+    }
+
+    /// Appends the deferred results delivered since the model last saw them,
+    /// as the call and its result; answers their delivery ids.
+    async fn deferred_results(
+        &self,
+        account_id: &str,
+        session: &Session,
+        messages: &mut Vec<Value>,
+    ) -> Result<Vec<String>> {
+        let deliveries = self
+            .store
+            .unconsumed_deliveries(account_id, &session.id)
+            .await?;
+        for delivery in &deliveries {
+            let arguments = match self
+                .store
+                .execution(account_id, &delivery.execution_id)
+                .await?
+            {
+                Some(row) => row.args.to_string(),
+                None => "{}".to_owned(),
+            };
+            let call = ModelToolCall {
+                id: delivery.call_id.clone(),
+                name: delivery.tool_name.clone(),
+                arguments,
+            };
+            messages.push(assistant_message("", std::slice::from_ref(&call)));
+            let content = match &delivery.output {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
+        }
+        Ok(deliveries.into_iter().map(|d| d.id).collect())
     }
 
     /// The session's character's own model settings.

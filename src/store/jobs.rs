@@ -286,12 +286,47 @@ impl Store {
 
     /// Results delivered to the account's session, oldest first.
     pub async fn deliveries(&self, account_id: &str, session_id: &str) -> Result<Vec<Delivery>> {
+        self.deliveries_where(account_id, session_id, false).await
+    }
+
+    /// Delivered results the generation loop has not yet given to the model.
+    pub async fn unconsumed_deliveries(
+        &self,
+        account_id: &str,
+        session_id: &str,
+    ) -> Result<Vec<Delivery>> {
+        self.deliveries_where(account_id, session_id, true).await
+    }
+
+    /// Marks deliveries as given to the model.
+    pub async fn consume_deliveries(&self, ids: &[String]) -> Result<()> {
+        let now = now_ms();
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        for id in ids {
+            sqlx::query("UPDATE session_deliveries SET consumed_at = ? WHERE id = ? AND consumed_at IS NULL")
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn deliveries_where(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        unconsumed_only: bool,
+    ) -> Result<Vec<Delivery>> {
         let session = self.session(account_id, session_id).await?;
         let rows = sqlx::query(
             "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-             execution_reason_code, created_at FROM session_deliveries WHERE session_id = ? ORDER BY created_at, id",
+             execution_reason_code, created_at FROM session_deliveries \
+             WHERE session_id = ? AND (? = 0 OR consumed_at IS NULL) ORDER BY created_at, id",
         )
         .bind(&session.id)
+        .bind(unconsumed_only)
         .fetch_all(self.pool())
         .await?;
         Ok(rows
