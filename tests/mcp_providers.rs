@@ -334,6 +334,7 @@ async fn an_http_server_that_goes_down_stays_cached_across_a_restart_and_comes_b
 async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes_tools() {
     let server = spawn_app().await;
     let session = server.create_session().await;
+    let mut events = common::events::Events::open(&server, &session).await;
     let dead = create_server(&server, http_body("dead", &dead_url(), json!({}))).await;
     // From the very first response: no snapshot and no connection.
     let first = catalog(&server, &session).await;
@@ -344,6 +345,12 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
         "{entry}"
     );
     assert_eq!(entry["tool_count"], 0);
+    let failed = events.next_of("mcp.error", Duration::from_secs(20)).await;
+    assert_eq!(failed["server_id"], dead.as_str(), "{failed}");
+    assert!(
+        failed["error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{failed}"
+    );
     let status = server.get(&format!("/mcp/servers/{dead}/status")).await;
     assert_eq!(status.status, StatusCode::OK);
     assert_eq!(status.body["data"]["attached"], true, "{status:?}");

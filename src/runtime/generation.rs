@@ -186,8 +186,14 @@ impl ToolRuntime {
             .session(&turn.account_id, &turn.session_id)
             .await?;
         let max_steps = ToolPermissions::from_metadata(&session.metadata)?.max_steps_per_generation;
-        let overrides = self.character_overrides(&turn.account_id, &session).await?;
-        let mut messages = self.history(&turn.account_id, &session, &turn.run).await?;
+        let character = self.character_of(&turn.account_id, &session).await?;
+        let overrides = character
+            .as_ref()
+            .map(|c| c.overrides.clone())
+            .unwrap_or_default();
+        let mut messages = self
+            .history(&turn.account_id, &session, character.as_ref(), &turn.run)
+            .await?;
         let deferred = self
             .deferred_results(&turn.account_id, &session, &mut messages)
             .await?;
@@ -268,18 +274,17 @@ impl ToolRuntime {
         Ok(deliveries.into_iter().map(|d| d.id).collect())
     }
 
-    /// The session's character's own model settings.
-    async fn character_overrides(
+    /// The session's character (from the cached character list).
+    async fn character_of(
         &self,
         account_id: &str,
         session: &Session,
-    ) -> Result<crate::domain::model_overrides::ModelOverrides> {
+    ) -> Result<Option<crate::store::Character>> {
         let characters = self.store.all_characters().await?;
         Ok(characters
             .iter()
             .find(|c| c.id == session.character_id && c.account_id == account_id)
-            .map(|c| c.overrides.clone())
-            .unwrap_or_default())
+            .cloned())
     }
 
     /// The narrator's tools as the model is offered them now.
@@ -323,16 +328,21 @@ impl ToolRuntime {
     }
 
     /// The committed history of the session before this run's floor.
-    async fn history(&self, account_id: &str, session: &Session, run: &Run) -> Result<Vec<Value>> {
+    async fn history(
+        &self,
+        account_id: &str,
+        session: &Session,
+        character: Option<&crate::store::Character>,
+        run: &Run,
+    ) -> Result<Vec<Value>> {
         let mut messages = Vec::new();
         // The character's system prompt, else its persona.
-        let overrides = self.character_overrides(account_id, session).await?;
-        let characters = self.store.all_characters().await?;
-        let persona = characters
-            .iter()
-            .find(|c| c.id == session.character_id && c.account_id == account_id)
-            .map(|c| c.persona.trim().to_owned());
-        let prompt = overrides.system_prompt.or(persona);
+        let prompt = character.and_then(|c| {
+            c.overrides
+                .system_prompt
+                .clone()
+                .or_else(|| Some(c.persona.trim().to_owned()))
+        });
         if let Some(prompt) = prompt.filter(|p| !p.trim().is_empty()) {
             messages.push(json!({"role": "system", "content": prompt}));
         }
