@@ -243,20 +243,24 @@ async fn publish_tools(
             update.await;
         }
     }
-    shared.snapshots.lock().expect("snapshots lock").insert(
+    let previous = shared.snapshots.lock().expect("snapshots lock").insert(
         slot.server.id.clone(),
         Snapshot {
             tools: tools.clone(),
             at,
         },
     );
-    let stored = serde_json::to_value(tools.as_ref()).unwrap_or_default();
-    if let Err(error) = shared
-        .store
-        .save_mcp_snapshot(&slot.server.id, &stored, at)
-        .await
-    {
-        tracing::warn!(server_id = %slot.server.id, %error, "could not store an MCP tool snapshot");
+    // A refresh that lists the same tools (every poll, every reconnect) has
+    // nothing new to store.
+    if previous.is_none_or(|previous| previous.tools != tools) {
+        let stored = serde_json::to_value(tools.as_ref()).unwrap_or_default();
+        if let Err(error) = shared
+            .store
+            .save_mcp_snapshot(&slot.server.id, &stored, at)
+            .await
+        {
+            tracing::warn!(server_id = %slot.server.id, %error, "could not store an MCP tool snapshot");
+        }
     }
     if !was_connected {
         publish(
