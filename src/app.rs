@@ -30,8 +30,10 @@ impl App {
         // take them all (the connection cap is fitted under this limit).
         let open_files = listener::raise_open_file_limit();
         let limits = ConnectionLimits::new(&settings, open_files);
-        let (secrets, key_source) =
-            SecretsKey::load(settings.secrets_key.as_deref(), &settings.data_dir)?;
+        let (secrets, key_source) = SecretsKey::load(
+            settings.secrets_key.as_ref().map(|k| k.expose()),
+            &settings.data_dir,
+        )?;
         log_key_source(&key_source);
         let store = Store::open_with_secrets(
             settings.database_url.as_deref(),

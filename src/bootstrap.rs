@@ -24,7 +24,7 @@ pub async fn ensure_defaults(store: &Store, settings: &Settings) -> anyhow::Resu
     if store.count_accounts().await? > 0 {
         return Ok(Bootstrap::default());
     }
-    let configured = settings.admin_token.clone();
+    let configured = settings.admin_token.as_ref().map(|t| t.expose().to_owned());
     let created = store
         .create_account("default", true, configured.clone())
         .await

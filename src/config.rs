@@ -39,6 +39,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// What the generation loop asks of the model's tool use on a turn's first
+/// step: `auto` sends no `tool_choice` (the model decides), `required` sends
+/// `"tool_choice": "required"` so the first answer must call a tool (small
+/// local models emit real tool calls only when told to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FirstToolChoice {
+    #[default]
+    Auto,
+    Required,
+}
+
 /// Flags of `toolgate serve`; each may also come from the environment or the file.
 ///
 /// Each help line states the default: the fields are `Option`s (not clap
@@ -70,6 +82,9 @@ pub struct ServeArgs {
     /// Model name sent with every chat-completions request; required with --llm-base-url (default: none).
     #[arg(long, env = "TOOLGATE_LLM_MODEL")]
     pub llm_model: Option<String>,
+    /// Tool choice of a turn's first model request when tools are offered: `auto` (the model decides) or `required` (it must call one; for small local models) (default: auto).
+    #[arg(long, env = "TOOLGATE_LLM_FIRST_TOOL_CHOICE")]
+    pub llm_first_tool_choice: Option<FirstToolChoice>,
     /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
     #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -144,6 +159,7 @@ struct FileSettings {
     llm_base_url: Option<String>,
     llm_api_key: Option<String>,
     llm_model: Option<String>,
+    llm_first_tool_choice: Option<FirstToolChoice>,
     log_format: Option<LogFormat>,
     default_character: Option<String>,
     body_limit_bytes: Option<usize>,
@@ -161,19 +177,50 @@ struct FileSettings {
     max_tool_schema_bytes: Option<usize>,
 }
 
+/// A configured secret (API key, token): its Debug form never shows the value,
+/// so printing the settings cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretString(String);
+
+impl SecretString {
+    /// The secret itself, for the one place that must send or use it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for SecretString {
+    fn from(secret: String) -> Self {
+        Self(secret)
+    }
+}
+
+impl From<&str> for SecretString {
+    fn from(secret: &str) -> Self {
+        Self(secret.to_owned())
+    }
+}
+
+impl std::fmt::Debug for SecretString {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// Fully resolved settings of a running server.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<SecretString>,
     /// The secrets key as configured (hex); None uses the data directory's key file.
-    pub secrets_key: Option<String>,
+    pub secrets_key: Option<SecretString>,
     /// The model endpoint (`--llm-base-url`); None: no generation loop.
     pub llm_base_url: Option<String>,
-    pub llm_api_key: Option<String>,
+    pub llm_api_key: Option<SecretString>,
     pub llm_model: Option<String>,
+    pub llm_first_tool_choice: FirstToolChoice,
     pub log_format: LogFormat,
     pub default_character: String,
     pub body_limit_bytes: usize,
@@ -273,11 +320,15 @@ impl Settings {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./data")),
             database_url: args.database_url.or(file.database_url),
-            admin_token: non_empty(args.admin_token, file.admin_token),
-            secrets_key: non_empty(args.secrets_key, file.secrets_key),
+            admin_token: non_empty(args.admin_token, file.admin_token).map(SecretString),
+            secrets_key: non_empty(args.secrets_key, file.secrets_key).map(SecretString),
             llm_base_url: non_empty(args.llm_base_url, file.llm_base_url),
-            llm_api_key: non_empty(args.llm_api_key, file.llm_api_key),
+            llm_api_key: non_empty(args.llm_api_key, file.llm_api_key).map(SecretString),
             llm_model: non_empty(args.llm_model, file.llm_model),
+            llm_first_tool_choice: args
+                .llm_first_tool_choice
+                .or(file.llm_first_tool_choice)
+                .unwrap_or_default(),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             default_character: args
                 .default_character
@@ -340,4 +391,22 @@ impl Settings {
 /// The flag's value, else the file's; an empty string counts as unset.
 fn non_empty(flag: Option<String>, file: Option<String>) -> Option<String> {
     flag.or(file).filter(|value| !value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printing_settings_never_shows_a_secret() {
+        let mut settings = Settings::for_data_dir(Path::new("/tmp"));
+        settings.admin_token = Some("admin-secret-1".into());
+        settings.secrets_key = Some("key-secret-2".into());
+        settings.llm_api_key = Some("model-secret-3".into());
+        let printed = format!("{settings:?}");
+        for secret in ["admin-secret-1", "key-secret-2", "model-secret-3"] {
+            assert!(!printed.contains(secret), "{secret} printed: {printed}");
+        }
+        assert!(printed.contains("<redacted>"));
+    }
 }

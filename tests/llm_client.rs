@@ -145,6 +145,7 @@ fn config(base_url: &str, key: Option<&str>) -> LlmConfig {
         base_url: base_url.parse().unwrap(),
         api_key: key.map(str::to_owned),
         model: "test-model".into(),
+        first_tool_choice: Default::default(),
     }
 }
 

@@ -26,6 +26,8 @@ pub struct LlmConfig {
     /// Sent as `Authorization: Bearer`; never printed.
     pub api_key: Option<String>,
     pub model: String,
+    /// What the first step of a turn asks of the model's tool use.
+    pub first_tool_choice: crate::config::FirstToolChoice,
 }
 
 impl LlmConfig {
@@ -55,8 +57,9 @@ impl LlmConfig {
         }
         Ok(Some(Self {
             base_url,
-            api_key: settings.llm_api_key.clone(),
+            api_key: settings.llm_api_key.as_ref().map(|k| k.expose().to_owned()),
             model: model.clone(),
+            first_tool_choice: settings.llm_first_tool_choice,
         }))
     }
 
@@ -75,6 +78,7 @@ impl fmt::Debug for LlmConfig {
             .field("base_url", &self.base_url.as_str())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("model", &self.model)
+            .field("first_tool_choice", &self.first_tool_choice)
             .finish()
     }
 }
@@ -129,6 +133,15 @@ struct Inner {
 }
 
 impl LlmClient {
+    /// The `tool_choice` of a turn's first request that offers tools: None
+    /// lets the model decide.
+    pub fn first_tool_choice(&self) -> Option<serde_json::Value> {
+        match self.inner.config.first_tool_choice {
+            crate::config::FirstToolChoice::Auto => None,
+            crate::config::FirstToolChoice::Required => Some(serde_json::json!("required")),
+        }
+    }
+
     /// A client with the server's timeouts, retries and caps.
     pub fn new(config: LlmConfig) -> anyhow::Result<Self> {
         Self::with_tuning(config, Tuning::default())
@@ -262,6 +275,7 @@ mod tests {
             base_url: url::Url::parse(base).unwrap(),
             api_key: Some("sk-secret-123".into()),
             model: "m".into(),
+            first_tool_choice: Default::default(),
         }
     }
 

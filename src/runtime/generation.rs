@@ -211,11 +211,16 @@ impl ToolRuntime {
             } else {
                 Some(self.offered_tools(&session).await?)
             };
+            // Forcing a call only makes sense when there is a tool to call.
+            let tool_choice = match &tools {
+                Some(offered) if step == 1 && !offered.is_empty() => llm.first_tool_choice(),
+                _ => None,
+            };
             let request = ChatRequest {
                 model: overrides.model.clone(),
                 messages: messages.clone(),
                 tools,
-                tool_choice: None,
+                tool_choice,
                 temperature: overrides.temperature,
             };
             let mut on_token =
