@@ -83,6 +83,13 @@ impl App {
         // The embedded database has one instance: a job still marked running was
         // lost with the previous process.
         let lost = store.expire_lost_jobs(true).await?;
+        let interrupted = runtime.discard_interrupted_generations().await?;
+        if interrupted > 0 {
+            tracing::warn!(
+                interrupted,
+                "generations interrupted by the previous stop were discarded"
+            );
+        }
         if !lost.is_empty() {
             tracing::warn!(executions = ?lost, "jobs interrupted by the previous stop are now uncertain");
         }

@@ -9,49 +9,12 @@ mod common;
 use std::time::Duration;
 
 use common::events::Events;
-use common::model::{Answer, StandIn, calls_answer, text_answer};
-use common::{SpawnOptions, TestServer, spawn_app, spawn_with};
+use common::model::{
+    Answer, StandIn, calls_answer, kinds, text_answer, turn, until_run_ends, with_model,
+};
+use common::spawn_app;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-async fn with_model(stand_in: &StandIn) -> TestServer {
-    spawn_with(SpawnOptions {
-        env: stand_in.env(),
-        ..Default::default()
-    })
-    .await
-}
-
-/// Posts a floor and answers the 202's data.
-async fn turn(server: &TestServer, session: &str, content: &str) -> Value {
-    let reply = server
-        .post(
-            &format!("/sessions/{session}/floors"),
-            json!({"content": content}),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
-    reply.body["data"].clone()
-}
-
-/// Events of the stream until `run_finished` or `run_failed` (that one last).
-async fn until_run_ends(events: &mut Events) -> Vec<(String, Value)> {
-    let mut seen = Vec::new();
-    loop {
-        let event = tokio::time::timeout(Duration::from_secs(40), events.next())
-            .await
-            .expect("the run did not end within 40 s");
-        let end = event.kind == "run_finished" || event.kind == "run_failed";
-        seen.push((event.kind, event.data));
-        if end {
-            return seen;
-        }
-    }
-}
-
-fn kinds(events: &[(String, Value)]) -> Vec<&str> {
-    events.iter().map(|(kind, _)| kind.as_str()).collect()
-}
 
 #[tokio::test]
 async fn a_turn_without_tools_streams_its_tokens_in_order() {

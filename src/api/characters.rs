@@ -11,6 +11,7 @@ use super::envelope::{Data, List, ListParams};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Json, Path, Query};
 use crate::domain::CharacterName;
+use crate::domain::tool::Slot;
 use crate::state::AppState;
 use crate::store::{Character, CharacterPatch};
 
@@ -31,6 +32,9 @@ pub struct CreateCharacter {
     pub temperature: Option<f64>,
     /// The system prompt of its turns (default: the persona).
     pub system_prompt: Option<String>,
+    /// Slots its turns pass through besides the narrator: any of `director`,
+    /// `verifier`, `memory` (default: none, only the narrator).
+    pub slots: Option<Vec<Slot>>,
 }
 
 /// Body of `PATCH /characters/{name}`: at least one field; `null` resets
@@ -50,6 +54,10 @@ pub struct UpdateCharacter {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<String>, nullable)]
     pub system_prompt: Option<Option<String>>,
+    /// Replaces the enabled slots; `null` or `[]` leaves only the narrator.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<Slot>>, nullable)]
+    pub slots: Option<Option<Vec<Slot>>>,
 }
 
 /// A field that was present in the body, possibly as null.
@@ -92,6 +100,7 @@ async fn create_character(
         model: body.model,
         temperature: body.temperature,
         system_prompt: body.system_prompt,
+        slots: body.slots.clone().unwrap_or_default(),
     };
     overrides.check()?;
     let store = &state.runtime.store;
@@ -103,6 +112,7 @@ async fn create_character(
             model: Some(overrides.model),
             temperature: Some(overrides.temperature),
             system_prompt: Some(overrides.system_prompt),
+            slots: body.slots,
             ..Default::default()
         };
         character = store
@@ -157,6 +167,7 @@ async fn update_character(
         model: body.model.clone().flatten(),
         temperature: body.temperature.flatten(),
         system_prompt: body.system_prompt.clone().flatten(),
+        slots: Vec::new(),
     };
     overrides.check()?;
     let patch = CharacterPatch {
@@ -166,6 +177,7 @@ async fn update_character(
         model: body.model,
         temperature: body.temperature,
         system_prompt: body.system_prompt,
+        slots: body.slots.map(Option::unwrap_or_default),
     };
     if patch.name.is_none()
         && patch.description.is_none()
@@ -173,9 +185,10 @@ async fn update_character(
         && patch.model.is_none()
         && patch.temperature.is_none()
         && patch.system_prompt.is_none()
+        && patch.slots.is_none()
     {
         return Err(ApiError::validation(
-            "PATCH needs at least one of name, description, persona, model, temperature, system_prompt",
+            "PATCH needs at least one of name, description, persona, model, temperature, system_prompt, slots",
         ));
     }
     if let Some(text) = &patch.description {

@@ -140,6 +140,8 @@ async fn append_floor(
 ) -> ApiResult<(StatusCode, axum::Json<Data<serde_json::Value>>)> {
     let runtime = &state.runtime;
     let session = runtime.store.session(&account.id, &id).await?;
+    // Taken before anything is written: two floors at once cannot both start.
+    let claim = runtime.claim_turn(&session.id)?;
     runtime
         .commit_finished_turn(&account.id, &session.id)
         .await?;
@@ -148,7 +150,7 @@ async fn append_floor(
         .append_floor(&account.id, &session.id, &body.content)
         .await?;
     let started = runtime
-        .start_turn(&account.id, &session.id, &floor.id, &body.content)
+        .start_turn(claim, &account.id, &session.id, &floor.id, &body.content)
         .await?;
     let mut data = serde_json::to_value(&floor).unwrap_or_default();
     data["floor_id"] = serde_json::json!(floor.id);

@@ -1,22 +1,21 @@
-//! The generation loop: one chat turn run end to end against the configured
-//! OpenAI-compatible model. Each step offers the narrator slot's tools as they
-//! are at that moment (so a registration lands in the very next request), runs
-//! the answer's tool calls concurrently through the call path with the run's
-//! ids and the step number, and feeds their results back in call order; the
-//! loop ends on a text answer or after `max_steps_per_generation` steps, with
-//! one last request without tools.
+//! The generation loop's lifecycle: a session's right to generate (one turn
+//! at a time, taken in the same step as the check), starting a run, ending it
+//! (its page filled and marked finished, or discarded), and committing the
+//! finished page when the session's next floor arrives — durable, so a
+//! restart loses neither.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use super::ToolRuntime;
-use crate::call::{CallArguments, ToolCall, ToolCallResult};
-use crate::catalog::Availability;
-use crate::domain::tool::Slot;
-use crate::error::Result;
-use crate::llm::{ChatRequest, LlmClient, ModelToolCall};
+use crate::error::{Error, ErrorCode, Result};
+use crate::llm::LlmClient;
 use crate::model_sessions::ModelSessionEvent;
-use crate::permissions::ToolPermissions;
-use crate::store::{Run, Session};
+use crate::store::{GenerationState, Run};
 
 /// A run the loop is driving, as the floor route started it.
 #[derive(Debug, Clone)]
@@ -26,46 +25,108 @@ pub struct Turn {
     pub run: Run,
     pub content: String,
     /// Cancelled by `POST /runs/{id}/cancel`: the loop stops before its next step.
-    pub cancel: tokio_util::sync::CancellationToken,
+    pub cancel: CancellationToken,
 }
 
-/// A session's latest generation.
+/// A session's generation in progress in this process.
 #[derive(Debug, Clone)]
-pub(super) enum TurnState {
-    /// Generating; the token stops it between steps.
-    Running(String, tokio_util::sync::CancellationToken),
-    /// Finished with an answer; committed when the next floor arrives.
-    Finished(String),
+pub(super) struct ActiveTurn {
+    claim_id: u64,
+    /// None until the claimed turn has opened its run.
+    pub run_id: Option<String>,
+    pub cancel: CancellationToken,
+}
+
+/// Every session's generation in progress, by session id.
+pub(super) type ActiveTurns = Arc<Mutex<HashMap<String, ActiveTurn>>>;
+
+/// A session's right to generate, taken in one step with the check that no
+/// other generation runs there; dropping it frees the session.
+pub struct TurnClaim {
+    turns: ActiveTurns,
+    session_id: String,
+    claim_id: u64,
+    cancel: CancellationToken,
+}
+
+static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
+
+impl TurnClaim {
+    fn attach(&self, run_id: &str) {
+        let mut turns = self.turns.lock().expect("turns lock");
+        if let Some(active) = turns.get_mut(&self.session_id)
+            && active.claim_id == self.claim_id
+        {
+            active.run_id = Some(run_id.to_owned());
+        }
+    }
+}
+
+impl Drop for TurnClaim {
+    fn drop(&mut self) {
+        let mut turns = self.turns.lock().expect("turns lock");
+        if turns
+            .get(&self.session_id)
+            .is_some_and(|active| active.claim_id == self.claim_id)
+        {
+            turns.remove(&self.session_id);
+        }
+    }
 }
 
 /// How a turn ended.
-enum Ending {
+pub(super) enum Ending {
     Answered(String),
     Failed(String, Option<u16>),
 }
 
 impl ToolRuntime {
-    /// Commits the session's finished generation (its page becomes the floor's
-    /// reply) before a new floor is appended; refused while one still runs.
-    pub async fn commit_finished_turn(&self, account_id: &str, session_id: &str) -> Result<()> {
-        let previous = self
-            .turns
-            .lock()
-            .expect("turns lock")
-            .get(session_id)
-            .cloned();
-        match previous {
-            Some(TurnState::Running(run_id, _)) => Err(still_generating(&run_id)),
-            Some(TurnState::Finished(run_id)) => {
-                self.turns.lock().expect("turns lock").remove(session_id);
-                let run = self.store.run(account_id, &run_id).await?;
-                if run.state == "open" {
-                    self.commit_run(account_id, &run_id, None).await?;
-                }
-                self.discard_other_runs(account_id, &run).await
-            }
-            None => Ok(()),
+    /// Takes the session's right to generate; refused while a generation runs.
+    /// None when no model is configured (nothing will generate).
+    pub fn claim_turn(&self, session_id: &str) -> Result<Option<TurnClaim>> {
+        if self.llm.is_none() {
+            return Ok(None);
         }
+        let mut turns = self.turns.lock().expect("turns lock");
+        if let Some(active) = turns.get(session_id) {
+            return Err(still_generating(active.run_id.as_deref()));
+        }
+        let claim = TurnClaim {
+            turns: self.turns.clone(),
+            session_id: session_id.to_owned(),
+            claim_id: NEXT_CLAIM.fetch_add(1, Ordering::Relaxed),
+            cancel: CancellationToken::new(),
+        };
+        let active = ActiveTurn {
+            claim_id: claim.claim_id,
+            run_id: None,
+            cancel: claim.cancel.clone(),
+        };
+        turns.insert(session_id.to_owned(), active);
+        Ok(Some(claim))
+    }
+
+    /// Commits the session's finished generation (its page becomes the floor's
+    /// reply, the floor's other open runs are discarded) before a new floor is
+    /// appended. Read from the store, so it holds across a restart.
+    pub async fn commit_finished_turn(&self, account_id: &str, session_id: &str) -> Result<()> {
+        let Some(run) = self
+            .store
+            .latest_finished_run(account_id, session_id)
+            .await?
+        else {
+            return Ok(());
+        };
+        let committed = match self.commit_run(account_id, &run.id, None).await {
+            Ok(committed) => committed,
+            // Committed or discarded by a client in the meantime: nothing to do.
+            Err(Error::Refused {
+                code: ErrorCode::RunNotOpen,
+                ..
+            }) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        self.discard_other_runs(account_id, &committed).await
     }
 
     /// Discards the open runs of `chosen`'s floor other than `chosen`.
@@ -85,8 +146,8 @@ impl ToolRuntime {
     /// Refuses while the session is generating.
     pub(super) fn ensure_idle(&self, session_id: &str) -> Result<()> {
         match self.turns.lock().expect("turns lock").get(session_id) {
-            Some(TurnState::Running(run_id, _)) => Err(still_generating(run_id)),
-            _ => Ok(()),
+            Some(active) => Err(still_generating(active.run_id.as_deref())),
+            None => Ok(()),
         }
     }
 
@@ -94,47 +155,50 @@ impl ToolRuntime {
     /// configured (the floor is stored all the same).
     pub async fn start_turn(
         &self,
+        claim: Option<TurnClaim>,
         account_id: &str,
         session_id: &str,
         floor_id: &str,
         content: &str,
     ) -> Result<Option<Run>> {
-        let Some(llm) = self.llm.clone() else {
+        let (Some(llm), Some(claim)) = (self.llm.clone(), claim) else {
             return Ok(None);
         };
         let run = self.open_run(account_id, floor_id, Vec::new()).await?;
-        self.begin(llm, account_id, session_id, run.clone(), content);
+        self.begin(claim, llm, account_id, session_id, run.clone(), content)
+            .await?;
         Ok(Some(run))
     }
 
     /// Runs the generation of an opened run in a task of its own (tracked:
     /// shutdown waits for it, and stops it between steps).
-    pub(super) fn begin(
+    pub(super) async fn begin(
         &self,
+        claim: TurnClaim,
         llm: LlmClient,
         account_id: &str,
         session_id: &str,
         run: Run,
         content: &str,
-    ) {
-        let cancel = tokio_util::sync::CancellationToken::new();
-        self.turns.lock().expect("turns lock").insert(
-            session_id.to_owned(),
-            TurnState::Running(run.id.clone(), cancel.clone()),
-        );
+    ) -> Result<()> {
+        self.store
+            .set_run_generation(&run.id, GenerationState::Running)
+            .await?;
+        claim.attach(&run.id);
         let turn = Turn {
             account_id: account_id.to_owned(),
             session_id: session_id.to_owned(),
             run,
             content: content.to_owned(),
-            cancel,
+            cancel: claim.cancel.clone(),
         };
         let runtime = self.clone();
         self.calls
-            .spawn(async move { runtime.run_turn(&llm, turn).await });
+            .spawn(async move { runtime.run_turn(&llm, turn, claim).await });
+        Ok(())
     }
 
-    async fn run_turn(&self, llm: &LlmClient, turn: Turn) {
+    async fn run_turn(&self, llm: &LlmClient, turn: Turn, claim: TurnClaim) {
         let run = &turn.run;
         self.emit(
             &turn,
@@ -148,14 +212,12 @@ impl ToolRuntime {
         };
         match ending {
             Ending::Answered(text) => {
-                if let Err(error) = self.store.set_page_content(&run.page_id, &text).await {
+                if let Err(error) = self.finish_answered(run, &text).await {
                     tracing::warn!(run_id = %run.id, %error, "could not store the answer");
                 }
                 tracing::info!(run_id = %run.id, "generation finished");
-                self.turns
-                    .lock()
-                    .expect("turns lock")
-                    .insert(turn.session_id.clone(), TurnState::Finished(run.id.clone()));
+                // Freed before the event: a floor posted on run_finished is accepted.
+                drop(claim);
                 self.emit(
                     &turn,
                     "run_finished",
@@ -163,14 +225,11 @@ impl ToolRuntime {
                 );
             }
             Ending::Failed(message, status) => {
-                self.turns
-                    .lock()
-                    .expect("turns lock")
-                    .remove(&turn.session_id);
                 tracing::warn!(run_id = %run.id, status, error = ?message, "generation failed");
-                if let Err(error) = self.discard_run(&turn.account_id, &run.id).await {
+                if let Err(error) = self.finish_failed(&turn.account_id, run).await {
                     tracing::warn!(run_id = %run.id, %error, "could not discard the failed run");
                 }
+                drop(claim);
                 self.emit(
                     &turn,
                     "run_failed",
@@ -180,193 +239,33 @@ impl ToolRuntime {
         }
     }
 
-    async fn generate(&self, llm: &LlmClient, turn: &Turn) -> Result<Ending> {
-        let session = self
-            .store
-            .session(&turn.account_id, &turn.session_id)
+    async fn finish_answered(&self, run: &Run, text: &str) -> Result<()> {
+        self.store.set_page_content(&run.page_id, text).await?;
+        self.store
+            .set_run_generation(&run.id, GenerationState::Finished)
+            .await
+    }
+
+    async fn finish_failed(&self, account_id: &str, run: &Run) -> Result<()> {
+        self.store
+            .set_run_generation(&run.id, GenerationState::Failed)
             .await?;
-        let max_steps = ToolPermissions::from_metadata(&session.metadata)?.max_steps_per_generation;
-        let character = self.character_of(&turn.account_id, &session).await?;
-        let overrides = character
-            .as_ref()
-            .map(|c| c.overrides.clone())
-            .unwrap_or_default();
-        let mut messages = self
-            .history(&turn.account_id, &session, character.as_ref(), &turn.run)
-            .await?;
-        let deferred = self
-            .deferred_results(&turn.account_id, &session, &mut messages)
-            .await?;
-        messages.push(json!({"role": "user", "content": turn.content}));
-        for step in 1..=max_steps + 1 {
-            if self.stopping.is_cancelled() {
-                return Ok(Ending::Failed("the server is shutting down".into(), None));
-            }
-            if turn.cancel.is_cancelled() {
-                return Ok(Ending::Failed("the run was cancelled".into(), None));
-            }
-            let last = step > max_steps;
-            let tools = if last {
-                None
-            } else {
-                Some(self.offered_tools(&session).await?)
-            };
-            // Forcing a call only makes sense when there is a tool to call.
-            let tool_choice = match &tools {
-                Some(offered) if step == 1 && !offered.is_empty() => llm.first_tool_choice(),
-                _ => None,
-            };
-            let request = ChatRequest {
-                model: overrides.model.clone(),
-                messages: messages.clone(),
-                tools,
-                tool_choice,
-                temperature: overrides.temperature,
-            };
-            let mut on_token =
-                |text: &str| self.emit(turn, "token", json!({"text": text, "step": step}));
-            let answer = match llm.complete(&request, &mut on_token).await {
-                Ok(answer) => answer,
-                Err(error) => return Ok(Ending::Failed(error.to_string(), error.status)),
-            };
-            if answer.tool_calls.is_empty() || last {
-                // Given to the model only once it has answered with them.
-                self.store.consume_deliveries(&deferred).await?;
-                return Ok(Ending::Answered(answer.content));
-            }
-            messages.push(assistant_message(&answer.content, &answer.tool_calls));
-            let results = self.run_step(turn, step, &answer.tool_calls).await;
-            for (call, result) in answer.tool_calls.iter().zip(results) {
-                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
-            }
+        self.discard_run(account_id, &run.id).await.map(drop)
+    }
+
+    /// At start-up: runs the previous process was generating have no one to
+    /// finish them; they are discarded (their calls stay journalled).
+    pub async fn discard_interrupted_generations(&self) -> Result<usize> {
+        let interrupted = self.store.interrupted_generations().await?;
+        for (account_id, run_id) in &interrupted {
+            let run = self.store.run(account_id, run_id).await?;
+            self.finish_failed(account_id, &run).await?;
+            tracing::warn!(run_id = %run_id, "a generation interrupted by the previous stop was discarded");
         }
-        Ok(Ending::Answered(String::new()))
+        Ok(interrupted.len())
     }
 
-    /// Appends the deferred results delivered since the model last saw them,
-    /// as the call and its result; answers their delivery ids.
-    async fn deferred_results(
-        &self,
-        account_id: &str,
-        session: &Session,
-        messages: &mut Vec<Value>,
-    ) -> Result<Vec<String>> {
-        let deliveries = self
-            .store
-            .unconsumed_deliveries(account_id, &session.id)
-            .await?;
-        for delivery in &deliveries {
-            let arguments = match self
-                .store
-                .execution(account_id, &delivery.execution_id)
-                .await?
-            {
-                Some(row) => row.args.to_string(),
-                None => "{}".to_owned(),
-            };
-            let call = ModelToolCall {
-                id: delivery.call_id.clone(),
-                name: delivery.tool_name.clone(),
-                arguments,
-            };
-            messages.push(assistant_message("", std::slice::from_ref(&call)));
-            let content = match &delivery.output {
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
-            };
-            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
-        }
-        Ok(deliveries.into_iter().map(|d| d.id).collect())
-    }
-
-    /// The session's character (from the cached character list).
-    async fn character_of(
-        &self,
-        account_id: &str,
-        session: &Session,
-    ) -> Result<Option<crate::store::Character>> {
-        let characters = self.store.all_characters().await?;
-        Ok(characters
-            .iter()
-            .find(|c| c.id == session.character_id && c.account_id == account_id)
-            .cloned())
-    }
-
-    /// The narrator's tools as the model is offered them now.
-    async fn offered_tools(&self, session: &Session) -> Result<Vec<Value>> {
-        let current = self.store.session(&session.account_id, &session.id).await?;
-        let catalog = self.offered_catalog(&current, Some(Slot::Narrator)).await?;
-        Ok(catalog
-            .entries
-            .iter()
-            .filter(|entry| entry.availability == Availability::Available)
-            .map(|entry| entry.to_openai_tool())
-            .collect())
-    }
-
-    /// Runs one answer's tool calls concurrently; answers each call's tool
-    /// message content, in call order.
-    async fn run_step(&self, turn: &Turn, step: u32, calls: &[ModelToolCall]) -> Vec<String> {
-        let runs = calls.iter().map(|model_call| {
-            let call = ToolCall {
-                name: model_call.name.clone(),
-                arguments: CallArguments::from_json(Some(Value::String(model_call.arguments.clone()))),
-                call_id: model_call.id.clone(),
-                caller_slot: Slot::Narrator,
-                floor_id: Some(turn.run.floor_id.clone()),
-                run_id: Some(turn.run.id.clone()),
-                step: Some(step),
-            };
-            self.emit(turn, "tool_call_started", json!({"call_id": call.call_id, "name": call.name, "step": step}));
-            async move {
-                let outcome = self.call(&turn.account_id, &turn.session_id, call).await;
-                let content = tool_message(&model_call.name, &outcome);
-                let finished = match &outcome {
-                    Ok(result) => json!({"call_id": result.call_id, "name": result.name, "status": result.status, "is_error": result.is_error, "execution_id": result.execution_id, "step": step}),
-                    Err(error) => json!({"call_id": model_call.id, "name": model_call.name, "status": "refused", "is_error": true, "error": error.to_string(), "step": step}),
-                };
-                self.emit(turn, "tool_call_finished", finished);
-                content
-            }
-        });
-        futures::future::join_all(runs).await
-    }
-
-    /// The committed history of the session before this run's floor.
-    async fn history(
-        &self,
-        account_id: &str,
-        session: &Session,
-        character: Option<&crate::store::Character>,
-        run: &Run,
-    ) -> Result<Vec<Value>> {
-        let mut messages = Vec::new();
-        // The character's system prompt, else its persona.
-        let prompt = character.and_then(|c| {
-            c.overrides
-                .system_prompt
-                .clone()
-                .or_else(|| Some(c.persona.trim().to_owned()))
-        });
-        if let Some(prompt) = prompt.filter(|p| !p.trim().is_empty()) {
-            messages.push(json!({"role": "system", "content": prompt}));
-        }
-        for floor in self.store.list_floors(account_id, &session.id).await? {
-            if floor.id == run.floor_id {
-                break;
-            }
-            let Some(active) = floor.active_page_id.as_deref() else {
-                continue;
-            };
-            messages.push(json!({"role": "user", "content": floor.content}));
-            if let Some(page) = floor.pages.iter().find(|page| page.id == active) {
-                messages.push(json!({"role": "assistant", "content": page.content}));
-            }
-        }
-        Ok(messages)
-    }
-
-    fn emit(&self, turn: &Turn, kind: &'static str, mut data: Value) {
+    pub(super) fn emit(&self, turn: &Turn, kind: &'static str, mut data: Value) {
         if let Some(fields) = data.as_object_mut() {
             fields.insert("run_id".into(), json!(turn.run.id));
         }
@@ -376,39 +275,10 @@ impl ToolRuntime {
     }
 }
 
-fn still_generating(run_id: &str) -> crate::error::Error {
-    crate::error::Error::refused(
-        crate::error::ErrorCode::GenerationInProgress,
-        format!("run {run_id} is still generating; wait for run_finished or cancel it"),
+fn still_generating(run_id: Option<&str>) -> Error {
+    let run = run_id.map_or_else(|| "a run".to_owned(), |id| format!("run {id}"));
+    Error::refused(
+        ErrorCode::GenerationInProgress,
+        format!("{run} is still generating; wait for run_finished or cancel it"),
     )
-}
-
-/// The assistant message that asked for `calls`, as the model must see it again.
-fn assistant_message(content: &str, calls: &[ModelToolCall]) -> Value {
-    let tool_calls: Vec<Value> = calls
-        .iter()
-        .map(|call| {
-            json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
-        })
-        .collect();
-    json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }, "tool_calls": tool_calls})
-}
-
-/// A call's result as the tool message the model reads: the output (JSON text
-/// unless it is a string), or why it was refused or failed.
-fn tool_message(name: &str, outcome: &Result<ToolCallResult>) -> String {
-    match outcome {
-        Ok(result) => {
-            let output = match &result.output {
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
-            };
-            if result.is_error {
-                format!("error ({}): {output}", result.status.as_str())
-            } else {
-                output
-            }
-        }
-        Err(error) => format!("the call of {name:?} was refused: {error}"),
-    }
 }

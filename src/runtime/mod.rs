@@ -3,12 +3,16 @@
 //! (`dispatch`) owns what is common to every provider; the providers are
 //! registered in `ToolRuntime::new`, one line each.
 
+mod conversation;
 mod detach;
 mod dispatch;
 mod generation;
+mod history;
 pub mod jobs;
 mod journal_rows;
 mod runs;
+mod slot_prompts;
+mod slots;
 mod turns;
 
 use std::sync::Arc;
@@ -31,7 +35,7 @@ use crate::tools::mcp::{McpHub, McpListener, McpProvider};
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
-pub use generation::Turn;
+pub use generation::{Turn, TurnClaim};
 pub use jobs::JobSignal;
 
 /// Shared tool-runtime state; cheap to clone.
@@ -54,9 +58,9 @@ pub struct ToolRuntime {
     calls: TaskTracker,
     /// The model endpoint of the generation loop; None when not configured.
     pub llm: Option<crate::llm::LlmClient>,
-    /// Each session's latest generation: running, or finished and waiting for
-    /// the next floor to commit it.
-    turns: Arc<std::sync::Mutex<std::collections::HashMap<String, generation::TurnState>>>,
+    /// Each session's generation in progress in this process (a finished one
+    /// waiting for the next floor is in the store).
+    turns: generation::ActiveTurns,
     /// Cancelled at shutdown: running generations stop between steps.
     stopping: tokio_util::sync::CancellationToken,
 }

@@ -3,7 +3,6 @@
 //! others discarded), cancel a run between steps.
 
 use super::ToolRuntime;
-use super::generation::TurnState;
 use crate::error::{Error, ErrorCode, Result};
 use crate::store::Run;
 
@@ -17,22 +16,24 @@ impl ToolRuntime {
         floor_id: &str,
         confirmed: Vec<String>,
     ) -> Result<Run> {
-        let Some(llm) = self.llm.clone() else {
+        let floor = self.store.floor(account_id, floor_id).await?;
+        let (Some(llm), Some(claim)) = (self.llm.clone(), self.claim_turn(&floor.session_id)?)
+        else {
             return Err(Error::refused(
                 ErrorCode::ModelNotConfigured,
                 "no model endpoint is configured; set TOOLGATE_LLM_BASE_URL and TOOLGATE_LLM_MODEL",
             ));
         };
-        let floor = self.store.floor(account_id, floor_id).await?;
-        self.ensure_idle(&floor.session_id)?;
         let run = self.open_run(account_id, &floor.id, confirmed).await?;
         self.begin(
+            claim,
             llm,
             account_id,
             &floor.session_id,
             run.clone(),
             &floor.content,
-        );
+        )
+        .await?;
         Ok(run)
     }
 
@@ -55,10 +56,6 @@ impl ToolRuntime {
             }
         };
         self.discard_other_runs(account_id, &chosen).await?;
-        let mut turns = self.turns.lock().expect("turns lock");
-        if matches!(turns.get(&chosen.session_id), Some(TurnState::Finished(_))) {
-            turns.remove(&chosen.session_id);
-        }
         tracing::info!(page_id, run_id = %chosen.id, "page selected");
         Ok(chosen)
     }
@@ -69,8 +66,8 @@ impl ToolRuntime {
         let run = self.store.run(account_id, run_id).await?;
         let turns = self.turns.lock().expect("turns lock");
         match turns.get(&run.session_id) {
-            Some(TurnState::Running(running, cancel)) if *running == run.id => {
-                cancel.cancel();
+            Some(active) if active.run_id.as_deref() == Some(run.id.as_str()) => {
+                active.cancel.cancel();
                 tracing::info!(run_id, "run cancellation requested");
                 Ok(true)
             }

@@ -37,9 +37,19 @@ pub struct CharacterPatch {
     pub model: Option<Option<String>>,
     pub temperature: Option<Option<f64>>,
     pub system_prompt: Option<Option<String>>,
+    /// The optional slots to enable (replacing the current set).
+    pub slots: Option<Vec<crate::domain::tool::Slot>>,
 }
 
-const COLUMNS: &str = "id, account_id, name, description, persona, model, temperature, system_prompt, created_at, updated_at";
+const COLUMNS: &str = "id, account_id, name, description, persona, model, temperature, system_prompt, slots, created_at, updated_at";
+
+/// The stored slot list (a JSON array of names); unreadable text counts as none.
+fn slots_from_column(raw: Option<String>) -> Vec<crate::domain::tool::Slot> {
+    let slots: Vec<crate::domain::tool::Slot> = raw
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    crate::domain::model_overrides::normalize_slots(&slots)
+}
 
 fn from_row(row: &SqliteRow) -> Character {
     Character {
@@ -52,6 +62,7 @@ fn from_row(row: &SqliteRow) -> Character {
             model: row.get("model"),
             temperature: row.get("temperature"),
             system_prompt: row.get("system_prompt"),
+            slots: slots_from_column(row.get("slots")),
         },
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
@@ -180,7 +191,17 @@ impl Store {
         name: &str,
         patch: CharacterPatch,
     ) -> Result<Character> {
-        let mut character = self.character(account_id, name).await?;
+        // Read, merge and write in one write transaction: two PATCHes of
+        // different fields never lose each other's change.
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ? AND account_id = ?");
+        let mut character = sqlx::query(AssertSqlSafe(sql))
+            .bind(name)
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|row| from_row(&row))
+            .ok_or_else(|| Error::not_found(format!("character {name:?}")))?;
         if let Some(new_name) = patch.name {
             character.name = new_name.as_str().to_owned();
         }
@@ -200,9 +221,14 @@ impl Store {
         if let Some(system_prompt) = patch.system_prompt {
             overrides.system_prompt = system_prompt;
         }
+        if let Some(slots) = patch.slots {
+            overrides.slots = crate::domain::model_overrides::normalize_slots(&slots);
+        }
+        let slots = (!overrides.slots.is_empty())
+            .then(|| serde_json::to_string(&overrides.slots).unwrap_or_else(|_| "[]".into()));
         character.updated_at = now_ms();
         let result = sqlx::query(
-            "UPDATE characters SET name = ?, description = ?, persona = ?, model = ?, temperature = ?, system_prompt = ?, updated_at = ? WHERE id = ?",
+            "UPDATE characters SET name = ?, description = ?, persona = ?, model = ?, temperature = ?, system_prompt = ?, slots = ?, updated_at = ? WHERE id = ?",
         )
         .bind(&character.name)
         .bind(&character.description)
@@ -210,10 +236,15 @@ impl Store {
         .bind(&character.overrides.model)
         .bind(character.overrides.temperature)
         .bind(&character.overrides.system_prompt)
+        .bind(slots)
         .bind(character.updated_at)
         .bind(&character.id)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await;
+        let result = match result {
+            Ok(done) => tx.commit().await.map(|()| done),
+            Err(err) => Err(err),
+        };
         self.sessions_changed();
         self.character_cache.invalidate_all();
         match result {

@@ -13,6 +13,7 @@ mod mcp;
 pub mod memory;
 pub mod resources;
 pub mod run_effects;
+pub mod run_generation;
 mod runs;
 mod session_metadata;
 mod sessions;
@@ -39,6 +40,7 @@ pub use mcp::{McpServerFilter, McpSnapshot};
 pub use memory::{Memory, MemoryHit};
 pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
+pub use run_generation::GenerationState;
 pub use runs::{BlockingExecution, ReplayParent, Run};
 pub use sessions::Session;
 

@@ -250,7 +250,8 @@ impl Store {
         run: &Run,
     ) -> Result<()> {
         let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
-        tracing::info!(run_id = %run.id, applied, "buffered session-state writes applied at commit");
+        let memories = super::run_generation::apply_run_memories(tx, run).await?;
+        tracing::info!(run_id = %run.id, applied, memories, "buffered session-state writes applied at commit");
         sqlx::query(
             "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
         )
@@ -270,6 +271,7 @@ impl Store {
         run: &Run,
     ) -> Result<()> {
         let dropped = super::run_effects::drop_state_effects(tx, &run.id).await?;
+        super::run_generation::drop_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
         let now = now_ms();
         sqlx::query(

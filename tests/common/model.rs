@@ -4,11 +4,15 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+
+use super::events::Events;
+use super::{SpawnOptions, TestServer, spawn_with};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -19,6 +23,8 @@ pub enum Answer {
     Json(Value),
     /// An error status with an optional Retry-After (seconds) and a message.
     Status(u16, Option<u64>, String),
+    /// No answer at all: the request is held until the client goes away.
+    Hang,
 }
 
 #[derive(Default)]
@@ -89,6 +95,7 @@ async fn complete(
             .unwrap_or_else(|| Answer::Status(500, None, "the script ran out".into()))
     };
     match answer {
+        Answer::Hang => std::future::pending().await,
         Answer::Json(value) => axum::Json(value).into_response(),
         Answer::Status(status, retry_after, message) => {
             let mut response = (
@@ -169,4 +176,43 @@ pub fn calls_answer(calls: &[(&str, &str, &str)]) -> Answer {
     }
     chunks.push(finish("tool_calls"));
     Answer::Stream(chunks)
+}
+
+pub async fn with_model(stand_in: &StandIn) -> TestServer {
+    spawn_with(SpawnOptions {
+        env: stand_in.env(),
+        ..Default::default()
+    })
+    .await
+}
+
+/// Posts a floor and answers the 202's data.
+pub async fn turn(server: &TestServer, session: &str, content: &str) -> Value {
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": content}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+/// Events of the stream until `run_finished` or `run_failed` (that one last).
+pub async fn until_run_ends(events: &mut Events) -> Vec<(String, Value)> {
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(40), events.next())
+            .await
+            .expect("the run did not end within 40 s");
+        let end = event.kind == "run_finished" || event.kind == "run_failed";
+        seen.push((event.kind, event.data));
+        if end {
+            return seen;
+        }
+    }
+}
+
+pub fn kinds(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(kind, _)| kind.as_str()).collect()
 }

@@ -1,0 +1,97 @@
+//! What the model is told about the session before the new turn: the
+//! character's system prompt, the committed history (committed pages only),
+//! and the deferred results delivered since it last saw them.
+
+use serde_json::{Value, json};
+
+use super::ToolRuntime;
+use super::conversation::assistant_message;
+use crate::error::Result;
+use crate::llm::ModelToolCall;
+use crate::store::{Character, Run, Session};
+
+impl ToolRuntime {
+    /// The session's character (from the cached character list).
+    pub(super) async fn character_of(
+        &self,
+        account_id: &str,
+        session: &Session,
+    ) -> Result<Option<Character>> {
+        let characters = self.store.all_characters().await?;
+        Ok(characters
+            .iter()
+            .find(|c| c.id == session.character_id && c.account_id == account_id)
+            .cloned())
+    }
+
+    /// The committed floors before this run's floor, as user and assistant
+    /// messages.
+    pub(super) async fn history(
+        &self,
+        account_id: &str,
+        session: &Session,
+        run: &Run,
+    ) -> Result<Vec<Value>> {
+        let mut messages = Vec::new();
+        for floor in self.store.list_floors(account_id, &session.id).await? {
+            if floor.id == run.floor_id {
+                break;
+            }
+            let Some(active) = floor.active_page_id.as_deref() else {
+                continue;
+            };
+            messages.push(json!({"role": "user", "content": floor.content}));
+            if let Some(page) = floor.pages.iter().find(|page| page.id == active) {
+                messages.push(json!({"role": "assistant", "content": page.content}));
+            }
+        }
+        Ok(messages)
+    }
+
+    /// Appends the deferred results delivered since the model last saw them,
+    /// as the call and its result; answers their delivery ids.
+    pub(super) async fn deferred_results(
+        &self,
+        account_id: &str,
+        session: &Session,
+        messages: &mut Vec<Value>,
+    ) -> Result<Vec<String>> {
+        let deliveries = self
+            .store
+            .unconsumed_deliveries(account_id, &session.id)
+            .await?;
+        for delivery in &deliveries {
+            let arguments = match self
+                .store
+                .execution(account_id, &delivery.execution_id)
+                .await?
+            {
+                Some(row) => row.args.to_string(),
+                None => "{}".to_owned(),
+            };
+            let call = ModelToolCall {
+                id: delivery.call_id.clone(),
+                name: delivery.tool_name.clone(),
+                arguments,
+            };
+            messages.push(assistant_message("", std::slice::from_ref(&call)));
+            let content = match &delivery.output {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
+        }
+        Ok(deliveries.into_iter().map(|d| d.id).collect())
+    }
+}
+
+/// The character's system prompt, else its persona; None when both are blank.
+pub(super) fn character_prompt(character: Option<&Character>) -> Option<String> {
+    let character = character?;
+    let prompt = character
+        .overrides
+        .system_prompt
+        .clone()
+        .unwrap_or_else(|| character.persona.trim().to_owned());
+    (!prompt.trim().is_empty()).then_some(prompt)
+}

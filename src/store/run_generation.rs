@@ -1,0 +1,162 @@
+//! The generation loop's durable state of a run: whether the loop is driving
+//! it, finished it (so the next floor commits its page) or gave up, and the
+//! memories its memory slot wrote, which land in the session only when the
+//! run is committed.
+
+use sqlx::Row;
+
+use super::Store;
+use super::memory::{MAX_MEMORIES_PER_SESSION, MAX_MEMORY_BYTES};
+use super::runs::Run;
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
+
+/// Most memories one run's memory slot may write.
+pub const MAX_MEMORIES_PER_RUN: usize = 16;
+
+/// Where the generation loop is with a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GenerationState {
+    Running,
+    /// The answer is on the page; the session's next floor commits it.
+    Finished,
+    Failed,
+}
+
+impl GenerationState {
+    fn as_str(self) -> &'static str {
+        match self {
+            GenerationState::Running => "running",
+            GenerationState::Finished => "finished",
+            GenerationState::Failed => "failed",
+        }
+    }
+}
+
+impl Store {
+    /// Records where the generation loop is with `run_id`.
+    pub async fn set_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
+        sqlx::query("UPDATE floor_runs SET generation = ? WHERE id = ?")
+            .bind(state.as_str())
+            .bind(run_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// The session's newest run the loop finished and nobody committed or
+    /// discarded yet: what its next floor commits.
+    pub async fn latest_finished_run(
+        &self,
+        account_id: &str,
+        session_id: &str,
+    ) -> Result<Option<Run>> {
+        let id: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM floor_runs WHERE session_id = ? AND account_id = ? \
+             AND generation = 'finished' AND state = 'open' ORDER BY created_at DESC, id DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(account_id)
+        .fetch_optional(self.pool())
+        .await?;
+        match id {
+            Some(id) => self.run(account_id, &id).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs the loop was driving when the previous process stopped (no
+    /// process drives them now), as (account id, run id).
+    pub async fn interrupted_generations(&self) -> Result<Vec<(String, String)>> {
+        let rows = sqlx::query(
+            "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open'",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| (row.get("account_id"), row.get("id")))
+            .collect())
+    }
+
+    /// Buffers the memory slot's notes in the run; blank notes are skipped,
+    /// long ones refused, and at most [`MAX_MEMORIES_PER_RUN`] are kept.
+    pub async fn add_run_memories(&self, run: &Run, notes: &[String]) -> Result<usize> {
+        if let Some(long) = notes.iter().find(|n| n.len() > MAX_MEMORY_BYTES) {
+            return Err(Error::validation(format!(
+                "a memory must be at most {MAX_MEMORY_BYTES} bytes, got {}",
+                long.len()
+            )));
+        }
+        let notes: Vec<&String> = notes
+            .iter()
+            .filter(|n| !n.trim().is_empty())
+            .take(MAX_MEMORIES_PER_RUN)
+            .collect();
+        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_ms();
+        for (seq, note) in notes.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO run_memories (run_id, seq, session_id, content, created_at) \
+                 VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_memories WHERE run_id = ?), ?, ?, ?)",
+            )
+            .bind(&run.id)
+            .bind(&run.id)
+            .bind(&run.session_id)
+            .bind(note.as_str())
+            .bind(now + seq as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(notes.len())
+    }
+}
+
+/// At commit: the run's memories become the session's, as many as the
+/// session still has room for (the rest are logged and dropped).
+pub(super) async fn apply_run_memories(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: &Run,
+) -> Result<u64> {
+    let rows =
+        sqlx::query("SELECT content, created_at FROM run_memories WHERE run_id = ? ORDER BY seq")
+            .bind(&run.id)
+            .fetch_all(&mut **tx)
+            .await?;
+    let mut applied = 0;
+    for row in &rows {
+        let written = sqlx::query(
+            "INSERT INTO session_memories (id, session_id, content, created_at) SELECT ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM session_memories WHERE session_id = ?) < ?",
+        )
+        .bind(new_id("mem"))
+        .bind(&run.session_id)
+        .bind(row.get::<String, _>("content"))
+        .bind(row.get::<i64, _>("created_at"))
+        .bind(&run.session_id)
+        .bind(MAX_MEMORIES_PER_SESSION)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        applied += written;
+    }
+    if applied < rows.len() as u64 {
+        tracing::warn!(run_id = %run.id, dropped = rows.len() as u64 - applied,
+            "the session holds the most memories it may; the run's other memories were dropped");
+    }
+    drop_run_memories(tx, run).await?;
+    Ok(applied)
+}
+
+/// At discard (and after commit): the run's buffered memories are forgotten.
+pub(super) async fn drop_run_memories(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: &Run,
+) -> Result<()> {
+    sqlx::query("DELETE FROM run_memories WHERE run_id = ?")
+        .bind(&run.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
