@@ -18,6 +18,8 @@ use crate::store::Store;
 /// A server that is bound to its address and ready to serve.
 pub struct App {
     listener: TcpListener,
+    /// The keyless `/metrics` listener (`--metrics-listen`), if configured.
+    metrics_listener: Option<TcpListener>,
     limits: ConnectionLimits,
     state: AppState,
     pub bootstrap: Bootstrap,
@@ -55,15 +57,32 @@ impl App {
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
+        crate::metrics::set_enabled(settings.metrics == crate::config::MetricsSwitch::On);
+        let metrics_listener = match settings.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the metrics listener {addr}"))?,
+            ),
+            None => None,
+        };
         let settings = Arc::new(settings);
         let runtime = ToolRuntime::new(store, settings)?;
         let state = AppState { runtime };
         Ok(Self {
             listener,
+            metrics_listener,
             limits,
             state,
             bootstrap,
         })
+    }
+
+    /// The address of the keyless metrics listener, if one is configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -100,6 +119,7 @@ impl App {
             .context("attaching the stored MCP servers")?;
         let workers = tokio_util::sync::CancellationToken::new();
         let worker = (runtime.settings.job_workers > 0).then(|| {
+            runtime.jobs.worker_started();
             tokio::spawn(crate::runtime::jobs::run_worker(
                 runtime.clone(),
                 runtime.settings.job_workers,
@@ -113,6 +133,9 @@ impl App {
             shutdown.await;
             model_sessions.close_all();
         };
+        let metrics_server = self
+            .metrics_listener
+            .map(|listener| tokio::spawn(crate::api::serve_metrics(listener, self.state.clone())));
         let router = crate::api::router(self.state);
         // Stops accepting at `shutdown`, then waits for in-flight requests.
         listener::serve(self.listener, router, self.limits, shutdown).await;
@@ -124,6 +147,9 @@ impl App {
         workers.cancel();
         if let Some(worker) = worker {
             let _ = worker.await;
+        }
+        if let Some(server) = metrics_server {
+            server.abort();
         }
         store.close().await;
         tracing::info!("shut down cleanly");

@@ -85,6 +85,10 @@ pub struct ToolCallResult {
     pub execution_reason_code: Option<ReasonCode>,
     /// The journal row of this call.
     pub execution_id: String,
+    /// Which kind of provider answered; None when no tool of that name was
+    /// found (for metrics, not part of the answer).
+    #[serde(skip)]
+    pub provider_type: Option<crate::domain::tool::ProviderType>,
 }
 
 /// The provider's answer to one call. Every failure names its reason, so that

@@ -51,6 +51,15 @@ pub enum FirstToolChoice {
     Required,
 }
 
+/// Whether the process records metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsSwitch {
+    #[default]
+    On,
+    Off,
+}
+
 /// Flags of `toolgate serve`; each may also come from the environment or the file.
 ///
 /// Each help line states the default: the fields are `Option`s (not clap
@@ -85,6 +94,12 @@ pub struct ServeArgs {
     /// Tool choice of a turn's first model request when tools are offered: `auto` (the model decides) or `required` (it must call one; for small local models) (default: auto).
     #[arg(long, env = "TOOLGATE_LLM_FIRST_TOOL_CHOICE")]
     pub llm_first_tool_choice: Option<FirstToolChoice>,
+    /// Record Prometheus metrics (`on`) or not (`off`, for measuring their cost); `/metrics` answers either way (default: on).
+    #[arg(long, env = "TOOLGATE_METRICS")]
+    pub metrics: Option<MetricsSwitch>,
+    /// Extra address (IP:port) serving only `GET /metrics`, without a key, for a private scrape network (default: none; /metrics on the main listener needs the admin key).
+    #[arg(long, env = "TOOLGATE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Format of the log lines written to stderr, filtered by RUST_LOG (default: text).
     #[arg(long, env = "TOOLGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -160,6 +175,8 @@ struct FileSettings {
     llm_api_key: Option<String>,
     llm_model: Option<String>,
     llm_first_tool_choice: Option<FirstToolChoice>,
+    metrics: Option<MetricsSwitch>,
+    metrics_listen: Option<SocketAddr>,
     log_format: Option<LogFormat>,
     default_character: Option<String>,
     body_limit_bytes: Option<usize>,
@@ -221,6 +238,8 @@ pub struct Settings {
     pub llm_api_key: Option<SecretString>,
     pub llm_model: Option<String>,
     pub llm_first_tool_choice: FirstToolChoice,
+    pub metrics: MetricsSwitch,
+    pub metrics_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
     pub default_character: String,
     pub body_limit_bytes: usize,
@@ -329,6 +348,8 @@ impl Settings {
                 .llm_first_tool_choice
                 .or(file.llm_first_tool_choice)
                 .unwrap_or_default(),
+            metrics: args.metrics.or(file.metrics).unwrap_or_default(),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             default_character: args
                 .default_character

@@ -59,6 +59,7 @@ error_codes! {
     McpRuntimeUnavailable => ("mcp_runtime_unavailable", 503, "The MCP runtime knows the server but cannot reach it now (connecting, disconnected or failing); retry later, or read its status."),
     ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),
     GenerationInProgress => ("generation_in_progress", 409, "The session's previous turn is still generating; wait for run_finished or cancel the run."),
+    NotReady => ("not_ready", 503, "The server is up but not ready: its database does not answer or its job worker is not running (the message says which); /readyz answers 200 again once both hold."),
     ModelNotConfigured => ("model_not_configured", 503, "No model endpoint is configured (TOOLGATE_LLM_BASE_URL, TOOLGATE_LLM_MODEL); the floor is stored without a run."),
 }
 

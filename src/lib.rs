@@ -16,6 +16,7 @@ pub mod journal;
 pub mod listener;
 pub mod llm;
 pub mod logging;
+pub mod metrics;
 pub mod model_sessions;
 pub mod permissions;
 pub mod reason;

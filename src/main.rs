@@ -23,6 +23,12 @@ async fn main() -> anyhow::Result<()> {
                     "toolgate: created the default account; its API key (shown once, also saved to the data directory as admin-token): {key}"
                 );
             }
+            // Printed before the main address, so a reader that stops at
+            // that line has seen it.
+            if let Some(metrics) = app.metrics_addr() {
+                tracing::info!(%metrics, "metrics listening");
+                println!("toolgate metrics on http://{metrics}/metrics");
+            }
             let addr = app.local_addr();
             tracing::info!(%addr, "listening");
             // Tests and scripts read this line to learn the bound port.

@@ -172,6 +172,11 @@ impl ModelSessionHub {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many model sessions are live now.
+    pub fn live_count(&self) -> usize {
+        self.live().by_character.values().map(Vec::len).sum()
+    }
+
     /// Serialises catalog mutations and syncs.
     pub async fn mutation_lock(&self) -> MutationGuard<'_> {
         MutationGuard(self.mutation.lock().await)

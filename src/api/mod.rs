@@ -16,6 +16,7 @@ mod jobs;
 mod mcp;
 mod mcp_runtime;
 mod memories;
+pub mod operations;
 mod permissions;
 mod runs;
 mod runtime_tools;
@@ -96,7 +97,10 @@ const BEARER_SCHEME: &str = "api_key";
 /// The routes that take no API key: health, the OpenAPI document, and the
 /// loopback-only runtime tools API (its peer check guards it instead).
 fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/openapi.json" | "/api/tools") || path.starts_with("/api/tools/")
+    matches!(
+        path,
+        "/healthz" | "/readyz" | "/openapi.json" | "/api/tools"
+    ) || path.starts_with("/api/tools/")
 }
 
 /// What every operation shares and its annotation does not spell out, applied
@@ -258,46 +262,68 @@ fn retry_after_header() -> utoipa::openapi::header::Header {
     header
 }
 
+/// Serves the keyless metrics listener (`GET /metrics` only) until the task
+/// is dropped or aborted.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
+    let router = Router::new()
+        .route(
+            "/metrics",
+            get(
+                |axum::extract::State(state): axum::extract::State<AppState>| async move {
+                    operations::metrics_text(&state).await
+                },
+            ),
+        )
+        .fallback(|| async { ApiError::not_found("this listener serves /metrics only") })
+        .with_state(state);
+    if let Err(error) = axum::serve(listener, router).await {
+        tracing::error!(%error, "the metrics listener failed");
+    }
+}
+
 /// The whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
     let openapi = std::sync::Arc::new(openapi);
     let request_id = HeaderName::from_static("x-request-id");
-    api.route(
-        "/healthz",
-        get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-    )
-    .route(
-        "/openapi.json",
-        get(move || {
-            let openapi = openapi.clone();
-            async move { axum::Json((*openapi).clone()) }
-        }),
-    )
-    .fallback(|| async { ApiError::not_found("no such route") })
-    .method_not_allowed_fallback(|| async {
-        ApiError::new(
-            ErrorCode::MethodNotAllowed,
-            "this route does not accept that method",
+    api.route_layer(axum::middleware::from_fn(operations::track_http))
+        .route("/metrics", get(operations::metrics_for_admin))
+        .route("/readyz", get(operations::readyz))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
-    })
-    .layer(DefaultBodyLimit::max(
-        state.runtime.settings.body_limit_bytes,
-    ))
-    .layer(CatchPanicLayer::custom(|_panic| {
-        tracing::error!("a request handler panicked");
-        ApiError::new(
-            ErrorCode::InternalError,
-            "the server failed to handle this request; the cause is in its log",
+        .route(
+            "/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { axum::Json((*openapi).clone()) }
+            }),
         )
-        .into_response()
-    }))
-    .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-        StatusCode::REQUEST_TIMEOUT,
-        Duration::from_secs(600),
-    ))
-    .layer(TraceLayer::new_for_http())
-    .layer(PropagateRequestIdLayer::new(request_id.clone()))
-    .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
-    .with_state(state)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "this route does not accept that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(
+            state.runtime.settings.body_limit_bytes,
+        ))
+        .layer(CatchPanicLayer::custom(|_panic| {
+            tracing::error!("a request handler panicked");
+            ApiError::new(
+                ErrorCode::InternalError,
+                "the server failed to handle this request; the cause is in its log",
+            )
+            .into_response()
+        }))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(600),
+        ))
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
 }

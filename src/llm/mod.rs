@@ -181,6 +181,23 @@ impl LlmClient {
         request: &ChatRequest,
         on_token: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatAnswer, LlmError> {
+        let started = std::time::Instant::now();
+        let mut deltas = 0u64;
+        let mut counted = |token: &str| {
+            deltas += 1;
+            on_token(token);
+        };
+        let result = self.complete_with_retries(request, &mut counted).await;
+        let outcome = if result.is_ok() { "success" } else { "error" };
+        crate::metrics::metrics().record_model_request(outcome, deltas, started.elapsed());
+        result
+    }
+
+    async fn complete_with_retries(
+        &self,
+        request: &ChatRequest,
+        on_token: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<ChatAnswer, LlmError> {
         let body = wire::request_body(request, self.model());
         let tuning = &self.inner.tuning;
         let mut retries = 0;

@@ -36,7 +36,15 @@ impl ToolRuntime {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
         FinishOnDrop::new(
-            async move { runtime.run_call(&account_id, &session_id, call).await },
+            async move {
+                let started = std::time::Instant::now();
+                let name = call.name.clone();
+                let result = runtime.run_call(&account_id, &session_id, call).await;
+                if let Ok(result) = &result {
+                    record_call(result, &name, started.elapsed());
+                }
+                result
+            },
             self.calls.clone(),
         )
         .await
@@ -282,4 +290,17 @@ impl CallJournal<'_> {
             Admitted::RunNotOpen | Admitted::Yes => Err(self.run_not_open()),
         }
     }
+}
+
+/// Counts the decided call in the metrics (by provider type and status).
+fn record_call(result: &ToolCallResult, name: &str, elapsed: Duration) {
+    let metrics = crate::metrics::metrics();
+    if !metrics.enabled() {
+        return;
+    }
+    let provider = result.provider_type.map_or("none", |p| p.as_str());
+    let builtin = (provider == "builtin")
+        .then(|| crate::tools::builtin::static_name(name))
+        .flatten();
+    metrics.record_call(provider, result.status.as_str(), name, builtin, elapsed);
 }

@@ -26,20 +26,48 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// queued by another process, or leases that ran out).
 const IDLE_POLL: Duration = Duration::from_secs(1);
 
-/// Wakes workers when a job becomes claimable.
+/// Wakes workers when a job becomes claimable, and tells readiness whether
+/// the worker runs.
 #[derive(Debug, Default)]
-pub struct JobSignal(Notify);
+pub struct JobSignal {
+    notify: Notify,
+    worker_alive: std::sync::atomic::AtomicBool,
+}
 
 impl JobSignal {
     /// Stores a wake-up even when no worker is waiting right now, so a job queued
     /// while the worker is busy is picked up as soon as it looks again.
     pub fn wake(&self) {
-        self.0.notify_one();
+        self.notify.notify_one();
+    }
+
+    /// Marks the worker as running; set before its task is spawned so that
+    /// readiness holds as soon as the server answers.
+    pub fn worker_started(&self) {
+        self.worker_alive
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the job worker is running.
+    pub fn worker_alive(&self) -> bool {
+        self.worker_alive.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Clears the worker's liveness however its task ends (a panic included).
+struct AliveGuard(Arc<JobSignal>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0
+            .worker_alive
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// Runs queued jobs until `shutdown` is cancelled.
 pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: CancellationToken) {
+    let _alive = AliveGuard(runtime.jobs.clone());
     let owner = new_id("worker");
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     tracing::info!(%owner, concurrency, "job worker started");
@@ -79,7 +107,7 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
             }
         }
         tokio::select! {
-            _ = runtime.jobs.0.notified() => {}
+            _ = runtime.jobs.notify.notified() => {}
             _ = tokio::time::sleep(IDLE_POLL) => {}
             _ = shutdown.cancelled() => break,
         }
@@ -122,6 +150,7 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(job_id = %job.id, "job lease lost while running");
+                    crate::metrics::metrics().job_lease_losses.inc();
                     return;
                 }
                 Err(err) => tracing::error!(job_id = %job.id, error = %err, "heartbeat failed"),

@@ -215,7 +215,7 @@ impl CallJournal<'_> {
         row.reason_code = Some(reason);
         self.insert(&row).await?;
         tracing::info!(tool = ?self.call.name, status = status.as_str(), reason_code = reason.as_str(), reason = ?message, "tool call refused");
-        Ok(self.result(&row.id, Value::String(message), status, Some(reason)))
+        Ok(self.result(entry, &row.id, Value::String(message), status, Some(reason)))
     }
 
     /// Journals a repeat of an earlier attempt's execution that needs confirming.
@@ -240,6 +240,7 @@ impl CallJournal<'_> {
         self.insert(&row).await?;
         tracing::info!(tool = ?self.call.name, parent = %parent.id, "replay blocked");
         Ok(self.result(
+            Some(entry),
             &row.id,
             Value::String(message),
             ExecutionStatus::Blocked,
@@ -320,6 +321,7 @@ impl CallJournal<'_> {
             "status": "queued",
         });
         Ok(Opened::Deferred(self.result(
+            Some(entry),
             &row.id,
             receipt,
             ExecutionStatus::Queued,
@@ -360,6 +362,7 @@ impl CallJournal<'_> {
             "tool call finished"
         );
         Ok(self.result(
+            Some(entry),
             &execution_id,
             settled.output,
             settled.status,
@@ -371,6 +374,7 @@ impl CallJournal<'_> {
     /// `settle` decides for providers' outcomes).
     fn result(
         &self,
+        entry: Option<&CatalogEntry>,
         execution_id: &str,
         output: Value,
         status: ExecutionStatus,
@@ -384,6 +388,7 @@ impl CallJournal<'_> {
             status,
             execution_reason_code: reason,
             execution_id: execution_id.to_owned(),
+            provider_type: entry.map(|entry| entry.spec.provider_type),
         }
     }
 }

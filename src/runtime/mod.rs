@@ -10,6 +10,7 @@ mod generation;
 mod history;
 pub mod jobs;
 mod journal_rows;
+mod observe;
 mod runs;
 mod slot_prompts;
 mod slots;
@@ -37,6 +38,7 @@ use crate::tools::script::{ScriptLimits, ScriptRunner};
 
 pub use generation::{Turn, TurnClaim};
 pub use jobs::JobSignal;
+pub use observe::NotReady;
 
 /// Shared tool-runtime state; cheap to clone.
 #[derive(Clone)]

@@ -371,3 +371,38 @@ async fn insert_job_with<'e>(executor: impl sqlx::SqliteExecutor<'e>, job: &NewJ
     .await?;
     Ok(())
 }
+
+impl Store {
+    /// Runtime jobs by state, and the queue age (ms) of the oldest claimable
+    /// job: what `/metrics` shows about the job queue.
+    pub async fn job_queue_stats(&self) -> Result<(Vec<(String, u64)>, Option<i64>)> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state")
+            .fetch_all(self.pool())
+            .await?;
+        let by_state = rows
+            .iter()
+            .map(|row| (row.get::<String, _>("state"), row.get::<i64, _>("n") as u64))
+            .collect();
+        let oldest: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'")
+                .fetch_one(self.pool())
+                .await?;
+        Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
+    }
+
+    /// Open and idle connections of the pool.
+    pub fn pool_stats(&self) -> (u64, u64) {
+        (self.pool().size() as u64, self.pool().num_idle() as u64)
+    }
+
+    /// Whether the database takes a write within `limit`: every call writes
+    /// its journal row, so a database that reads but cannot write (locked,
+    /// read-only, gone) is not ready. The probe writes nothing.
+    pub async fn answers_within(&self, limit: std::time::Duration) -> bool {
+        let probe = async {
+            let tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+            tx.rollback().await
+        };
+        matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(())))
+    }
+}

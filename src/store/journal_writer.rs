@@ -126,7 +126,15 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
             }
             continue;
         };
+        let started = std::time::Instant::now();
         let committed = commit_batch(conn, &batch).await;
+        let metrics = crate::metrics::metrics();
+        if metrics.enabled() {
+            metrics.journal_batch_rows.observe(batch.len() as f64);
+            metrics
+                .journal_commit_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
         if committed.is_err() {
             // Start the fallback on a fresh connection in case this one is broken.
             connection = None;

@@ -24,6 +24,8 @@ pub struct TestServer {
     pub token: String,
     pub client: reqwest::Client,
     pub data_dir: PathBuf,
+    /// The keyless metrics listener, when started with `--metrics-listen`.
+    pub metrics_url: Option<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
     _temp: Option<tempfile::TempDir>,
@@ -90,8 +92,12 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
     let mut child = command.spawn().expect("spawn toolgate");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
+    let mut metrics_url = None;
     let addr = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(url) = line.strip_prefix("toolgate metrics on ") {
+                metrics_url = Some(url.trim().to_owned());
+            }
             if let Some(url) = line.strip_prefix("toolgate listening on http://") {
                 return url.trim().parse::<std::net::SocketAddr>().expect("address");
             }
@@ -123,6 +129,7 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
             .build()
             .expect("client"),
         data_dir: data_dir.to_owned(),
+        metrics_url,
         env: options.env.clone(),
         child: Some(child),
         _temp: None,
@@ -274,6 +281,7 @@ impl TestServer {
         self.base_url = fresh.base_url.clone();
         self.addr = fresh.addr;
         let mut fresh = fresh;
+        self.metrics_url = fresh.metrics_url.clone();
         self.child = fresh.child.take();
     }
 }

@@ -154,6 +154,7 @@ impl<T: Builtin> Erased for T {
 
 /// A builtin with its derived schema, ready to list and call.
 struct Registered {
+    name: &'static str,
     spec: ToolSpec,
     provider: Provider,
     validator: jsonschema::Validator,
@@ -165,6 +166,7 @@ fn register<T: Builtin>(tool: T) -> Registered {
     let validator = jsonschema::validator_for(&parameters)
         .unwrap_or_else(|err| panic!("derived schema of {} is invalid: {err}", T::NAME));
     Registered {
+        name: T::NAME,
         spec: ToolSpec {
             name: T::NAME.to_owned(),
             description: T::DESCRIPTION.to_owned(),
@@ -217,6 +219,14 @@ fn strip_numeric_formats(schema: &mut Value) {
         Value::Array(items) => items.iter_mut().for_each(strip_numeric_formats),
         _ => {}
     }
+}
+
+/// The builtin's name as a static string (a closed set: a metrics label).
+pub fn static_name(name: &str) -> Option<&'static str> {
+    REGISTRY
+        .iter()
+        .find(|tool| tool.name == name)
+        .map(|tool| tool.name)
 }
 
 static REGISTRY: LazyLock<Vec<Registered>> = LazyLock::new(|| {

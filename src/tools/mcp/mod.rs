@@ -263,6 +263,20 @@ impl McpHub {
         statuses
     }
 
+    /// How many attached servers are in each connection state (for metrics).
+    pub fn state_counts(&self) -> Vec<(String, u64)> {
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for slot in self.slots.read().expect("mcp slots lock").values() {
+            let state = slot.state().live_status().state;
+            let name = serde_json::to_value(state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            *counts.entry(name).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+
     /// The tools an attached server offers now, with where they come from.
     pub fn server_tools(
         &self,

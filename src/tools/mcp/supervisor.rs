@@ -221,6 +221,9 @@ async fn publish_tools(
     let listed = build_listed(shared, &slot.server, tools.clone(), at).await;
     let count = listed.tools.len();
     let was_connected = slot.state().is_live();
+    if !was_connected && slot.state().connected_at.is_some() {
+        crate::metrics::metrics().mcp_reconnects.inc();
+    }
     let update = async {
         let before = names(&slot.state());
         slot.update(|state| {

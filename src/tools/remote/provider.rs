@@ -132,6 +132,9 @@ impl RemoteHandler {
         let tool = &self.tool;
         let exchange = self.registry.client().call(tool, cx.call, args).await;
         let outcome = exchange.outcome;
+        if matches!(exchange.effect, FailureEffect::Count) {
+            crate::metrics::metrics().record_connect_failure(&tool.source);
+        }
         if !tool.is_plugin() {
             return outcome;
         }
@@ -144,6 +147,7 @@ impl RemoteHandler {
                     .record_failure(origin, &tool.source)
                 {
                     let evicted = self.evict_origin(cx.catalog_events).await;
+                    crate::metrics::metrics().record_eviction(&tool.source);
                     if let ToolOutcome::NotStarted {
                         message,
                         retry_after_ms,

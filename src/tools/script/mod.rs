@@ -174,12 +174,30 @@ impl ScriptRunner {
             }
         };
         let elapsed_ms = started.elapsed().as_millis() as u64;
+        record_script_metrics(&result);
         match &result {
             Ok(_) => tracing::debug!(elapsed_ms, "script finished"),
             Err(err) => tracing::info!(elapsed_ms, error = %err, "script failed"),
         }
         result
     }
+}
+
+/// Counts the run, and the limit it ran into if any.
+fn record_script_metrics(result: &Result<serde_json::Value, ScriptError>) {
+    let metrics = crate::metrics::metrics();
+    if !metrics.enabled() {
+        return;
+    }
+    metrics.script_runs.inc();
+    let limit = match result {
+        Err(ScriptError::TimeLimit(_)) => "time",
+        Err(ScriptError::MemoryLimit(_)) => "memory",
+        Err(ScriptError::StackLimit(_)) => "stack",
+        Err(ScriptError::OutputLimit { .. }) => "output",
+        _ => return,
+    };
+    metrics.record_script_limit(limit);
 }
 
 #[cfg(test)]

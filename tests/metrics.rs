@@ -1,0 +1,312 @@
+//! Operators' view through the real binary: `/metrics` counts calls by
+//! provider type and journal status with histogram counts, evictions and
+//! connect failures, stays bounded over many remote tool names, is for the
+//! admin key (or keyless on `--metrics-listen`); `/readyz` follows the
+//! database.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{SpawnOptions, TestServer, register_remote, spawn_app, spawn_with, wait_until};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A loopback plugin: `/ok` answers its arguments, `/fail` answers an
+/// error, `/hang` never answers.
+async fn plugin() -> String {
+    let app = axum::Router::new()
+        .route(
+            "/ok",
+            axum::routing::post(|body: axum::Json<Value>| async move {
+                axum::Json(json!({"output": body.0["arguments"].clone(), "is_error": false}))
+            }),
+        )
+        .route(
+            "/fail",
+            axum::routing::post(|| async {
+                axum::Json(json!({"output": "the plugin failed", "is_error": true}))
+            }),
+        )
+        .route(
+            "/hang",
+            axum::routing::post(|| async {
+                std::future::pending::<()>().await;
+                "never"
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+async fn scrape(server: &TestServer) -> String {
+    let response = server
+        .client
+        .get(server.url("/metrics"))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let text = response.text().await.unwrap();
+    assert!(text.ends_with("# EOF\n"), "one EOF marker at the end");
+    assert_eq!(text.matches("# EOF").count(), 1);
+    text
+}
+
+/// The value of the sample `series` (name with labels), 0 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+async fn call(server: &TestServer, session: &str, name: &str, arguments: Value) -> Value {
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": name, "arguments": arguments, "call_id": format!("c-{name}")}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+#[tokio::test]
+async fn calls_are_counted_by_provider_type_and_journal_status() {
+    let base = plugin().await;
+    let server = spawn_app().await;
+    for (name, path, timeout) in [
+        ("ok_tool", "ok", 5),
+        ("failing_tool", "fail", 5),
+        ("hanging_tool", "hang", 1),
+    ] {
+        register_remote(
+            &server,
+            json!({"name": name, "callback_url": format!("{base}/{path}"), "timeout_seconds": timeout, "side_effect_level": "none"}),
+        )
+        .await;
+    }
+    let session = server.create_session().await;
+    let permissions = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["roll_dice"]}}),
+        )
+        .await;
+    assert_eq!(permissions.status, StatusCode::OK, "{permissions:?}");
+    assert_eq!(
+        call(&server, &session, "ok_tool", json!({"x": 1})).await["status"],
+        "success"
+    );
+    assert_eq!(
+        call(&server, &session, "failing_tool", json!({})).await["status"],
+        "error"
+    );
+    assert_eq!(
+        call(&server, &session, "hanging_tool", json!({})).await["status"],
+        "timeout"
+    );
+    assert_eq!(
+        call(&server, &session, "roll_dice", json!({"sides": 6})).await["status"],
+        "denied"
+    );
+    assert_eq!(
+        call(&server, &session, "get_time", json!({})).await["status"],
+        "success"
+    );
+
+    let text = scrape(&server).await;
+    for (labels, expected) in [
+        (r#"provider_type="remote",status="success""#, 1.0),
+        (r#"provider_type="remote",status="error""#, 1.0),
+        (r#"provider_type="remote",status="timeout""#, 1.0),
+        (r#"provider_type="builtin",status="denied""#, 1.0),
+        (r#"provider_type="builtin",status="success""#, 1.0),
+    ] {
+        let series = format!("toolgate_tool_calls_total{{{labels}}}");
+        assert_eq!(sample(&text, &series), expected, "{series} in\n{text}");
+    }
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_tool_call_duration_seconds_count{provider_type="remote"}"#
+        ),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_builtin_call_duration_seconds_count{tool="get_time"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, r#"toolgate_open_tool_calls_total{tool="ok_tool"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, r#"toolgate_remote_tools{role="Lanlan"}"#),
+        3.0,
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"toolgate_http_requests_total{route="/sessions/{id}/tool-calls",method="POST",status_class="2xx"}"#
+        ) >= 5.0,
+        "{text}"
+    );
+    assert!(sample(&text, "toolgate_journal_batch_rows_count") >= 1.0);
+}
+
+#[tokio::test]
+async fn metrics_need_the_admin_key_or_the_private_listener() {
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--metrics-listen".into(), "127.0.0.1:0".into()],
+        ..Default::default()
+    })
+    .await;
+    let anonymous = server.get_without_key("/metrics").await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED, "{anonymous:?}");
+    let key = server.create_account("tenant").await;
+    let tenant = server
+        .client
+        .get(server.url("/metrics"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenant.status(), StatusCode::FORBIDDEN);
+    let private = server
+        .metrics_url
+        .clone()
+        .expect("the metrics listener's address");
+    let text = reqwest::get(&private).await.unwrap().text().await.unwrap();
+    assert!(text.contains("toolgate_db_connections"), "{text}");
+    let elsewhere = reqwest::get(private.replace("/metrics", "/sessions"))
+        .await
+        .unwrap();
+    assert_eq!(
+        elsewhere.status(),
+        StatusCode::NOT_FOUND,
+        "only /metrics there"
+    );
+}
+
+#[tokio::test]
+async fn evictions_and_connect_failures_are_counted_by_source() {
+    let server = spawn_app().await;
+    // Nothing listens on port 1: every callback is refused.
+    register_remote(
+        &server,
+        json!({"name": "gone_tool", "callback_url": "http://127.0.0.1:1/cb", "source": "plugin:gone"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    for _ in 0..3 {
+        call(&server, &session, "gone_tool", json!({})).await;
+    }
+    let text = scrape(&server).await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_callback_connect_failures_total{source="plugin:gone"}"#
+        ),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_plugin_evictions_total{source="plugin:gone"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_thousand_remote_tool_names_add_fewer_than_a_hundred_lines() {
+    let base = plugin().await;
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    register_remote(
+        &server,
+        json!({"name": "warm_up", "callback_url": format!("{base}/ok")}),
+    )
+    .await;
+    call(&server, &session, "warm_up", json!({})).await;
+    let before = scrape(&server).await.lines().count();
+    for batch in 0..10 {
+        let calls = (0..100).map(|i| {
+            let name = format!("tool_{batch}_{i}");
+            let (server, session, base) = (&server, &session, &base);
+            async move {
+                register_remote(
+                    server,
+                    json!({"name": name, "callback_url": format!("{base}/ok")}),
+                )
+                .await;
+                call(server, session, &name, json!({})).await;
+                server
+                    .post_without_key("/api/tools/unregister", json!({"name": name}))
+                    .await;
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+    let text = scrape(&server).await;
+    let after = text.lines().count();
+    assert!(after < before + 100, "{before} lines before, {after} after");
+    assert!(
+        sample(&text, r#"toolgate_open_tool_calls_total{tool="other"}"#) > 900.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn readiness_follows_the_database() {
+    let server = spawn_app().await;
+    let ready = server.get_without_key("/readyz").await;
+    assert_eq!(
+        ready.status,
+        StatusCode::OK,
+        "ready as soon as the server answers: {ready:?}"
+    );
+    // Another process holding the write lock: the database takes no write.
+    let url = format!("sqlite://{}", server.data_dir.join("toolgate.db").display());
+    let mut blocker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let blocked = server.get_without_key("/readyz").await;
+    assert_eq!(
+        blocked.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{blocked:?}"
+    );
+    assert_eq!(blocked.code(), "not_ready");
+    assert!(blocked.body.to_string().contains("database"), "{blocked:?}");
+    let health = server.get_without_key("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK, "liveness is not readiness");
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    wait_until(Duration::from_secs(20), "ready again", || {
+        let server = &server;
+        async move { server.get_without_key("/readyz").await.status == StatusCode::OK }
+    })
+    .await;
+}
