@@ -141,6 +141,7 @@ impl Metrics {
             model_request_seconds: slow_latency(),
         };
         m.register();
+        m.register_internals();
         m
     }
 
@@ -171,6 +172,10 @@ impl Metrics {
             "Plugin origins evicted after consecutive connect failures, by source",
             self.evictions.clone(),
         );
+    }
+
+    fn register_internals(&mut self) {
+        let r = &mut self.registry;
         r.register(
             "journal_batch_rows",
             "Journal rows written per batch by the journal writer",
