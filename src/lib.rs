@@ -25,4 +25,5 @@ pub mod schema;
 pub mod secrets;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

@@ -6,6 +6,7 @@ use clap::Parser;
 use toolgate::app::{App, shutdown_signal};
 use toolgate::config::{Cli, Command, LogFormat, Settings};
 use toolgate::logging::SanitizedStderr;
+use toolgate::telemetry::Telemetry;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -13,7 +14,10 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let settings = Settings::resolve(args)?;
-            init_tracing(settings.log_format);
+            let telemetry = init_tracing(settings.log_format);
+            if telemetry.exporting() {
+                tracing::info!("traces are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
+            }
             // Before anything says it is ready: a signal from then on is a
             // graceful stop, never the default kill.
             let shutdown = shutdown_signal();
@@ -33,12 +37,15 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(%addr, "listening");
             // Tests and scripts read this line to learn the bound port.
             println!("toolgate listening on http://{addr}");
-            app.run(shutdown).await
+            let served = app.run(shutdown).await;
+            // Flushing blocks on the exporter's HTTP client.
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+            served
         }
     }
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat) -> Telemetry {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
     // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
@@ -46,13 +53,12 @@ fn init_tracing(format: LogFormat) {
     let colour = format == LogFormat::Text
         && std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(SanitizedStderr {
-            keep_escape: colour,
-        });
+    let writer = SanitizedStderr {
+        keep_escape: colour,
+    };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
     match format {
-        LogFormat::Text => builder.with_ansi(colour).init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
+        LogFormat::Text => toolgate::telemetry::init(fmt.with_ansi(colour), filter),
+        LogFormat::Json => toolgate::telemetry::init(fmt.json().with_ansi(false), filter),
     }
 }

@@ -281,6 +281,19 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
     }
 }
 
+/// One span per request, a child of the caller's trace when it sends a
+/// `traceparent` (the path is a field, escaped, never message text).
+fn request_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "toolgate::trace",
+        "http_request",
+        http.method = %request.method(),
+        url.path = ?request.uri().path(),
+    );
+    crate::telemetry::adopt_parent(&span, request.headers());
+    span
+}
+
 /// The whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
@@ -322,7 +335,7 @@ pub fn router(state: AppState) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(600),
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::ToolRuntime;
 use super::detach::FinishOnDrop;
@@ -35,6 +36,17 @@ impl ToolRuntime {
     ) -> Result<ToolCallResult> {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
+        let span = tracing::info_span!(
+            target: "toolgate::trace",
+            "tool_call",
+            session_id = %session_id,
+            tool = ?call.name,
+            caller_slot = %call.caller_slot,
+            provider = tracing::field::Empty,
+            status = tracing::field::Empty,
+            execution_id = tracing::field::Empty,
+        );
+        let recorded = span.clone();
         FinishOnDrop::new(
             async move {
                 let started = std::time::Instant::now();
@@ -42,9 +54,14 @@ impl ToolRuntime {
                 let result = runtime.run_call(&account_id, &session_id, call).await;
                 if let Ok(result) = &result {
                     record_call(result, &name, started.elapsed());
+                    let provider = result.provider_type.map_or("none", |p| p.as_str());
+                    recorded.record("provider", provider);
+                    recorded.record("status", result.status.as_str());
+                    recorded.record("execution_id", result.execution_id.as_str());
                 }
                 result
-            },
+            }
+            .instrument(span),
             self.calls.clone(),
         )
         .await

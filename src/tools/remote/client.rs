@@ -102,9 +102,13 @@ impl CallbackClient {
             "call_id": call.call_id,
             "raw_arguments": call.arguments.raw,
         });
+        // The plugin's own trace joins the call's (W3C trace context).
+        let mut trace = reqwest::header::HeaderMap::new();
+        crate::telemetry::inject_current(&mut trace);
         let exchange = match self
             .http
             .post(tool.callback_url.url().clone())
+            .headers(trace)
             .timeout(tool.timeout())
             .json(&body)
             .send()
