@@ -55,7 +55,7 @@ impl App {
             .with_context(|| format!("binding {}", settings.listen))?;
         let settings = Arc::new(settings);
         let runtime = ToolRuntime::new(store, settings)?;
-        let state = AppState { runtime };
+        let state = AppState::new(runtime);
         Ok(Self {
             listener,
             limits,

@@ -25,7 +25,7 @@ mod tool_calls;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -258,46 +258,49 @@ fn retry_after_header() -> utoipa::openapi::header::Header {
     header
 }
 
+/// `GET /healthz`: up, and which start of the server answers (`boot_id`, see
+/// [`AppState::boot_id`]), so a plugin polling it notices a restart.
+async fn health(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok", "boot_id": &*state.boot_id}))
+}
+
 /// The whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
     let openapi = std::sync::Arc::new(openapi);
     let request_id = HeaderName::from_static("x-request-id");
-    api.route(
-        "/healthz",
-        get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-    )
-    .route(
-        "/openapi.json",
-        get(move || {
-            let openapi = openapi.clone();
-            async move { axum::Json((*openapi).clone()) }
-        }),
-    )
-    .fallback(|| async { ApiError::not_found("no such route") })
-    .method_not_allowed_fallback(|| async {
-        ApiError::new(
-            ErrorCode::MethodNotAllowed,
-            "this route does not accept that method",
+    api.route("/healthz", get(health))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { axum::Json((*openapi).clone()) }
+            }),
         )
-    })
-    .layer(DefaultBodyLimit::max(
-        state.runtime.settings.body_limit_bytes,
-    ))
-    .layer(CatchPanicLayer::custom(|_panic| {
-        tracing::error!("a request handler panicked");
-        ApiError::new(
-            ErrorCode::InternalError,
-            "the server failed to handle this request; the cause is in its log",
-        )
-        .into_response()
-    }))
-    .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-        StatusCode::REQUEST_TIMEOUT,
-        Duration::from_secs(600),
-    ))
-    .layer(TraceLayer::new_for_http())
-    .layer(PropagateRequestIdLayer::new(request_id.clone()))
-    .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
-    .with_state(state)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "this route does not accept that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(
+            state.runtime.settings.body_limit_bytes,
+        ))
+        .layer(CatchPanicLayer::custom(|_panic| {
+            tracing::error!("a request handler panicked");
+            ApiError::new(
+                ErrorCode::InternalError,
+                "the server failed to handle this request; the cause is in its log",
+            )
+            .into_response()
+        }))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(600),
+        ))
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
 }

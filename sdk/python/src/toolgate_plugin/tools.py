@@ -181,21 +181,25 @@ async def _in_daemon_thread(
     done: asyncio.Future[Any] = loop.create_future()
     context = contextvars.copy_context()
 
-    def settle(outcome: Callable[[], None]) -> None:
-        if not done.done():
-            outcome()
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():  # the caller gave up (timeout, cancellation)
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
 
     def work() -> None:
+        result: Any = None
+        error: BaseException | None = None
         try:
             result = context.run(function, **kwargs)
         except BaseException as exc:  # handed to the awaiting side, not lost
-            report: Callable[[], None] = lambda: done.set_exception(exc)  # noqa: E731
-        else:
-            report = lambda: done.set_result(result)  # noqa: E731
+            error = exc
         finally:
             slots.release()
         try:
-            loop.call_soon_threadsafe(settle, report)
+            loop.call_soon_threadsafe(settle, result, error)
         except RuntimeError:
             pass  # the loop closed while the function ran: nobody waits for it
 
