@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import httpx
 
@@ -60,10 +60,6 @@ class Plugin:
         """The plugin's tools by name (a copy)."""
         return dict(self._tools)
 
-    @overload
-    def tool(self, function: F, /) -> F: ...
-
-    @overload
     def tool(
         self,
         *,
@@ -75,19 +71,24 @@ class Plugin:
         allowed_slots: Iterable[Slot] | None = None,
         async_capability: AsyncCapability | None = None,
         default_delivery_mode: DeliveryMode | None = None,
-    ) -> Callable[[F], F]: ...
-
-    def tool(self, function: Any = None, /, **options: Any) -> Any:
-        """Makes a sync or async function a tool: ``@plugin.tool`` or ``@plugin.tool(...)``.
+    ) -> Callable[[F], F]:
+        """Makes a sync or async function a tool: ``@plugin.tool()`` or ``@plugin.tool(...)``.
 
         Name from the function (or ``name``), description from its docstring (or
         ``description``), parameters from its type hints. Raises ``SchemaError``
         for a function that cannot be described, ``ValueError`` for a second tool
         of the same name. The function itself is returned unchanged.
         """
-        if "allowed_slots" in options and options["allowed_slots"] is not None:
-            options["allowed_slots"] = tuple(options["allowed_slots"])
-        settings = ToolOptions(**options)
+        settings = ToolOptions(
+            name=name,
+            description=description,
+            role=role,
+            timeout_seconds=timeout_seconds,
+            side_effect_level=side_effect_level,
+            allowed_slots=tuple(allowed_slots) if allowed_slots is not None else None,
+            async_capability=async_capability,
+            default_delivery_mode=default_delivery_mode,
+        )
 
         def add(fn: F) -> F:
             tool = Tool.from_function(fn, settings)
@@ -98,7 +99,7 @@ class Plugin:
             self._tools[tool.name] = tool
             return fn
 
-        return add(function) if function is not None else add
+        return add
 
     async def start(self) -> None:
         """Opens the callback server, registers every tool and starts watching.

@@ -95,7 +95,8 @@ def inline_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     except pydantic.PydanticInvalidForJsonSchema as exc:
         raise SchemaError(f"{model.__name__}: {exc}") from exc
     definitions = schema.pop("$defs", {})
-    return _inline(schema, definitions, ())
+    inlined: dict[str, Any] = _inline(schema, definitions, ())
+    return inlined
 
 
 def _inline(schema: Any, definitions: dict[str, Any], expanding: tuple[str, ...]) -> Any:
