@@ -103,6 +103,11 @@ class Registrar:
                 self._registered = False
                 await asyncio.sleep(self._timing.backoff_max_seconds)
                 continue
+            except Exception:  # an answer of an unexpected shape: the watcher lives on
+                _log.exception("keeping the tools registered failed; retrying")
+                self._registered = False
+                await asyncio.sleep(self._timing.backoff_max_seconds)
+                continue
             if outage_logged:
                 _log.info("toolgate reachable again")
                 outage_logged = False

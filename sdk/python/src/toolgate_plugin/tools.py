@@ -129,8 +129,11 @@ class Tool:
         try:
             validated = self.arguments.model_validate(arguments)
         except pydantic.ValidationError as exc:
-            _log.info("tool %s: call %r had invalid arguments: %s", self.name, call_id, exc)
-            return _error(f"invalid arguments: {_summary(exc)}")
+            # The summary names fields and rules, not the values: arguments come
+            # from the conversation and stay out of the log.
+            summary = _summary(exc)
+            _log.info("tool %s: call %r had invalid arguments: %s", self.name, call_id, summary)
+            return _error(f"invalid arguments: {summary}")
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
         try:
             result = await asyncio.wait_for(self._run(kwargs), self.options.timeout_seconds)
