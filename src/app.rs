@@ -68,7 +68,7 @@ impl App {
         };
         let settings = Arc::new(settings);
         let runtime = ToolRuntime::new(store, settings)?;
-        let state = AppState { runtime };
+        let state = AppState::new(runtime);
         Ok(Self {
             listener,
             metrics_listener,

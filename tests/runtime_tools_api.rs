@@ -71,6 +71,20 @@ async fn register_ok(server: &TestServer, body: Value) -> Value {
     reply.body
 }
 
+/// An `/api/tools` answer without the `boot_id` it always carries (tests/boot_id.rs
+/// covers it): exactly the contract's fields.
+fn contract_fields(body: &Value) -> Value {
+    let mut body = body.clone();
+    let boot_id = body
+        .as_object_mut()
+        .and_then(|fields| fields.remove("boot_id"));
+    assert!(
+        boot_id.as_ref().is_some_and(Value::is_string),
+        "no boot_id in {body}"
+    );
+    body
+}
+
 /// `tools_by_role` of `GET /api/tools`.
 async fn listing(server: &TestServer) -> Value {
     let reply = api_get(server, "/api/tools").await;
@@ -294,7 +308,7 @@ async fn register_the_seed_example_and_list_it() {
     .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "registered": "get_weather", "affected_roles": ["Lanlan"], "failed_roles": []})
     );
 
@@ -373,6 +387,60 @@ async fn defaults_apply_and_a_same_named_registration_replaces() {
         )
         .await;
     }
+}
+
+#[tokio::test]
+async fn declared_allowed_slots_decide_which_slots_may_call() {
+    let server = spawn_app().await;
+    let url = format!("http://127.0.0.1:{}/x", dead_port().await);
+    register_ok(
+        &server,
+        json!({"name": "directed", "callback_url": url, "allowed_slots": ["director"]}),
+    )
+    .await;
+    let tools = listing(&server).await;
+    assert_eq!(tools["Lanlan"][0]["allowed_slots"], json!(["director"]));
+    let session = server.create_session().await;
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "directed", "arguments": {}, "caller_slot": "narrator"}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.body["data"]["status"], "denied", "{reply:?}");
+    assert_eq!(
+        reply.body["data"]["execution_reason_code"],
+        "permission_slot_not_allowed_by_tool"
+    );
+    // The director may: the call reaches the (dead) callback.
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "directed", "arguments": {}, "caller_slot": "director"}),
+        )
+        .await;
+    assert_eq!(
+        reply.body["data"]["execution_reason_code"], "remote_connection_failed",
+        "{reply:?}"
+    );
+
+    // Without the field every slot may call, as before.
+    register_ok(
+        &server,
+        json!({"name": "open", "callback_url": "http://127.0.0.1:9/x"}),
+    )
+    .await;
+    assert_eq!(
+        listing(&server).await["Lanlan"][1]["allowed_slots"],
+        json!([])
+    );
+    let reply = register(
+        &server,
+        json!({"name": "bad", "callback_url": "http://127.0.0.1:9/x", "allowed_slots": ["boss"]}),
+    )
+    .await;
+    assert_eq!(reply.status, 422, "{reply:?}");
 }
 
 #[tokio::test]
@@ -701,7 +769,7 @@ async fn unregister_with_and_without_role() {
     .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": true, "affected_roles": ["Mio"], "failed_roles": []})
     );
     let tools = listing(&server).await;
@@ -715,12 +783,12 @@ async fn unregister_with_and_without_role() {
     )
     .await;
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": true, "affected_roles": ["Lanlan", "Mio"], "failed_roles": []})
     );
     let reply = api_post(&server, "/api/tools/unregister", json!({"name": "a"})).await;
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": true, "affected_roles": ["Lanlan"], "failed_roles": []})
     );
     // Nothing left to remove: not an error, but removed is false.
@@ -732,7 +800,7 @@ async fn unregister_with_and_without_role() {
     .await;
     assert_eq!(reply.status, 200);
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": false, "affected_roles": [], "failed_roles": []})
     );
     let tools = listing(&server).await;
@@ -763,7 +831,7 @@ async fn clear_removes_one_source_with_and_without_role() {
     .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": 2, "affected_roles": ["Lanlan"], "failed_roles": []})
     );
     let tools = listing(&server).await;
@@ -777,7 +845,7 @@ async fn clear_removes_one_source_with_and_without_role() {
     )
     .await;
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": 2, "affected_roles": ["Lanlan", "Mio"], "failed_roles": []})
     );
     let reply = api_post(
@@ -787,7 +855,7 @@ async fn clear_removes_one_source_with_and_without_role() {
     )
     .await;
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": 2, "affected_roles": ["Mio"], "failed_roles": []})
     );
     let reply = api_post(
@@ -797,7 +865,7 @@ async fn clear_removes_one_source_with_and_without_role() {
     )
     .await;
     assert_eq!(
-        reply.body,
+        contract_fields(&reply.body),
         json!({"ok": true, "removed": 0, "affected_roles": [], "failed_roles": []})
     );
     let tools = listing(&server).await;

@@ -55,7 +55,8 @@ async fn read_health_response(stream: &mut TcpStream) {
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     tokio::time::timeout(MARGIN, async {
-        while !seen.ends_with(br#"{"status":"ok"}"#) {
+        // The body is `{"boot_id":"boot_…","status":"ok"}`: keys in order.
+        while !seen.ends_with(br#","status":"ok"}"#) {
             let n = stream.read(&mut buf).await.expect("read response");
             assert!(
                 n > 0,

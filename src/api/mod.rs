@@ -26,7 +26,7 @@ mod tool_calls;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -294,6 +294,12 @@ fn request_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Spa
     span
 }
 
+/// `GET /healthz`: up, and which start of the server answers (`boot_id`, see
+/// [`AppState::boot_id`]), so a plugin polling it notices a restart.
+async fn health(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"status": "ok", "boot_id": &*state.boot_id}))
+}
+
 /// The whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
@@ -302,10 +308,7 @@ pub fn router(state: AppState) -> Router {
     api.route_layer(axum::middleware::from_fn(operations::track_http))
         .route("/metrics", get(operations::metrics_for_admin))
         .route("/readyz", get(operations::readyz))
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-        )
+        .route("/healthz", get(health))
         .route(
             "/openapi.json",
             get(move || {

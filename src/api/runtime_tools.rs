@@ -24,7 +24,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, ApiResult};
 use super::extract::{body_bytes, parse_json};
 use crate::domain::callback_url::is_loopback_ip;
-use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel};
+use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot};
 use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
@@ -125,6 +125,9 @@ pub struct RegisterToolBody {
     pub timeout_seconds: Option<f64>,
     /// Optional extension; default `none` (platform default).
     pub side_effect_level: Option<SideEffectLevel>,
+    /// Optional extension: the slots that may call the tool; absent or empty:
+    /// every slot.
+    pub allowed_slots: Option<Vec<Slot>>,
     /// Optional extension; inferred from the side-effect level when absent.
     pub replay_safety: Option<ReplaySafety>,
     /// Optional extension; default `inline_only`.
@@ -142,6 +145,9 @@ pub struct RegisterToolResponse {
     pub registered: String,
     pub affected_roles: Vec<String>,
     pub failed_roles: Vec<FailedRole>,
+    /// This start of the server (new at every start): a plugin that sees it
+    /// change registers again, since registrations do not survive a restart.
+    pub boot_id: String,
 }
 
 /// Register or replace a remote model-callable tool.
@@ -169,6 +175,7 @@ async fn register_tool(
         timeout_seconds: body.timeout_seconds,
         declared: DeclaredMetadata {
             side_effect_level: body.side_effect_level,
+            allowed_slots: body.allowed_slots,
             replay_safety: body.replay_safety,
             async_capability: body.async_capability,
             default_delivery_mode: body.default_delivery_mode,
@@ -196,6 +203,7 @@ async fn register_tool(
         registered,
         affected_roles,
         failed_roles,
+        boot_id: state.boot_id.to_string(),
     }))
 }
 
@@ -217,6 +225,9 @@ pub struct UnregisterToolResponse {
     pub removed: bool,
     pub affected_roles: Vec<String>,
     pub failed_roles: Vec<FailedRole>,
+    /// This start of the server (new at every start): a plugin that sees it
+    /// change registers again, since registrations do not survive a restart.
+    pub boot_id: String,
 }
 
 /// Remove a tool by name.
@@ -253,6 +264,7 @@ async fn unregister_tool(
         removed,
         affected_roles: report.affected_roles,
         failed_roles: report.failed_roles,
+        boot_id: state.boot_id.to_string(),
     }))
 }
 
@@ -275,6 +287,9 @@ pub struct ClearToolsResponse {
     pub removed: usize,
     pub affected_roles: Vec<String>,
     pub failed_roles: Vec<FailedRole>,
+    /// This start of the server (new at every start): a plugin that sees it
+    /// change registers again, since registrations do not survive a restart.
+    pub boot_id: String,
 }
 
 /// Remove every tool carrying a given source tag.
@@ -311,6 +326,7 @@ async fn clear_tools(
         removed,
         affected_roles: report.affected_roles,
         failed_roles: report.failed_roles,
+        boot_id: state.boot_id.to_string(),
     }))
 }
 
@@ -334,6 +350,8 @@ pub struct ListedTool {
     pub parameters: Arc<Value>,
     pub timeout_seconds: f64,
     pub side_effect_level: SideEffectLevel,
+    /// Empty: every slot.
+    pub allowed_slots: Vec<Slot>,
     pub replay_safety: ReplaySafety,
     pub async_capability: AsyncCapability,
     pub default_delivery_mode: DeliveryMode,
@@ -350,6 +368,7 @@ impl From<&RemoteTool> for ListedTool {
             parameters: tool.parameters().clone(),
             timeout_seconds: tool.timeout_seconds,
             side_effect_level: tool.metadata().side_effect_level,
+            allowed_slots: tool.metadata().allowed_slots.clone(),
             replay_safety: tool.metadata().replay_safety,
             async_capability: tool.metadata().async_capability,
             default_delivery_mode: tool.metadata().default_delivery_mode,
@@ -363,6 +382,9 @@ pub struct ListToolsResponse {
     pub ok: bool,
     /// Every current role (or the one asked for), each with its registrations.
     pub tools_by_role: BTreeMap<String, Vec<ListedTool>>,
+    /// This start of the server (new at every start): a plugin that sees it
+    /// change registers again, since registrations do not survive a restart.
+    pub boot_id: String,
 }
 
 /// List current registrations, per role.
@@ -390,7 +412,8 @@ async fn list_tools(
         .await
         .map_err(from_domain)?;
     roles.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name));
-    let chunks = futures::stream::iter(listing_chunks(roles).map(Ok::<_, Infallible>));
+    let chunks =
+        futures::stream::iter(listing_chunks(&state.boot_id, roles).map(Ok::<_, Infallible>));
     Ok((
         [(header::CONTENT_TYPE, "application/json")],
         Body::from_stream(chunks),
@@ -402,8 +425,12 @@ async fn list_tools(
 /// so that a listing of every role's large schemas (tools × roles) is never
 /// held whole in memory.
 fn listing_chunks(
+    boot_id: &str,
     roles: Vec<(Role, Vec<Arc<RemoteTool>>)>,
 ) -> impl Iterator<Item = Vec<u8>> + Send + 'static {
+    let mut head = br#"{"ok":true,"boot_id":"#.to_vec();
+    append_json(&mut head, &boot_id);
+    head.extend_from_slice(br#","tools_by_role":{"#);
     let body = roles
         .into_iter()
         .enumerate()
@@ -420,7 +447,7 @@ fn listing_chunks(
                 .chain(listed)
                 .chain(std::iter::once(b"]".to_vec()))
         });
-    std::iter::once(br#"{"ok":true,"tools_by_role":{"#.to_vec())
+    std::iter::once(head)
         .chain(body)
         .chain(std::iter::once(b"}}".to_vec()))
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::config::Settings;
 use crate::domain::CallbackUrl;
 use crate::domain::tool::{
-    AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel,
+    AsyncCapability, Basis, DeliveryMode, ProviderType, ReplaySafety, SideEffectLevel, Slot,
     ToolMetadata, ToolSpec,
 };
 use crate::error::{Error, ErrorCode, Result};
@@ -110,9 +110,11 @@ fn json_len(value: &Value) -> usize {
 }
 
 /// The optional governance fields a plugin may declare at registration.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct DeclaredMetadata {
     pub side_effect_level: Option<SideEffectLevel>,
+    /// The slots that may call the tool; empty or absent: every slot.
+    pub allowed_slots: Option<Vec<Slot>>,
     pub replay_safety: Option<ReplaySafety>,
     pub async_capability: Option<AsyncCapability>,
     pub default_delivery_mode: Option<DeliveryMode>,
@@ -244,11 +246,15 @@ fn metadata_for(declared: DeclaredMetadata, parameter_schema_basis: Basis) -> To
             Basis::InferredFromExecutionPolicy,
         ),
     };
+    let (allowed_slots, allowed_slots_basis) = match declared.allowed_slots {
+        Some(slots) => (slots, Basis::ToolDeclared),
+        None => (Vec::new(), Basis::PlatformDefault),
+    };
     ToolMetadata {
         side_effect_level,
         side_effect_level_basis,
-        allowed_slots: Vec::new(),
-        allowed_slots_basis: Basis::PlatformDefault,
+        allowed_slots,
+        allowed_slots_basis,
         parameter_schema_basis,
         replay_safety,
         replay_safety_basis,
