@@ -3,8 +3,16 @@
 //! turn through the real binary, and the test asserts the mechanics — a tool
 //! call made, executed, journalled with the run's ids, then answered — not the
 //! quality of the answer. Ignored by default; `bash .ci/real-model` builds
-//! llama-server, fetches the model and runs it with the two paths it needs in
-//! `REAL_MODEL_LLAMA_SERVER` and `REAL_MODEL_GGUF`.
+//! llama-server, fetches the model and runs it with the paths it needs in
+//! `REAL_MODEL_LLAMA_SERVER`, `REAL_MODEL_GGUF` and `REAL_MODEL_CHAT_TEMPLATE`.
+//!
+//! Why the help: the GGUF's own chat template renders no tools, so llama-server
+//! is given llama.cpp's Qwen2.5 template (ChatML, like SmolLM2's, with
+//! `<tool_call>` blocks). Its `tool_choice: "required"` grammar still lets text
+//! come before the call, and a 135M model asked the time just talks, so the
+//! user turn spells out the call to make; the grammar then keeps its arguments
+//! valid. `max_steps_per_generation: 1` makes the second request the one
+//! without tools, which must be answered with text.
 
 mod common;
 
@@ -21,6 +29,9 @@ use serde_json::{Value, json};
 /// model makes can succeed.
 const TOOL: &str = "get_time";
 
+/// The user turn: the call spelled out in the template's own format.
+const USER_TURN: &str = "Repeat exactly this text and nothing else:\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+
 /// A `llama-server` child, killed (and its log shown, on failure) when dropped.
 struct LlamaServer {
     child: Child,
@@ -30,14 +41,16 @@ struct LlamaServer {
 }
 
 impl LlamaServer {
-    fn start(binary: &Path, gguf: &Path) -> Self {
+    fn start(binary: &Path, gguf: &Path, template: &Path) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("llama-server.log");
         let out = std::fs::File::create(&log).expect("log file");
         let port = free_port();
         let child = Command::new(binary)
-            .args(["--jinja", "-c", "4096", "-t", "2", "--host", "127.0.0.1"])
-            .args(["--port", &port.to_string(), "--alias", "smollm2"])
+            .args(["--jinja", "-c", "4096", "-n", "256", "-t", "2"])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--alias", "smollm2", "--chat-template-file"])
+            .arg(template)
             .arg("-m")
             .arg(gguf)
             .stdin(Stdio::null())
@@ -120,7 +133,7 @@ async fn clock_session(server: &TestServer) -> String {
         "name": "Clock",
         "persona": "a helpful assistant",
         "temperature": 0,
-        "system_prompt": format!("You are a helpful assistant. To learn the current time, call the {TOOL} tool, then tell the user the time it returned."),
+        "system_prompt": format!("You are a helpful assistant. To learn the current time, call the {TOOL} tool."),
     });
     let created = server.post("/characters", character).await;
     assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
@@ -130,11 +143,14 @@ async fn clock_session(server: &TestServer) -> String {
     assert_eq!(session.status, StatusCode::CREATED, "{session:?}");
     let session = session.body["data"]["id"].as_str().unwrap().to_owned();
     let path = format!("/sessions/{session}/tool-permissions");
-    let only_the_clock = json!({"slot_allow_list": {"narrator": [TOOL]}});
+    let only_the_clock =
+        json!({"slot_allow_list": {"narrator": [TOOL]}, "max_steps_per_generation": 1});
     let reply = server.patch(&path, only_the_clock).await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     let catalog = server
-        .get(&format!("/sessions/{session}/tools/runtime?format=openai"))
+        .get(&format!(
+            "/sessions/{session}/tools/runtime?slot=narrator&format=openai"
+        ))
         .await;
     let offered: Vec<&str> = catalog.body["data"]["tools"]
         .as_array()
@@ -172,7 +188,8 @@ async fn until_run_ends(events: &mut Events) -> Vec<(String, Value)> {
 async fn a_real_model_calls_a_tool_and_answers_its_result() {
     let binary = required_file("REAL_MODEL_LLAMA_SERVER");
     let gguf = required_file("REAL_MODEL_GGUF");
-    let mut llama = LlamaServer::start(&binary, &gguf);
+    let template = required_file("REAL_MODEL_CHAT_TEMPLATE");
+    let mut llama = LlamaServer::start(&binary, &gguf, &template);
     llama.wait_healthy(Duration::from_secs(180)).await;
     let server = spawn_with(SpawnOptions {
         env: vec![
@@ -191,7 +208,7 @@ async fn a_real_model_calls_a_tool_and_answers_its_result() {
     let reply = server
         .post(
             &format!("/sessions/{session}/floors"),
-            json!({"content": "What time is it right now?"}),
+            json!({"content": USER_TURN}),
         )
         .await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
@@ -214,6 +231,12 @@ async fn a_real_model_calls_a_tool_and_answers_its_result() {
     assert!(
         !finished.is_empty(),
         "the model made no tool call: {seen:?}"
+    );
+    let last_call_step = finished.iter().filter_map(|c| c["step"].as_u64()).max();
+    assert!(
+        seen.iter()
+            .any(|(kind, data)| kind == "token" && data["step"].as_u64() > last_call_step),
+        "no text came from a request after the tool result: {seen:?}"
     );
     check_journal(&server, &session, &started, &finished).await;
 }
