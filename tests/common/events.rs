@@ -58,7 +58,13 @@ impl Events {
 
     /// The next event (comments and keep-alives skipped); fails after 10 s.
     pub async fn next(&mut self) -> Sse {
-        tokio::time::timeout(Duration::from_secs(10), async {
+        self.next_within(Duration::from_secs(10)).await
+    }
+
+    /// The next event (comments and keep-alives skipped); fails after `timeout`
+    /// (a real model may think longer than the stand-in's 10 s).
+    pub async fn next_within(&mut self, timeout: Duration) -> Sse {
+        tokio::time::timeout(timeout, async {
             loop {
                 if let Some(end) = self.buffer.find("\n\n") {
                     let block: String = self.buffer.drain(..end + 2).collect();
@@ -89,7 +95,7 @@ impl Events {
             }
         })
         .await
-        .expect("no event within 10 s")
+        .unwrap_or_else(|_| panic!("no event within {timeout:?}"))
     }
 
     /// The next event of `kind`, skipping the others; fails after `timeout`.
