@@ -310,3 +310,31 @@ async fn readiness_follows_the_database() {
     })
     .await;
 }
+
+#[test]
+fn the_grafana_dashboard_parses_and_uses_only_documented_series() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is JSON");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10);
+    for target in panels.iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let expr = target["expr"].as_str().unwrap();
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let Some(series) = word.strip_prefix("toolgate_").map(|_| word) else {
+                continue;
+            };
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| series.strip_suffix(suffix))
+                .unwrap_or(series);
+            assert!(
+                readme.contains(&format!("`{base}")),
+                "{base} (in {expr}) is not in the README's metrics table"
+            );
+        }
+    }
+}
