@@ -104,7 +104,6 @@ pub struct Metrics {
     pub evictions: Family<SourceLabels, Counter>,
     pub journal_batch_rows: Histogram,
     pub journal_commit_seconds: Histogram,
-    pub db_acquire_seconds: Histogram,
     pub job_lease_losses: Counter,
     pub script_runs: Counter,
     pub script_limits: Family<LimitLabels, Counter>,
@@ -129,7 +128,6 @@ impl Metrics {
             evictions: Family::default(),
             journal_batch_rows: batch_sizes(),
             journal_commit_seconds: latency(),
-            db_acquire_seconds: latency(),
             job_lease_losses: Counter::default(),
             script_runs: Counter::default(),
             script_limits: Family::default(),
@@ -186,11 +184,7 @@ impl Metrics {
             "Time of one journal writer batch commit",
             self.journal_commit_seconds.clone(),
         );
-        r.register(
-            "db_acquire_duration_seconds",
-            "Time waited for a database connection from the pool",
-            self.db_acquire_seconds.clone(),
-        );
+
         r.register(
             "job_lease_losses",
             "Runtime jobs whose lease was lost while running (they end uncertain)",
