@@ -338,3 +338,51 @@ fn the_grafana_dashboard_parses_and_uses_only_documented_series() {
         }
     }
 }
+
+#[tokio::test]
+async fn script_runs_limits_and_model_requests_are_counted() {
+    let stand_in =
+        common::model::StandIn::start(vec![common::model::text_answer(&["a", "b", "c"])]).await;
+    let mut env = stand_in.env();
+    env.push(("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()));
+    env.push(("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), "100".into()));
+    let server = spawn_with(SpawnOptions {
+        env,
+        ..Default::default()
+    })
+    .await;
+    for (name, script) in [("quick", "return 1;"), ("spin", "while (true) {}")] {
+        let defined = server
+            .post(
+                "/tools/definitions",
+                json!({"name": name, "handler_type": "script", "handler": {"script": script}}),
+            )
+            .await;
+        assert_eq!(defined.status, StatusCode::CREATED, "{defined:?}");
+    }
+    let session = server.create_session().await;
+    assert_eq!(
+        call(&server, &session, "quick", json!({})).await["status"],
+        "success"
+    );
+    call(&server, &session, "spin", json!({})).await;
+    let mut events = common::events::Events::open(&server, &session).await;
+    common::model::turn(&server, &session, "hi").await;
+    common::model::until_run_ends(&mut events).await;
+
+    let text = scrape(&server).await;
+    assert_eq!(sample(&text, "toolgate_script_runs_total"), 2.0, "{text}");
+    assert_eq!(
+        sample(&text, r#"toolgate_script_limit_hits_total{kind="time"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, r#"toolgate_model_requests_total{outcome="success"}"#),
+        1.0
+    );
+    assert_eq!(sample(&text, "toolgate_model_stream_deltas_total"), 3.0);
+    assert_eq!(
+        sample(&text, "toolgate_model_request_duration_seconds_count"),
+        1.0
+    );
+}
