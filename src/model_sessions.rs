@@ -117,6 +117,9 @@ struct ModelSession {
     events: mpsc::Sender<ModelSessionEvent>,
     /// Names of the catalog this session took last; what its next model request uses.
     accepted: Mutex<Vec<String>>,
+    /// A watcher (the web console's live journal), not a model: it takes no
+    /// catalog, so syncs pass it by, and only it receives journal events.
+    observer: bool,
 }
 
 /// Why an event could not be queued.
@@ -206,6 +209,7 @@ impl ModelSessionHub {
             provider,
             events: sender,
             accepted: Mutex::new(accepted.clone()),
+            observer: false,
         });
         let ready = ModelSessionEvent {
             kind: "ready",
@@ -244,19 +248,59 @@ impl ModelSessionHub {
         })
     }
 
-    /// The live model sessions a change concerns.
+    /// Opens a watcher of `session`'s events: it receives what is published to
+    /// the session (results, run events) and to observers (journal rows), never
+    /// a catalog, so it cannot refuse one. Refused once shutdown has begun.
+    pub fn observe(self: &Arc<Self>, session: Session) -> Result<Subscription> {
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        let observer = Arc::new(ModelSession {
+            id: crate::ids::new_id("watch"),
+            session,
+            slot: Slot::Narrator,
+            provider: ModelProvider::OpenAiCompatible,
+            events: sender,
+            accepted: Mutex::new(Vec::new()),
+            observer: true,
+        });
+        let character_id = observer.session.character_id.clone();
+        let id = observer.id.clone();
+        {
+            let mut live = self.live();
+            if live.closed {
+                return Err(shutting_down());
+            }
+            live.by_character
+                .entry(character_id.clone())
+                .or_default()
+                .push(observer);
+        }
+        Ok(Subscription {
+            hub: self.clone(),
+            character_id,
+            id,
+            events: receiver,
+        })
+    }
+
+    /// The live model sessions a change concerns (observers take no catalog).
     fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
         let live = self.live();
         let live = &live.by_character;
         let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
             live.values()
                 .flatten()
-                .filter(|model_session| keep(&model_session.session))
+                .filter(|model_session| !model_session.observer && keep(&model_session.session))
                 .cloned()
                 .collect()
         };
         match scope {
-            CatalogScope::Character(id) => live.get(id).cloned().unwrap_or_default(),
+            CatalogScope::Character(id) => live
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|model_session| !model_session.observer)
+                .cloned()
+                .collect(),
             CatalogScope::Account(id) => matching(&|session| session.account_id == *id),
             CatalogScope::Session(id) => matching(&|session| session.id == *id),
         }
@@ -338,18 +382,24 @@ impl ModelSessionHub {
     /// Queues an event for every live model session of one chat session (e.g. a
     /// deferred tool result). Returns how many sessions took it.
     pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
-        self.publish_where(|session| session.id == session_id, event)
+        self.publish_where(|session, _| session.id == session_id, event)
+    }
+
+    /// Queues an event for the observers of one chat session only (a journal
+    /// row was written); model sessions never see it.
+    pub fn publish_to_observers(&self, session_id: &str, event: ModelSessionEvent) -> usize {
+        self.publish_where(|session, observer| observer && session.id == session_id, event)
     }
 
     /// Queues an event for every live model session of an account (an MCP
     /// server's connection changed). Returns how many sessions took it.
     pub fn publish_to_account(&self, account_id: &str, event: ModelSessionEvent) -> usize {
-        self.publish_where(|session| session.account_id == account_id, event)
+        self.publish_where(|session, _| session.account_id == account_id, event)
     }
 
     fn publish_where(
         &self,
-        concerned: impl Fn(&Session) -> bool,
+        concerned: impl Fn(&Session, bool) -> bool,
         event: ModelSessionEvent,
     ) -> usize {
         let targets: Vec<Arc<ModelSession>> = self
@@ -357,7 +407,7 @@ impl ModelSessionHub {
             .by_character
             .values()
             .flatten()
-            .filter(|model_session| concerned(&model_session.session))
+            .filter(|model_session| concerned(&model_session.session, model_session.observer))
             .cloned()
             .collect();
         targets

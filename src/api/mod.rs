@@ -6,6 +6,7 @@ mod auth;
 mod browser_guard;
 mod catalog;
 mod characters;
+mod console;
 mod definitions;
 pub mod envelope;
 pub mod error;
@@ -263,7 +264,8 @@ pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
     let openapi = std::sync::Arc::new(openapi);
     let request_id = HeaderName::from_static("x-request-id");
-    api.route(
+    api.merge(console::router())
+        .route(
         "/healthz",
         get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
     )

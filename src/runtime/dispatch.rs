@@ -36,10 +36,29 @@ impl ToolRuntime {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
         FinishOnDrop::new(
-            async move { runtime.run_call(&account_id, &session_id, call).await },
+            async move {
+                let result = runtime.run_call(&account_id, &session_id, call).await;
+                if let Ok(result) = &result {
+                    runtime.publish_journal_row(&session_id, result);
+                }
+                result
+            },
             self.calls.clone(),
         )
         .await
+    }
+
+    /// Tells the session's observers (the web console) that a journal row
+    /// was written; they read the row itself through the store.
+    fn publish_journal_row(&self, session_id: &str, result: &ToolCallResult) {
+        let event = crate::model_sessions::ModelSessionEvent {
+            kind: "journal",
+            data: serde_json::json!({
+                "execution_id": result.execution_id,
+                "status": result.status,
+            }),
+        };
+        self.model_sessions.publish_to_observers(session_id, event);
     }
 
     async fn run_call(
