@@ -5,6 +5,7 @@
 //! store and runtime calls the API makes, so an account sees exactly what its
 //! key sees.
 
+pub mod activity;
 pub mod assets;
 pub mod csrf;
 pub mod forms;

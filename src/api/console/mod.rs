@@ -10,6 +10,7 @@ mod floors;
 mod guard;
 mod render;
 mod sessions;
+mod tools;
 
 use std::sync::Arc;
 
@@ -50,6 +51,9 @@ pub fn router() -> Router<AppState> {
         .route("/console/floors/{id}/runs", post(floors::open_run))
         .route("/console/runs/{id}/commit", post(floors::commit))
         .route("/console/runs/{id}/discard", post(floors::discard))
+        .route("/console/runtime-tools", get(tools::runtime_tools))
+        .route("/console/mcp", get(tools::mcp_servers))
+        .route("/console/activity", get(tools::activity))
         .route("/console/{*rest}", get(not_found).post(not_found))
         .layer(axum::middleware::map_response(security_headers))
         .layer(Extension(Arc::new(Console::default())))

@@ -2,10 +2,13 @@
 //! time, every interpolation HTML-escaped). Each page reads without script;
 //! `console.js` only adds live updates.
 
+pub mod activity;
 pub mod execution;
 pub mod floor;
 pub mod journal;
 pub mod login;
+pub mod mcp;
+pub mod runtime_tools;
 pub mod session;
 pub mod sessions;
 
