@@ -24,7 +24,10 @@ async fn sign_in(api: &Api) -> anyhow::Result<String> {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    let login = client.get(format!("{}/console/login", api.base)).send().await?;
+    let login = client
+        .get(format!("{}/console/login", api.base))
+        .send()
+        .await?;
     let token = hidden_token(&login.text().await?)?;
     let body = serde_urlencoded::to_string([("csrf_token", token.as_str()), ("api_key", TOKEN)])?;
     let answer = client
@@ -33,7 +36,11 @@ async fn sign_in(api: &Api) -> anyhow::Result<String> {
         .body(body)
         .send()
         .await?;
-    ensure!(answer.status().as_u16() == 303, "sign-in answered {}", answer.status());
+    ensure!(
+        answer.status().as_u16() == 303,
+        "sign-in answered {}",
+        answer.status()
+    );
     let cookie = answer
         .headers()
         .get("set-cookie")
@@ -48,7 +55,10 @@ async fn seed(api: &Api, concurrency: usize, session: &str) -> anyhow::Result<St
     let request = api.clone();
     let stats = drive(
         concurrency,
-        Limit { duration: Duration::from_secs(600), max_requests: CONSOLE_ROWS },
+        Limit {
+            duration: Duration::from_secs(600),
+            max_requests: CONSOLE_ROWS,
+        },
         move |_| {
             let request = request.post(&path, br#"{"name":"roll_dice","arguments":{"sides":6}}"#);
             async move { Api::json(request).await.map(drop) }
@@ -56,8 +66,12 @@ async fn seed(api: &Api, concurrency: usize, session: &str) -> anyhow::Result<St
     )
     .await;
     stats.check("console_seed")?;
-    let rows = Api::json(api.get(&format!("/tool-executions?session_id={session}&limit=1"))).await?;
-    ensure!(rows["meta"]["total"].as_i64() >= Some(CONSOLE_ROWS as i64), "seeded {rows}");
+    let rows =
+        Api::json(api.get(&format!("/tool-executions?session_id={session}&limit=1"))).await?;
+    ensure!(
+        rows["meta"]["total"].as_i64() >= Some(CONSOLE_ROWS as i64),
+        "seeded {rows}"
+    );
     Ok(rows["data"][0]["id"].as_str().context("no row")?.to_owned())
 }
 
@@ -67,7 +81,10 @@ pub async fn console_phase(args: &super::Args, api: &Api, session: &str) -> anyh
     let cookie = Arc::new(sign_in(api).await?);
     let pages = [
         ("session", format!("/console/sessions/{session}")),
-        ("session_journal_offset_5000", format!("/console/sessions/{session}?offset=5000")),
+        (
+            "session_journal_offset_5000",
+            format!("/console/sessions/{session}?offset=5000"),
+        ),
         ("sessions", "/console/sessions".to_owned()),
         ("execution", format!("/console/executions/{execution}")),
         ("activity", "/console/activity".to_owned()),
@@ -80,7 +97,12 @@ pub async fn console_phase(args: &super::Args, api: &Api, session: &str) -> anyh
             let request = client.get(url.as_str()).header("cookie", cookie.as_str());
             async move {
                 let answer = request.send().await?;
-                ensure!(answer.status().is_success(), "{} answered {}", answer.url(), answer.status());
+                ensure!(
+                    answer.status().is_success(),
+                    "{} answered {}",
+                    answer.url(),
+                    answer.status()
+                );
                 let body: String = answer.text().await?;
                 ensure!(body.contains("</html>"), "not a whole page");
                 Ok(())
@@ -88,8 +110,14 @@ pub async fn console_phase(args: &super::Args, api: &Api, session: &str) -> anyh
         })
         .await;
         stats.check(label)?;
-        figure(&format!("console_{label}_p50_ms"), stats.percentile_ms(50.0));
-        figure(&format!("console_{label}_p99_ms"), stats.percentile_ms(99.0));
+        figure(
+            &format!("console_{label}_p50_ms"),
+            stats.percentile_ms(50.0),
+        );
+        figure(
+            &format!("console_{label}_p99_ms"),
+            stats.percentile_ms(99.0),
+        );
     }
     Ok(())
 }

@@ -156,7 +156,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.wants("console") {
         let fresh = Api::json(api.post("/sessions", br#"{"character":"Lanlan"}"#)).await?;
-        let fresh = fresh["data"]["id"].as_str().context("no session id")?.to_owned();
+        let fresh = fresh["data"]["id"]
+            .as_str()
+            .context("no session id")?
+            .to_owned();
         console::console_phase(&args, &api, &fresh).await?;
     }
     drop(roles);

@@ -226,25 +226,34 @@ impl ModelSessionHub {
         };
         // The channel is empty, so this cannot fail.
         let _ = model_session.deliver(ready);
+        // `close_all` may have run while the catalog was built.
+        let subscription = self.join(model_session, receiver)?;
+        tracing::info!(model_session = %subscription.id, character_id = %subscription.character_id, "model session opened");
+        Ok(subscription)
+    }
+
+    /// Adds a model session (or observer) to the live ones unless shutdown
+    /// has begun, under the lock `close_all` takes.
+    fn join(
+        self: &Arc<Self>,
+        model_session: Arc<ModelSession>,
+        events: mpsc::Receiver<ModelSessionEvent>,
+    ) -> Result<Subscription> {
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
-        {
-            // `close_all` may have run while the catalog was built.
-            let mut live = self.live();
-            if live.closed {
-                return Err(shutting_down());
-            }
-            live.by_character
-                .entry(character_id.clone())
-                .or_default()
-                .push(model_session);
+        let mut live = self.live();
+        if live.closed {
+            return Err(shutting_down());
         }
-        tracing::info!(model_session = %id, character_id = %character_id, "model session opened");
+        live.by_character
+            .entry(character_id.clone())
+            .or_default()
+            .push(model_session);
         Ok(Subscription {
             hub: self.clone(),
             character_id,
             id,
-            events: receiver,
+            events,
         })
     }
 
@@ -262,24 +271,7 @@ impl ModelSessionHub {
             accepted: Mutex::new(Vec::new()),
             observer: true,
         });
-        let character_id = observer.session.character_id.clone();
-        let id = observer.id.clone();
-        {
-            let mut live = self.live();
-            if live.closed {
-                return Err(shutting_down());
-            }
-            live.by_character
-                .entry(character_id.clone())
-                .or_default()
-                .push(observer);
-        }
-        Ok(Subscription {
-            hub: self.clone(),
-            character_id,
-            id,
-            events: receiver,
-        })
+        self.join(observer, receiver)
     }
 
     /// The live model sessions a change concerns (observers take no catalog).
@@ -388,7 +380,10 @@ impl ModelSessionHub {
     /// Queues an event for the observers of one chat session only (a journal
     /// row was written); model sessions never see it.
     pub fn publish_to_observers(&self, session_id: &str, event: ModelSessionEvent) -> usize {
-        self.publish_where(|session, observer| observer && session.id == session_id, event)
+        self.publish_where(
+            |session, observer| observer && session.id == session_id,
+            event,
+        )
     }
 
     /// Queues an event for every live model session of an account (an MCP

@@ -79,7 +79,7 @@ async fn browser(driver: &Driver) -> Client {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
-        json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"]}),
+        json!({"args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,2200"]}),
     );
     ClientBuilder::rustls()
         .expect("tls")
@@ -93,6 +93,16 @@ async fn browser(driver: &Driver) -> Client {
 async fn screenshot(client: &Client, dir: &Path, name: &str) {
     let png = client.screenshot().await.expect("screenshot");
     std::fs::write(dir.join(format!("{name}.png")), png).expect("write screenshot");
+}
+
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|err| panic!("{css}: {err}"))
+        .click()
+        .await
+        .unwrap();
 }
 
 async fn text_of(client: &Client, css: &str) -> String {
@@ -114,32 +124,59 @@ async fn fixture(server: &TestServer) -> (String, String, String) {
         "source": "plugin:rockets", "side_effect_level": "irreversible", "description": "Launches a rocket"})).await;
     let session = server.create_session().await;
     let floor = server
-        .post(&format!("/sessions/{session}/floors"), json!({"content": "Roll for me"}))
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "Roll for me"}),
+        )
         .await;
     let floor = floor.body["data"]["id"].as_str().unwrap().to_owned();
-    let run = server.post(&format!("/floors/{floor}/runs"), json!({})).await;
+    let run = server
+        .post(&format!("/floors/{floor}/runs"), json!({}))
+        .await;
     let run = run.body["data"]["id"].as_str().unwrap().to_owned();
+    let call = server
+        .post(&format!("/sessions/{session}/tool-calls"),
+            json!({"name": "roll_dice", "arguments": {"sides": 20}, "floor_id": floor, "run_id": run}))
+        .await;
+    assert_eq!(call.body["data"]["status"], "success", "{call:?}");
     (session, floor, run)
 }
 
 async fn sign_in(client: &Client, server: &TestServer) {
     client.goto(&server.url("/console/sessions")).await.unwrap();
-    let key = client.wait().at_most(WAIT).for_element(Locator::Css("input[name=api_key]")).await.unwrap();
+    let key = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("input[name=api_key]"))
+        .await
+        .unwrap();
     key.send_keys("tg_wrong_key").await.unwrap();
-    client.find(Locator::Css("form.login button")).await.unwrap().click().await.unwrap();
+    click(client, "form.login button").await;
     assert!(text_of(client, "p.error").await.contains("not valid"));
-    let key = client.find(Locator::Css("input[name=api_key]")).await.unwrap();
+    let key = client
+        .find(Locator::Css("input[name=api_key]"))
+        .await
+        .unwrap();
     key.send_keys(&server.token).await.unwrap();
-    client.find(Locator::Css("form.login button")).await.unwrap().click().await.unwrap();
-    client.wait().at_most(WAIT).for_element(Locator::Css("form.search")).await.unwrap();
+    click(client, "form.login button").await;
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("form.search"))
+        .await
+        .unwrap();
 }
 
 async fn deny_and_watch(client: &Client, server: &TestServer, session: &str, dir: &Path) -> String {
     let deny = client.find(Locator::Css("#deny_narrator")).await.unwrap();
     deny.clear().await.unwrap();
     deny.send_keys("get_time").await.unwrap();
-    client.find(Locator::Css("#permissions button")).await.unwrap().click().await.unwrap();
-    assert!(text_of(client, "p.notice").await.contains("permissions saved"));
+    click(client, "#permissions button").await;
+    assert!(
+        text_of(client, "p.notice")
+            .await
+            .contains("permissions saved")
+    );
     let live = client.find(Locator::Css("#live-status")).await.unwrap();
     client
         .wait()
@@ -149,16 +186,30 @@ async fn deny_and_watch(client: &Client, server: &TestServer, session: &str, dir
         .expect("the live journal connects");
     let journal = client.find(Locator::Css("#journal")).await.unwrap();
     let call = server
-        .post(&format!("/sessions/{session}/tool-calls"), json!({"name": "get_time", "arguments": {}}))
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "get_time", "arguments": {}}),
+        )
         .await;
     assert_eq!(call.body["data"]["status"], "denied", "{call:?}");
-    let execution = call.body["data"]["execution_id"].as_str().unwrap().to_owned();
+    let execution = call.body["data"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let row = format!("#exec-{execution}[data-status=denied]");
-    client.wait().at_most(WAIT).for_element(Locator::Css(&row)).await.expect("the denied call appears live");
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(&row))
+        .await
+        .expect("the denied call appears live");
     // Elements found before the call still belong to the page: no reload happened.
     assert!(journal.text().await.expect("same page").contains("denied"));
     assert!(live.text().await.expect("same page").contains("Live"));
     screenshot(client, dir, "session").await;
+    let section = client.find(Locator::Css("#journal")).await.unwrap();
+    let png = section.screenshot().await.expect("journal screenshot");
+    std::fs::write(dir.join("session-journal.png"), png).unwrap();
     execution
 }
 
@@ -172,7 +223,12 @@ async fn hostile_page(target: &str, token: &str) -> String {
          <button id=go>go</button></form>"
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://localhost:{}/", listener.local_addr().unwrap().port());
+    // Another port of the same host: another origin but the same site, so
+    // the SameSite=Strict cookie goes along and only the Origin check stands.
+    let url = format!(
+        "http://127.0.0.1:{}/",
+        listener.local_addr().unwrap().port()
+    );
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             let response = format!(
@@ -190,37 +246,81 @@ async fn the_console_in_headless_chromium() {
     let driver = start_driver().await;
     let server = spawn_app().await;
     let (session, floor, run) = fixture(&server).await;
-    let shots = tempfile::Builder::new().prefix("toolgate-console-screenshots-").tempdir().unwrap().keep();
+    let shots = tempfile::Builder::new()
+        .prefix("toolgate-console-screenshots-")
+        .tempdir()
+        .unwrap()
+        .keep();
     println!("console screenshots: {}", shots.display());
     let client = browser(&driver).await;
 
     sign_in(&client, &server).await;
     screenshot(&client, &shots, "sessions").await;
-    client.find(Locator::Css(&format!("a[href='/console/sessions/{session}']"))).await.unwrap().click().await.unwrap();
+    click(&client, &format!("a[href='/console/sessions/{session}']")).await;
     let reason = text_of(&client, "tr[data-tool=launch_rocket] .reason").await;
     assert!(reason.contains("allow_irreversible"), "{reason}");
-    assert!(text_of(&client, "tr[data-tool=launch_rocket] .availability").await.contains("unavailable"));
+    assert!(
+        text_of(&client, "tr[data-tool=launch_rocket] .availability")
+            .await
+            .contains("unavailable")
+    );
 
     let execution = deny_and_watch(&client, &server, &session, &shots).await;
-    client.find(Locator::Css(&format!("#exec-{execution} td.tool a"))).await.unwrap().click().await.unwrap();
+    click(&client, &format!("#exec-{execution} td.tool a")).await;
     assert_eq!(text_of(&client, "#status").await, "denied");
-    assert!(text_of(&client, "#result").await.contains("get_time"));
+    let page = client.source().await.unwrap();
+    assert!(page.contains("deny list of slot narrator"), "{page}");
+    assert_eq!(text_of(&client, "#arguments").await, "{}");
     screenshot(&client, &shots, "execution").await;
 
-    client.goto(&server.url(&format!("/console/floors/{floor}"))).await.unwrap();
+    client
+        .goto(&server.url(&format!("/console/floors/{floor}")))
+        .await
+        .unwrap();
     screenshot(&client, &shots, "floor").await;
-    client.find(Locator::Css(&format!("form[action='/console/runs/{run}/discard'] button"))).await.unwrap().click().await.unwrap();
+    click(
+        &client,
+        &format!("form[action='/console/runs/{run}/discard'] button"),
+    )
+    .await;
     assert!(text_of(&client, "p.notice").await.contains("run discarded"));
-    assert_eq!(text_of(&client, &format!("tr[data-run='{run}'] td.state")).await, "discarded");
-    assert_eq!(server.get(&format!("/runs/{run}")).await.body["data"]["state"], "discarded");
+    // A discarded run's page leaves the floor: its buttons are gone.
+    let buttons = client
+        .find_all(Locator::Css(&format!(
+            "form[action='/console/runs/{run}/discard']"
+        )))
+        .await
+        .unwrap();
+    assert!(
+        buttons.is_empty(),
+        "the discarded run still offers a discard"
+    );
+    assert_eq!(
+        server.get(&format!("/runs/{run}")).await.body["data"]["state"],
+        "discarded"
+    );
 
     let page = client.source().await.unwrap();
     let token = common::console::csrf_token(&page);
     let target = server.url(&format!("/console/sessions/{session}/permissions"));
-    client.goto(&hostile_page(&target, &token).await).await.unwrap();
-    client.find(Locator::Id("go")).await.unwrap().click().await.unwrap();
+    client
+        .goto(&hostile_page(&target, &token).await)
+        .await
+        .unwrap();
+    client
+        .find(Locator::Id("go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     assert!(text_of(&client, "p.error").await.contains("another site"));
-    let permissions = server.get(&format!("/sessions/{session}/tool-permissions")).await;
-    assert_eq!(permissions.body["data"]["max_calls_per_turn"], 10, "the hostile post changed nothing");
+    let permissions = server
+        .get(&format!("/sessions/{session}/tool-permissions"))
+        .await;
+    assert_eq!(
+        permissions.body["data"]["max_calls_per_turn"], 10,
+        "the hostile post changed nothing"
+    );
     client.close().await.unwrap();
 }

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::console::{ConsoleClient, csrf_token, login_token, plain_client, post_login, with_form};
+use common::console::{
+    ConsoleClient, csrf_token, login_token, plain_client, post_login, with_form,
+};
 use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
@@ -55,15 +57,26 @@ async fn pages_without_a_console_session_redirect_to_the_sign_in_page_with_the_c
         .await
         .unwrap();
     assert_eq!(answer.status(), StatusCode::SEE_OTHER);
-    for path in ["/console/login", "/console/assets/console.js", "/console/assets/console.css"] {
+    for path in [
+        "/console/login",
+        "/console/assets/console.js",
+        "/console/assets/console.css",
+    ] {
         let answer = client.get(server.url(path)).send().await.unwrap();
         assert_eq!(answer.status(), StatusCode::OK, "{path}");
         assert_eq!(csp_of(&answer), CSP, "{path}");
     }
-    let login = client.get(server.url("/console/login")).send().await.unwrap();
+    let login = client
+        .get(server.url("/console/login"))
+        .send()
+        .await
+        .unwrap();
     let html = login.text().await.unwrap();
     assert!(html.contains("name=\"api_key\""), "{html}");
-    assert!(!html.contains("<script>") && !html.contains("style="), "inline code: {html}");
+    assert!(
+        !html.contains("<script>") && !html.contains("style="),
+        "inline code: {html}"
+    );
 }
 
 #[tokio::test]
@@ -73,10 +86,16 @@ async fn a_wrong_key_is_refused_with_the_form_and_the_token_serves_repeated_atte
     for _ in 0..2 {
         let refused = post_login(&server, &token, "tg_not_a_key").await;
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
-        assert!(refused.headers().get(SET_COOKIE).is_none(), "a cookie for a wrong key");
+        assert!(
+            refused.headers().get(SET_COOKIE).is_none(),
+            "a cookie for a wrong key"
+        );
         assert_eq!(csp_of(&refused), CSP);
         let html = refused.text().await.unwrap();
-        assert!(html.contains("name=\"api_key\"") && html.contains("not valid"), "{html}");
+        assert!(
+            html.contains("name=\"api_key\"") && html.contains("not valid"),
+            "{html}"
+        );
     }
     let empty = post_login(&server, &token, "").await;
     assert_eq!(empty.status(), StatusCode::UNAUTHORIZED);
@@ -94,12 +113,20 @@ async fn a_wrong_key_is_refused_with_the_form_and_the_token_serves_repeated_atte
         plain_client()
             .post(server.url("/console/login"))
             .header("x-forwarded-proto", "https"),
-        &[("csrf_token", token.as_str()), ("api_key", server.token.as_str())],
+        &[
+            ("csrf_token", token.as_str()),
+            ("api_key", server.token.as_str()),
+        ],
     )
     .send()
-        .await
-        .unwrap();
-    assert!(over_tls.headers()[SET_COOKIE].to_str().unwrap().contains("Secure"));
+    .await
+    .unwrap();
+    assert!(
+        over_tls.headers()[SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Secure")
+    );
 }
 
 #[tokio::test]
@@ -115,17 +142,22 @@ async fn sign_in_posts_without_a_valid_token_or_from_another_site_are_refused() 
         plain_client()
             .post(server.url("/console/login"))
             .header("origin", "http://evil.example"),
-        &[("csrf_token", token.as_str()), ("api_key", server.token.as_str())],
+        &[
+            ("csrf_token", token.as_str()),
+            ("api_key", server.token.as_str()),
+        ],
     )
     .send()
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     assert_eq!(cross.status(), StatusCode::FORBIDDEN);
     assert!(cross.headers().get(SET_COOKIE).is_none());
 }
 
 async fn narrator_denies(server: &TestServer, session: &str) -> serde_json::Value {
-    let reply = server.get(&format!("/sessions/{session}/tool-permissions")).await;
+    let reply = server
+        .get(&format!("/sessions/{session}/tool-permissions"))
+        .await;
     reply.body["data"]["slot_deny_list"]["narrator"].clone()
 }
 
@@ -148,7 +180,8 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
     };
     let token: &'static str = Box::leak(token.into_boxed_str());
     let others: &'static str = Box::leak(other.token().await.into_boxed_str());
-    let refusals: Vec<(Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+    type Pairs = Vec<(&'static str, &'static str)>;
+    let refusals: Vec<(Pairs, Pairs)> = vec![
         (form(token), vec![("origin", "http://evil.example")]),
         (form(token), vec![("origin", "null")]),
         (form(token), vec![("referer", "http://evil.example/page")]),
@@ -159,8 +192,15 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
     ];
     for (fields, headers) in &refusals {
         let (status, html) = console.post(&path, fields, headers).await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?} {fields:?}: {html}");
-        assert_eq!(narrator_denies(&server, &session).await, serde_json::Value::Null);
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "{headers:?} {fields:?}: {html}"
+        );
+        assert_eq!(
+            narrator_denies(&server, &session).await,
+            serde_json::Value::Null
+        );
     }
     // Same-site (its own Origin) and header-less posts with the token pass.
     let own_origin = server.base_url.clone();
@@ -168,12 +208,19 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
         .post(&path, &form(token), &[("origin", &own_origin)])
         .await;
     assert_eq!(status, StatusCode::SEE_OTHER);
-    assert_eq!(narrator_denies(&server, &session).await, json!(["get_time"]));
+    assert_eq!(
+        narrator_denies(&server, &session).await,
+        json!(["get_time"])
+    );
     let (status, _) = console.post(&path, &form(token), &[]).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     // A bad form is a 400 page, never a 500.
     let (status, html) = console
-        .post(&path, &[("csrf_token", token), ("max_calls_per_turn", "many")], &[])
+        .post(
+            &path,
+            &[("csrf_token", token), ("max_calls_per_turn", "many")],
+            &[],
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{html}");
 }
@@ -183,7 +230,9 @@ async fn sign_out_ends_the_console_session() {
     let server = spawn_app().await;
     let console = ConsoleClient::sign_in(&server, &server.token).await;
     let token = console.token().await;
-    let (status, _) = console.post("/console/logout", &[("csrf_token", &token)], &[]).await;
+    let (status, _) = console
+        .post("/console/logout", &[("csrf_token", &token)], &[])
+        .await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     let (status, _) = console.get("/console/sessions").await;
     assert_eq!(status, StatusCode::SEE_OTHER);
@@ -199,15 +248,26 @@ struct Foreign {
 
 async fn foreign_data(server: &TestServer, key: &str) -> Foreign {
     let character = server
-        .send_as(key, reqwest::Method::POST, "/characters", Some(json!({"name": "Other"})))
+        .send_as(
+            key,
+            reqwest::Method::POST,
+            "/characters",
+            Some(json!({"name": "Other"})),
+        )
         .await;
     assert_eq!(character.status, StatusCode::CREATED, "{character:?}");
     let post = |path: String, body| async move {
-        server.send_as(key, reqwest::Method::POST, &path, Some(body)).await
+        server
+            .send_as(key, reqwest::Method::POST, &path, Some(body))
+            .await
     };
     let session = post("/sessions".into(), json!({"character": "Other"})).await;
     let session = session.body["data"]["id"].as_str().unwrap().to_owned();
-    let floor = post(format!("/sessions/{session}/floors"), json!({"content": "hi"})).await;
+    let floor = post(
+        format!("/sessions/{session}/floors"),
+        json!({"content": "hi"}),
+    )
+    .await;
     let floor = floor.body["data"]["id"].as_str().unwrap().to_owned();
     let run = post(format!("/floors/{floor}/runs"), json!({})).await;
     let run = run.body["data"]["id"].as_str().unwrap().to_owned();
@@ -216,8 +276,16 @@ async fn foreign_data(server: &TestServer, key: &str) -> Foreign {
         json!({"name": "get_time", "arguments": {}, "floor_id": floor, "run_id": run}),
     )
     .await;
-    let execution = call.body["data"]["execution_id"].as_str().unwrap().to_owned();
-    Foreign { session, floor, run, execution }
+    let execution = call.body["data"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    Foreign {
+        session,
+        floor,
+        run,
+        execution,
+    }
 }
 
 #[tokio::test]
@@ -236,7 +304,11 @@ async fn no_console_page_answers_another_accounts_ids_not_even_for_the_admin() {
     for path in &pages {
         let (status, html) = admin.get(path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {html}");
-        assert_eq!(tenant.status(path).await, StatusCode::OK, "{path} for its own account");
+        assert_eq!(
+            tenant.status(path).await,
+            StatusCode::OK,
+            "{path} for its own account"
+        );
     }
     let token = admin.token().await;
     let posts = [
@@ -254,14 +326,32 @@ async fn no_console_page_answers_another_accounts_ids_not_even_for_the_admin() {
         let (status, html) = admin.post(path, &fields, &[]).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {html}");
     }
-    let run = server.send_as(&key, reqwest::Method::GET, &format!("/runs/{}", foreign.run), None).await;
-    assert_eq!(run.body["data"]["state"], "open", "the admin's posts changed nothing");
-    let (_, list) = admin.get(&format!("/console/sessions?q={}", foreign.session)).await;
-    assert!(!list.contains(&foreign.session), "listed for the admin: {list}");
+    let run = server
+        .send_as(
+            &key,
+            reqwest::Method::GET,
+            &format!("/runs/{}", foreign.run),
+            None,
+        )
+        .await;
+    assert_eq!(
+        run.body["data"]["state"], "open",
+        "the admin's posts changed nothing"
+    );
+    let (_, list) = admin
+        .get(&format!("/console/sessions?q={}", foreign.session))
+        .await;
+    let link = format!("href=\"/console/sessions/{}\"", foreign.session);
+    assert!(!list.contains(&link), "listed for the admin: {list}");
     let (_, list) = tenant.get("/console/sessions?q=Other").await;
-    assert!(list.contains(&foreign.session), "{list}");
-    let (status, html) = tenant.get(&format!("/console/executions/{}", foreign.execution)).await;
+    assert!(list.contains(&link), "{list}");
+    let (status, html) = tenant
+        .get(&format!("/console/executions/{}", foreign.execution))
+        .await;
     assert_eq!(status, StatusCode::OK);
-    assert!(html.contains("get_time") && html.contains(&foreign.run), "{html}");
-    assert_eq!(csrf_token(&html).is_empty(), false);
+    assert!(
+        html.contains("get_time") && html.contains(&foreign.run),
+        "{html}"
+    );
+    assert!(!csrf_token(&html).is_empty());
 }

@@ -266,40 +266,40 @@ pub fn router(state: AppState) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
     api.merge(console::router())
         .route(
-        "/healthz",
-        get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
-    )
-    .route(
-        "/openapi.json",
-        get(move || {
-            let openapi = openapi.clone();
-            async move { axum::Json((*openapi).clone()) }
-        }),
-    )
-    .fallback(|| async { ApiError::not_found("no such route") })
-    .method_not_allowed_fallback(|| async {
-        ApiError::new(
-            ErrorCode::MethodNotAllowed,
-            "this route does not accept that method",
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
-    })
-    .layer(DefaultBodyLimit::max(
-        state.runtime.settings.body_limit_bytes,
-    ))
-    .layer(CatchPanicLayer::custom(|_panic| {
-        tracing::error!("a request handler panicked");
-        ApiError::new(
-            ErrorCode::InternalError,
-            "the server failed to handle this request; the cause is in its log",
+        .route(
+            "/openapi.json",
+            get(move || {
+                let openapi = openapi.clone();
+                async move { axum::Json((*openapi).clone()) }
+            }),
         )
-        .into_response()
-    }))
-    .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-        StatusCode::REQUEST_TIMEOUT,
-        Duration::from_secs(600),
-    ))
-    .layer(TraceLayer::new_for_http())
-    .layer(PropagateRequestIdLayer::new(request_id.clone()))
-    .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
-    .with_state(state)
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "this route does not accept that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(
+            state.runtime.settings.body_limit_bytes,
+        ))
+        .layer(CatchPanicLayer::custom(|_panic| {
+            tracing::error!("a request handler panicked");
+            ApiError::new(
+                ErrorCode::InternalError,
+                "the server failed to handle this request; the cause is in its log",
+            )
+            .into_response()
+        }))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(600),
+        ))
+        .layer(TraceLayer::new_for_http())
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .with_state(state)
 }

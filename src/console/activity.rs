@@ -42,12 +42,15 @@ fn percentile(sorted: &[i64], pct: usize) -> Option<i64> {
 pub fn summarise(samples: &[Sample], now_ms: i64) -> Vec<ProviderActivity> {
     let start = now_ms - MINUTES as i64 * MINUTE_MS;
     let mut by_provider: BTreeMap<&str, Vec<Vec<i64>>> = BTreeMap::new();
-    for sample in samples.iter().filter(|s| s.started_at >= start && s.started_at < now_ms) {
+    for sample in samples
+        .iter()
+        .filter(|s| s.started_at >= start && s.started_at < now_ms)
+    {
         let minute = ((sample.started_at - start) / MINUTE_MS) as usize;
         by_provider
             .entry(&sample.provider_id)
             .or_insert_with(|| vec![Vec::new(); MINUTES])[minute.min(MINUTES - 1)]
-            .push(sample.duration_ms);
+        .push(sample.duration_ms);
     }
     by_provider
         .into_iter()
@@ -110,7 +113,14 @@ pub fn calls_chart(activity: &ProviderActivity) -> Markup {
 
 /// p50 and p99 latency per minute as two lines.
 pub fn latency_chart(activity: &ProviderActivity) -> Markup {
-    let max = activity.p99.iter().flatten().copied().max().unwrap_or(0).max(1);
+    let max = activity
+        .p99
+        .iter()
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(1);
     html! {
         svg.chart width=(WIDTH) height=(HEIGHT + 14.0) viewBox={ "0 0 " (WIDTH) " " (HEIGHT + 14.0) } role="img" aria-label={ "latency of " (activity.provider_id) } {
             polyline.p99 points=(line(&activity.p99, max)) {}
@@ -129,10 +139,22 @@ mod tests {
     fn calls_are_counted_per_provider_and_minute_with_percentiles() {
         let now = 10 * 60 * MINUTE_MS;
         let mut samples: Vec<Sample> = (1..=100)
-            .map(|d| Sample { provider_id: "builtin".into(), started_at: now - 30_000, duration_ms: d })
+            .map(|d| Sample {
+                provider_id: "builtin".into(),
+                started_at: now - 30_000,
+                duration_ms: d,
+            })
             .collect();
-        samples.push(Sample { provider_id: "remote:x".into(), started_at: now - 59 * MINUTE_MS - 1, duration_ms: 7 });
-        samples.push(Sample { provider_id: "remote:x".into(), started_at: now - 61 * MINUTE_MS, duration_ms: 7 });
+        samples.push(Sample {
+            provider_id: "remote:x".into(),
+            started_at: now - 59 * MINUTE_MS - 1,
+            duration_ms: 7,
+        });
+        samples.push(Sample {
+            provider_id: "remote:x".into(),
+            started_at: now - 61 * MINUTE_MS,
+            duration_ms: 7,
+        });
         let hour = summarise(&samples, now);
         assert_eq!(hour.len(), 2);
         assert_eq!(hour[0].provider_id, "builtin");

@@ -145,13 +145,33 @@ mod tests {
     fn cross_site_is_decided_by_origin_then_referer() {
         let host = Some("127.0.0.1:8700");
         assert!(!is_cross_site(host, None, None, None));
-        assert!(!is_cross_site(host, Some("http://127.0.0.1:8700"), None, None));
+        assert!(!is_cross_site(
+            host,
+            Some("http://127.0.0.1:8700"),
+            None,
+            None
+        ));
         assert!(is_cross_site(host, Some("http://evil.example"), None, None));
         assert!(is_cross_site(host, Some("null"), None, None));
-        assert!(!is_cross_site(host, None, Some("http://127.0.0.1:8700/console/x"), None));
-        assert!(is_cross_site(host, None, Some("https://evil.example/x"), None));
+        assert!(!is_cross_site(
+            host,
+            None,
+            Some("http://127.0.0.1:8700/console/x"),
+            None
+        ));
+        assert!(is_cross_site(
+            host,
+            None,
+            Some("https://evil.example/x"),
+            None
+        ));
         assert!(is_cross_site(host, None, None, Some("cross-site")));
-        assert!(is_cross_site(None, Some("http://127.0.0.1:8700"), None, None));
+        assert!(is_cross_site(
+            None,
+            Some("http://127.0.0.1:8700"),
+            None,
+            None
+        ));
     }
 
     #[test]
@@ -164,7 +184,10 @@ mod tests {
         assert_eq!(body["enabled"], true);
         assert_eq!(body["allow_irreversible"], false);
         assert_eq!(body["max_calls_per_turn"], 7);
-        assert_eq!(body["slot_deny_list"]["narrator"], json!(["get_time", "roll_dice"]));
+        assert_eq!(
+            body["slot_deny_list"]["narrator"],
+            json!(["get_time", "roll_dice"])
+        );
         assert_eq!(body["slot_allow_list"]["memory"], json!([]));
         assert!(body["slot_allow_list"].get("narrator").is_none());
     }

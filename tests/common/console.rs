@@ -25,7 +25,10 @@ pub fn plain_client() -> reqwest::Client {
 
 /// Sets an url-encoded form body (reqwest's `form` needs a feature the crate
 /// does not enable).
-pub fn with_form(request: reqwest::RequestBuilder, fields: &[(&str, &str)]) -> reqwest::RequestBuilder {
+pub fn with_form(
+    request: reqwest::RequestBuilder,
+    fields: &[(&str, &str)],
+) -> reqwest::RequestBuilder {
     request
         .header("content-type", "application/x-www-form-urlencoded")
         .body(serde_urlencoded::to_string(fields).expect("form"))
@@ -57,8 +60,8 @@ pub async fn post_login(server: &TestServer, token: &str, key: &str) -> reqwest:
         &[("csrf_token", token), ("api_key", key)],
     )
     .send()
-        .await
-        .expect("login post")
+    .await
+    .expect("login post")
 }
 
 impl ConsoleClient {
@@ -125,7 +128,9 @@ impl ConsoleClient {
         headers: &[(&str, &str)],
     ) -> (StatusCode, String) {
         let mut request = with_form(
-            self.client.post(self.url(path)).header(COOKIE, &self.cookie),
+            self.client
+                .post(self.url(path))
+                .header(COOKIE, &self.cookie),
             fields,
         );
         for (name, value) in headers {

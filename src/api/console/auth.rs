@@ -123,10 +123,9 @@ pub async fn login(
     let value = console.sessions.create(account);
     let max_age = time::Duration::seconds(SESSION_TTL.as_secs() as i64);
     let mut response = Redirect::to("/console/sessions").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        session_cookie(value, secure, max_age),
-    );
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, session_cookie(value, secure, max_age));
     Ok(response)
 }
 

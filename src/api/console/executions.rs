@@ -21,6 +21,8 @@ pub async fn page(
         .execution(viewer.account_id(), &id)
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))?
-        .ok_or_else(|| ConsoleError::not_found(format!("tool execution {id:?}")).with_nav(&viewer.nav))?;
+        .ok_or_else(|| {
+            ConsoleError::not_found(format!("tool execution {id:?}")).with_nav(&viewer.nav)
+        })?;
     Ok(html(StatusCode::OK, execution_page(&viewer.nav, &record)))
 }

@@ -96,7 +96,17 @@ pub async fn open_run(
         Err(Error::ReplayConfirmationRequired {
             blocking_executions,
             ..
-        }) => render(&state, nav, account_id, &id, Some(&blocking_executions), None).await,
+        }) => {
+            render(
+                &state,
+                nav,
+                account_id,
+                &id,
+                Some(&blocking_executions),
+                None,
+            )
+            .await
+        }
         Err(err) => Err(err),
     };
     result.map_err(|err| ConsoleError::from(err).with_nav(nav))
@@ -107,19 +117,25 @@ fn back_to_floor(floor_id: &str, notice: &str) -> Response {
     Redirect::to(&format!("/console/floors/{floor_id}?notice={notice}")).into_response()
 }
 
+/// Back to the floor of a committed or discarded run, or the refusal.
+fn settled(run: Result<crate::store::Run>, post: &ConsolePost, notice: &str) -> ConsoleResult {
+    match run {
+        Ok(run) => Ok(back_to_floor(&run.floor_id, notice)),
+        Err(err) => Err(ConsoleError::from(err).with_nav(&post.signed_in.nav)),
+    }
+}
+
 /// `POST /console/runs/{id}/commit`, as `POST /runs/{id}/commit`.
 pub async fn commit(
     State(state): State<AppState>,
     Path(id): Path<String>,
     post: ConsolePost,
 ) -> ConsoleResult {
-    let account_id = post.signed_in.account_id();
     let run = state
         .runtime
-        .commit_run(account_id, &id, None)
-        .await
-        .map_err(|err| ConsoleError::from(err).with_nav(&post.signed_in.nav))?;
-    Ok(back_to_floor(&run.floor_id, "run committed"))
+        .commit_run(post.signed_in.account_id(), &id, None)
+        .await;
+    settled(run, &post, "run committed")
 }
 
 /// `POST /console/runs/{id}/discard`, as `POST /runs/{id}/discard`.
@@ -128,11 +144,9 @@ pub async fn discard(
     Path(id): Path<String>,
     post: ConsolePost,
 ) -> ConsoleResult {
-    let account_id = post.signed_in.account_id();
     let run = state
         .runtime
-        .discard_run(account_id, &id)
-        .await
-        .map_err(|err| ConsoleError::from(err).with_nav(&post.signed_in.nav))?;
-    Ok(back_to_floor(&run.floor_id, "run discarded"))
+        .discard_run(post.signed_in.account_id(), &id)
+        .await;
+    settled(run, &post, "run discarded")
 }

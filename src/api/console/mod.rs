@@ -34,8 +34,14 @@ pub struct Console {
 /// The console's routes, ready to merge into the application router.
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/console", get(|| async { Redirect::to("/console/sessions") }))
-        .route("/console/", get(|| async { Redirect::to("/console/sessions") }))
+        .route(
+            "/console",
+            get(|| async { Redirect::to("/console/sessions") }),
+        )
+        .route(
+            "/console/",
+            get(|| async { Redirect::to("/console/sessions") }),
+        )
         .route("/console/assets/{name}", get(asset))
         .route("/console/login", get(auth::login_form).post(auth::login))
         .route("/console/logout", post(auth::logout))

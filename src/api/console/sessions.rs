@@ -78,7 +78,11 @@ pub async fn journal_page(
         sort_order: Some("desc".into()),
         ..params
     })?;
-    state.runtime.store.query_executions(account_id, query).await
+    state
+        .runtime
+        .store
+        .query_executions(account_id, query)
+        .await
 }
 
 /// `GET /console/sessions/{id}`.
@@ -93,8 +97,8 @@ pub async fn page_of(
     let session = runtime.store.session(account_id, id).await?;
     let catalog = runtime.offered_catalog(&session, None).await?;
     let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
-    let mcp_servers = serde_json::to_value(runtime.mcp.catalog_servers(&session.account_id))
-        .unwrap_or_default();
+    let mcp_servers =
+        serde_json::to_value(runtime.mcp.catalog_servers(&session.account_id)).unwrap_or_default();
     let permissions = ToolPermissions::from_metadata(&session.metadata)?;
     let mut floors = runtime.store.list_floors(account_id, &session.id).await?;
     floors.reverse();

@@ -9,7 +9,9 @@ use crate::journal::ExecutionRecord;
 
 /// The cells of a journal row, in column order: (class, text, link).
 fn cells(record: &ExecutionRecord) -> Vec<(&'static str, String, Option<String>)> {
-    let reason = record.execution_reason_code.map(|code| code.as_str().to_owned());
+    let reason = record
+        .execution_reason_code
+        .map(|code| code.as_str().to_owned());
     vec![
         ("time", time(record.started_at), None),
         (

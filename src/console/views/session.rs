@@ -34,7 +34,10 @@ fn text(value: &Value) -> String {
         Value::Array(items) if items.is_empty() => "any".into(),
         Value::Array(items) => items
             .iter()
-            .map(|item| item.as_str().map_or_else(|| item.to_string(), str::to_owned))
+            .map(|item| {
+                item.as_str()
+                    .map_or_else(|| item.to_string(), str::to_owned)
+            })
             .collect::<Vec<_>>()
             .join(", "),
         other => other.to_string(),
