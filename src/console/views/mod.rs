@@ -41,7 +41,6 @@ pub fn layout(title: &str, nav: Option<&Nav>, body: Markup) -> String {
                         nav {
                             a href="/console/sessions" { "Sessions" }
                             a href="/console/runtime-tools" { "Runtime tools" }
-                            a href="/console/definitions" { "Definitions" }
                             a href="/console/activity" { "Activity" }
                             a href="/console/mcp" { "MCP servers" }
                         }
