@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+mod console;
 mod generation;
 
 const TOKEN: &str = "tg_bench_admin_token_0123456789abcdef";
@@ -55,7 +56,7 @@ struct Args {
     /// inspect the seeded database; default: a temporary directory.
     #[arg(long)]
     keep_dir: Option<PathBuf>,
-    /// Only these phases (comma-separated: register, remote, builtin, generation, journal).
+    /// Only these phases (comma-separated: register, remote, builtin, console, generation, journal).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
 }
@@ -152,6 +153,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.wants("builtin") {
         builtin_phase(&args, &api, &session).await?;
+    }
+    if args.wants("console") {
+        let fresh = Api::json(api.post("/sessions", br#"{"character":"Lanlan"}"#)).await?;
+        let fresh = fresh["data"]["id"]
+            .as_str()
+            .context("no session id")?
+            .to_owned();
+        console::console_phase(&args, &api, &fresh).await?;
     }
     drop(roles);
     if args.wants("generation") {

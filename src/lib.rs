@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod call;
 pub mod catalog;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod error;
 pub mod ids;

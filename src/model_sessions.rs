@@ -117,6 +117,9 @@ struct ModelSession {
     events: mpsc::Sender<ModelSessionEvent>,
     /// Names of the catalog this session took last; what its next model request uses.
     accepted: Mutex<Vec<String>>,
+    /// A watcher (the web console's live journal), not a model: it takes no
+    /// catalog, so syncs pass it by, and only it receives journal events.
+    observer: bool,
 }
 
 /// Why an event could not be queued.
@@ -174,7 +177,13 @@ impl ModelSessionHub {
 
     /// How many model sessions are live now.
     pub fn live_count(&self) -> usize {
-        self.live().by_character.values().map(Vec::len).sum()
+        // Console observers watch; they are not model sessions.
+        self.live()
+            .by_character
+            .values()
+            .flatten()
+            .filter(|model_session| !model_session.observer)
+            .count()
     }
 
     /// Serialises catalog mutations and syncs.
@@ -211,6 +220,7 @@ impl ModelSessionHub {
             provider,
             events: sender,
             accepted: Mutex::new(accepted.clone()),
+            observer: false,
         });
         let ready = ModelSessionEvent {
             kind: "ready",
@@ -227,41 +237,73 @@ impl ModelSessionHub {
         };
         // The channel is empty, so this cannot fail.
         let _ = model_session.deliver(ready);
+        // `close_all` may have run while the catalog was built.
+        let subscription = self.join(model_session, receiver)?;
+        tracing::info!(model_session = %subscription.id, character_id = %subscription.character_id, "model session opened");
+        Ok(subscription)
+    }
+
+    /// Adds a model session (or observer) to the live ones unless shutdown
+    /// has begun, under the lock `close_all` takes.
+    fn join(
+        self: &Arc<Self>,
+        model_session: Arc<ModelSession>,
+        events: mpsc::Receiver<ModelSessionEvent>,
+    ) -> Result<Subscription> {
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
-        {
-            // `close_all` may have run while the catalog was built.
-            let mut live = self.live();
-            if live.closed {
-                return Err(shutting_down());
-            }
-            live.by_character
-                .entry(character_id.clone())
-                .or_default()
-                .push(model_session);
+        let mut live = self.live();
+        if live.closed {
+            return Err(shutting_down());
         }
-        tracing::info!(model_session = %id, character_id = %character_id, "model session opened");
+        live.by_character
+            .entry(character_id.clone())
+            .or_default()
+            .push(model_session);
         Ok(Subscription {
             hub: self.clone(),
             character_id,
             id,
-            events: receiver,
+            events,
         })
     }
 
-    /// The live model sessions a change concerns.
+    /// Opens a watcher of `session`'s events: it receives what is published to
+    /// the session (results, run events) and to observers (journal rows), never
+    /// a catalog, so it cannot refuse one. Refused once shutdown has begun.
+    pub fn observe(self: &Arc<Self>, session: Session) -> Result<Subscription> {
+        let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
+        let observer = Arc::new(ModelSession {
+            id: crate::ids::new_id("watch"),
+            session,
+            slot: Slot::Narrator,
+            provider: ModelProvider::OpenAiCompatible,
+            events: sender,
+            accepted: Mutex::new(Vec::new()),
+            observer: true,
+        });
+        self.join(observer, receiver)
+    }
+
+    /// The live model sessions a change concerns (observers take no catalog).
     fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
         let live = self.live();
         let live = &live.by_character;
         let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
             live.values()
                 .flatten()
-                .filter(|model_session| keep(&model_session.session))
+                .filter(|model_session| !model_session.observer && keep(&model_session.session))
                 .cloned()
                 .collect()
         };
         match scope {
-            CatalogScope::Character(id) => live.get(id).cloned().unwrap_or_default(),
+            CatalogScope::Character(id) => live
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|model_session| !model_session.observer)
+                .cloned()
+                .collect(),
             CatalogScope::Account(id) => matching(&|session| session.account_id == *id),
             CatalogScope::Session(id) => matching(&|session| session.id == *id),
         }
@@ -343,18 +385,27 @@ impl ModelSessionHub {
     /// Queues an event for every live model session of one chat session (e.g. a
     /// deferred tool result). Returns how many sessions took it.
     pub fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
-        self.publish_where(|session| session.id == session_id, event)
+        self.publish_where(|session, _| session.id == session_id, event)
+    }
+
+    /// Queues an event for the observers of one chat session only (a journal
+    /// row was written); model sessions never see it.
+    pub fn publish_to_observers(&self, session_id: &str, event: ModelSessionEvent) -> usize {
+        self.publish_where(
+            |session, observer| observer && session.id == session_id,
+            event,
+        )
     }
 
     /// Queues an event for every live model session of an account (an MCP
     /// server's connection changed). Returns how many sessions took it.
     pub fn publish_to_account(&self, account_id: &str, event: ModelSessionEvent) -> usize {
-        self.publish_where(|session| session.account_id == account_id, event)
+        self.publish_where(|session, _| session.account_id == account_id, event)
     }
 
     fn publish_where(
         &self,
-        concerned: impl Fn(&Session) -> bool,
+        concerned: impl Fn(&Session, bool) -> bool,
         event: ModelSessionEvent,
     ) -> usize {
         let targets: Vec<Arc<ModelSession>> = self
@@ -362,7 +413,7 @@ impl ModelSessionHub {
             .by_character
             .values()
             .flatten()
-            .filter(|model_session| concerned(&model_session.session))
+            .filter(|model_session| concerned(&model_session.session, model_session.observer))
             .cloned()
             .collect();
         targets

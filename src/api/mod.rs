@@ -6,6 +6,7 @@ mod auth;
 mod browser_guard;
 mod catalog;
 mod characters;
+mod console;
 mod definitions;
 pub mod envelope;
 pub mod error;
@@ -305,7 +306,8 @@ pub fn router(state: AppState) -> Router {
     let (api, openapi) = routes();
     let openapi = std::sync::Arc::new(openapi);
     let request_id = HeaderName::from_static("x-request-id");
-    api.route_layer(axum::middleware::from_fn(operations::track_http))
+    api.merge(console::router())
+        .route_layer(axum::middleware::from_fn(operations::track_http))
         .route("/metrics", get(operations::metrics_for_admin))
         .route("/readyz", get(operations::readyz))
         .route("/healthz", get(health))

@@ -87,7 +87,7 @@ async fn patch_permissions(
 }
 
 /// Stores what `compute` makes of the current metadata, atomically.
-async fn save(
+pub(in crate::api) async fn save(
     state: &AppState,
     account_id: &str,
     session_id: &str,

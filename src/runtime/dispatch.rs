@@ -58,6 +58,7 @@ impl ToolRuntime {
                     recorded.record("provider", provider);
                     recorded.record("status", result.status.as_str());
                     recorded.record("execution_id", result.execution_id.as_str());
+                    runtime.publish_journal_row(&session_id, result);
                 }
                 result
             }
@@ -65,6 +66,19 @@ impl ToolRuntime {
             self.calls.clone(),
         )
         .await
+    }
+
+    /// Tells the session's observers (the web console) that a journal row
+    /// was written; they read the row itself through the store.
+    fn publish_journal_row(&self, session_id: &str, result: &ToolCallResult) {
+        let event = crate::model_sessions::ModelSessionEvent {
+            kind: "journal",
+            data: serde_json::json!({
+                "execution_id": result.execution_id,
+                "status": result.status,
+            }),
+        };
+        self.model_sessions.publish_to_observers(session_id, event);
     }
 
     async fn run_call(

@@ -2,6 +2,7 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
+mod activity;
 mod cache;
 mod characters;
 mod definitions;

@@ -138,6 +138,42 @@ impl Store {
         })
     }
 
+    /// The account's sessions whose id, title or character name contains
+    /// `text` (case-insensitive for ASCII), newest first: the console's search.
+    pub async fn search_sessions(
+        &self,
+        account_id: &str,
+        text: &str,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<Session>, i64)> {
+        // LIKE's wildcards in the text match themselves.
+        let escaped = text
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        let pattern = format!("%{escaped}%");
+        let filter = "s.account_id = ? AND (s.id LIKE ?2 ESCAPE '\\' OR s.title LIKE ?2 ESCAPE '\\' OR c.name LIKE ?2 ESCAPE '\\')";
+        let total: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM sessions s JOIN characters c ON c.id = s.character_id WHERE {filter}"
+        )))
+        .bind(account_id)
+        .bind(&pattern)
+        .fetch_one(self.pool())
+        .await?;
+        let sql = format!(
+            "{SELECT} WHERE {filter} ORDER BY s.updated_at DESC, s.id DESC LIMIT ?3 OFFSET ?4"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(&pattern)
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(self.pool())
+            .await?;
+        Ok((rows.iter().map(from_row).collect(), total))
+    }
+
     pub async fn delete_session(&self, account_id: &str, id: &str) -> Result<Session> {
         let session = self.session(account_id, id).await?;
         sqlx::query("DELETE FROM sessions WHERE id = ?")

@@ -1,0 +1,199 @@
+//! The sessions list, a session's page, its permission form and its live
+//! journal stream.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Redirect, Response};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+
+use super::auth::SignedIn;
+use super::guard::ConsolePost;
+use super::render::{ConsoleError, ConsoleResult, html};
+use crate::console::forms::permissions_body;
+use crate::console::views::journal::journal_row_json;
+use crate::console::views::session::{SessionView, session_page};
+use crate::console::views::sessions::sessions_page;
+use crate::journal::query::{ExecutionQuery, ExecutionQueryParams};
+use crate::permissions::ToolPermissions;
+use crate::state::AppState;
+
+/// Rows per page of the console's lists.
+pub const PAGE_ROWS: i64 = 50;
+/// Floors the session page lists (the newest).
+const SHOWN_FLOORS: usize = 100;
+/// Longest search text accepted.
+const MAX_SEARCH_CHARS: usize = 200;
+
+/// Query of the sessions list.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    q: String,
+    #[serde(default)]
+    offset: i64,
+}
+
+/// Query of a session page.
+#[derive(Debug, Default, Deserialize)]
+pub struct SessionQuery {
+    #[serde(default)]
+    offset: i64,
+    notice: Option<String>,
+}
+
+/// `GET /console/sessions`.
+pub async fn list(
+    State(state): State<AppState>,
+    viewer: SignedIn,
+    Query(query): Query<ListQuery>,
+) -> ConsoleResult {
+    let text: String = query.q.trim().chars().take(MAX_SEARCH_CHARS).collect();
+    let offset = query.offset.max(0);
+    let (sessions, total) = state
+        .runtime
+        .store
+        .search_sessions(viewer.account_id(), &text, PAGE_ROWS, offset)
+        .await
+        .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))?;
+    Ok(html(
+        StatusCode::OK,
+        sessions_page(&viewer.nav, &text, &sessions, offset, PAGE_ROWS, total),
+    ))
+}
+
+/// The newest journal rows of a session, `offset` rows in.
+pub async fn journal_page(
+    state: &AppState,
+    account_id: &str,
+    params: ExecutionQueryParams,
+) -> crate::error::Result<crate::domain::Page<crate::journal::ExecutionRecord>> {
+    let query = ExecutionQuery::parse(ExecutionQueryParams {
+        limit: Some(PAGE_ROWS),
+        sort_by: Some("started_at".into()),
+        sort_order: Some("desc".into()),
+        ..params
+    })?;
+    state
+        .runtime
+        .store
+        .query_executions(account_id, query)
+        .await
+}
+
+/// `GET /console/sessions/{id}`.
+pub async fn page_of(
+    state: &AppState,
+    viewer: &SignedIn,
+    id: &str,
+    query: SessionQuery,
+) -> crate::error::Result<Response> {
+    let runtime = &state.runtime;
+    let account_id = viewer.account_id();
+    let session = runtime.store.session(account_id, id).await?;
+    let catalog = runtime.offered_catalog(&session, None).await?;
+    let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
+    let mcp_servers =
+        serde_json::to_value(runtime.mcp.catalog_servers(&session.account_id)).unwrap_or_default();
+    let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+    let mut floors = runtime.store.list_floors(account_id, &session.id).await?;
+    floors.reverse();
+    floors.truncate(SHOWN_FLOORS);
+    let offset = query.offset.max(0);
+    let params = ExecutionQueryParams {
+        session_id: Some(session.id.clone()),
+        offset: Some(offset),
+        ..Default::default()
+    };
+    let journal = journal_page(state, account_id, params).await?;
+    let view = SessionView {
+        session: &session,
+        tools: &tools,
+        mcp_servers: &mcp_servers,
+        permissions: &permissions,
+        floors: &floors,
+        journal: &journal.items,
+        journal_offset: offset,
+        journal_limit: PAGE_ROWS,
+        journal_total: journal.total,
+        notice: query.notice.as_deref(),
+    };
+    Ok(html(StatusCode::OK, session_page(&viewer.nav, &view)))
+}
+
+/// `GET /console/sessions/{id}`.
+pub async fn page(
+    State(state): State<AppState>,
+    viewer: SignedIn,
+    Path(id): Path<String>,
+    Query(query): Query<SessionQuery>,
+) -> ConsoleResult {
+    page_of(&state, &viewer, &id, query)
+        .await
+        .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))
+}
+
+/// `POST /console/sessions/{id}/permissions`: replaces the permissions exactly
+/// as `PUT /sessions/{id}/tool-permissions` does (live model sessions get
+/// `catalog_changed`), then shows the session again.
+pub async fn save_permissions(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    post: ConsolePost,
+) -> ConsoleResult {
+    let nav = post.signed_in.nav.clone();
+    let saved = async {
+        let body = permissions_body(&post.fields)?;
+        let permissions = ToolPermissions::replaced(&body)?;
+        super::super::permissions::save(&state, post.signed_in.account_id(), &id, |_| {
+            Ok(permissions)
+        })
+        .await
+        .map(drop)
+        .map_err(|err| crate::error::Error::refused(err.code, err.message))
+    };
+    saved
+        .await
+        .map_err(|err| ConsoleError::from(err).with_nav(&nav))?;
+    Ok(Redirect::to(&format!("/console/sessions/{id}?notice=permissions+saved")).into_response())
+}
+
+/// Comment lines keep idle streams (and proxies) from timing out.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// `GET /console/sessions/{id}/events`: the session's journal rows as they
+/// are written (`journal` events, each a row as the page renders it), from
+/// the model-session hub: no polling.
+pub async fn events(
+    State(state): State<AppState>,
+    viewer: SignedIn,
+    Path(id): Path<String>,
+) -> ConsoleResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let account_id = viewer.account_id().to_owned();
+    let session = state
+        .runtime
+        .store
+        .session(&account_id, &id)
+        .await
+        .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))?;
+    let subscription = state.runtime.model_sessions.observe(session)?;
+    let store = state.runtime.store.clone();
+    let stream = subscription
+        .filter_map(move |event| {
+            let store = store.clone();
+            let account_id = account_id.clone();
+            async move {
+                let execution_id = event.data["execution_id"].as_str()?.to_owned();
+                let record = store.execution(&account_id, &execution_id).await.ok()??;
+                Some(Ok(Event::default()
+                    .event("journal")
+                    .data(journal_row_json(&record).to_string())))
+            }
+        })
+        .boxed();
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}

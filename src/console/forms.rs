@@ -1,0 +1,194 @@
+//! What the console's forms post: url-encoded fields (repeated names kept, as
+//! checkboxes send them), the same-site check every post passes, and the
+//! translation of the permission form into the API's permissions object.
+
+use serde_json::{Map, Value, json};
+
+use crate::domain::tool::Slot;
+use crate::error::{Error, Result};
+
+/// Most fields one form may carry.
+pub const MAX_FIELDS: usize = 2000;
+
+/// A posted form's fields in order.
+#[derive(Debug, Default, Clone)]
+pub struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Parses an `application/x-www-form-urlencoded` body.
+    pub fn parse(body: &[u8]) -> Result<Self> {
+        let fields: Vec<(String, String)> = form_urlencoded::parse(body)
+            .take(MAX_FIELDS + 1)
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if fields.len() > MAX_FIELDS {
+            return Err(Error::validation(format!(
+                "a form may carry at most {MAX_FIELDS} fields"
+            )));
+        }
+        Ok(Self(fields))
+    }
+
+    /// The first value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// Every value of `name`.
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+            .collect()
+    }
+
+    /// Whether a checkbox named `name` was ticked.
+    pub fn checked(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// The value of `name`, required.
+    pub fn required(&self, name: &str) -> Result<&str> {
+        self.get(name)
+            .ok_or_else(|| Error::validation(format!("the form field {name} is missing")))
+    }
+}
+
+/// Whether a post comes from another site: its `Origin` (or, without one, its
+/// `Referer`) names another origin than the one it was sent to, or the browser
+/// says so (`Sec-Fetch-Site: cross-site`). A post with neither header (a
+/// non-browser client) is not cross-site; its CSRF token still has to be valid.
+pub fn is_cross_site(
+    host: Option<&str>,
+    origin: Option<&str>,
+    referer: Option<&str>,
+    sec_fetch_site: Option<&str>,
+) -> bool {
+    if sec_fetch_site == Some("cross-site") {
+        return true;
+    }
+    let claimed = match (origin, referer) {
+        (Some(origin), _) => origin,
+        (None, Some(referer)) => referer,
+        (None, None) => return false,
+    };
+    let Some(host) = host else {
+        return true;
+    };
+    match url::Url::parse(claimed) {
+        Ok(url) => {
+            let authority = match (url.host_str(), url.port()) {
+                (Some(h), Some(p)) => format!("{h}:{p}"),
+                (Some(h), None) => h.to_owned(),
+                (None, _) => return true,
+            };
+            !authority.eq_ignore_ascii_case(host)
+        }
+        // `Origin: null` (sandboxed or opaque) and anything unparsable.
+        Err(_) => true,
+    }
+}
+
+/// Names from a text field: separated by commas, spaces or new lines.
+pub fn names(text: &str) -> Vec<String> {
+    text.split([',', ' ', '\n', '\r', '\t'])
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The permissions object (as `PUT /sessions/{id}/tool-permissions` takes it)
+/// of the permission form: checkboxes `enabled`, `allow_irreversible`, numbers
+/// `max_calls_per_turn`, `max_steps_per_generation`, and per slot
+/// `deny_<slot>` names, `allow_<slot>` names with `restrict_<slot>` ticked
+/// when the slot has an allow list at all (an empty one allows nothing).
+pub fn permissions_body(fields: &Fields) -> Result<Value> {
+    let number = |name: &str| -> Result<Value> {
+        let raw = fields.required(name)?.trim();
+        raw.parse::<u64>()
+            .map(|n| json!(n))
+            .map_err(|_| Error::validation(format!("{name} must be a whole number")))
+    };
+    let mut allow = Map::new();
+    let mut deny = Map::new();
+    for slot in Slot::ALL {
+        let slot_name = slot.as_str();
+        if fields.checked(&format!("restrict_{slot_name}")) {
+            let listed = names(fields.get(&format!("allow_{slot_name}")).unwrap_or(""));
+            allow.insert(slot_name.to_owned(), json!(listed));
+        }
+        let denied = names(fields.get(&format!("deny_{slot_name}")).unwrap_or(""));
+        if !denied.is_empty() {
+            deny.insert(slot_name.to_owned(), json!(denied));
+        }
+    }
+    Ok(json!({
+        "enabled": fields.checked("enabled"),
+        "allow_irreversible": fields.checked("allow_irreversible"),
+        "max_calls_per_turn": number("max_calls_per_turn")?,
+        "max_steps_per_generation": number("max_steps_per_generation")?,
+        "slot_allow_list": allow,
+        "slot_deny_list": deny,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_site_is_decided_by_origin_then_referer() {
+        let host = Some("127.0.0.1:8700");
+        assert!(!is_cross_site(host, None, None, None));
+        assert!(!is_cross_site(
+            host,
+            Some("http://127.0.0.1:8700"),
+            None,
+            None
+        ));
+        assert!(is_cross_site(host, Some("http://evil.example"), None, None));
+        assert!(is_cross_site(host, Some("null"), None, None));
+        assert!(!is_cross_site(
+            host,
+            None,
+            Some("http://127.0.0.1:8700/console/x"),
+            None
+        ));
+        assert!(is_cross_site(
+            host,
+            None,
+            Some("https://evil.example/x"),
+            None
+        ));
+        assert!(is_cross_site(host, None, None, Some("cross-site")));
+        assert!(is_cross_site(
+            None,
+            Some("http://127.0.0.1:8700"),
+            None,
+            None
+        ));
+    }
+
+    #[test]
+    fn the_permission_form_becomes_the_permissions_object() {
+        let fields = Fields::parse(
+            b"enabled=on&max_calls_per_turn=7&max_steps_per_generation=3&deny_narrator=get_time%2C+roll_dice&restrict_memory=on&allow_memory=",
+        )
+        .unwrap();
+        let body = permissions_body(&fields).unwrap();
+        assert_eq!(body["enabled"], true);
+        assert_eq!(body["allow_irreversible"], false);
+        assert_eq!(body["max_calls_per_turn"], 7);
+        assert_eq!(
+            body["slot_deny_list"]["narrator"],
+            json!(["get_time", "roll_dice"])
+        );
+        assert_eq!(body["slot_allow_list"]["memory"], json!([]));
+        assert!(body["slot_allow_list"].get("narrator").is_none());
+    }
+}

@@ -1,0 +1,143 @@
+//! Signing in to the web console over plain HTTP: the CSRF token from the
+//! sign-in page, the session cookie from the answer, and posts of console
+//! forms with that cookie (no redirects followed, so answers can be checked).
+
+use reqwest::StatusCode;
+use reqwest::header::{COOKIE, SET_COOKIE};
+
+use super::TestServer;
+
+/// A console sign-in of one API key.
+pub struct ConsoleClient {
+    pub base_url: String,
+    pub client: reqwest::Client,
+    /// `tg_console=<value>`, as the Cookie header sends it.
+    pub cookie: String,
+}
+
+/// A client that never follows redirects.
+pub fn plain_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// Sets an url-encoded form body (reqwest's `form` needs a feature the crate
+/// does not enable).
+pub fn with_form(
+    request: reqwest::RequestBuilder,
+    fields: &[(&str, &str)],
+) -> reqwest::RequestBuilder {
+    request
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(serde_urlencoded::to_string(fields).expect("form"))
+}
+
+/// The value of the hidden `csrf_token` input of an HTML page.
+pub fn csrf_token(html: &str) -> String {
+    let marker = "name=\"csrf_token\" value=\"";
+    let start = html.find(marker).expect("a csrf_token input") + marker.len();
+    let end = html[start..].find('"').expect("end of the token") + start;
+    html[start..end].to_owned()
+}
+
+/// The sign-in page's CSRF token.
+pub async fn login_token(server: &TestServer) -> String {
+    let page = plain_client()
+        .get(server.url("/console/login"))
+        .send()
+        .await
+        .expect("login page");
+    assert_eq!(page.status(), StatusCode::OK);
+    csrf_token(&page.text().await.expect("body"))
+}
+
+/// Posts the sign-in form with `key` and `token`, without Origin or Referer.
+pub async fn post_login(server: &TestServer, token: &str, key: &str) -> reqwest::Response {
+    with_form(
+        plain_client().post(server.url("/console/login")),
+        &[("csrf_token", token), ("api_key", key)],
+    )
+    .send()
+    .await
+    .expect("login post")
+}
+
+impl ConsoleClient {
+    /// Signs `key` in; panics unless the console accepts it.
+    pub async fn sign_in(server: &TestServer, key: &str) -> Self {
+        let token = login_token(server).await;
+        let answer = post_login(server, &token, key).await;
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER, "sign-in refused");
+        let set_cookie = answer
+            .headers()
+            .get(SET_COOKIE)
+            .expect("a session cookie")
+            .to_str()
+            .unwrap();
+        let cookie = set_cookie.split(';').next().unwrap().to_owned();
+        Self {
+            base_url: server.base_url.clone(),
+            client: plain_client(),
+            cookie,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base_url, path)
+    }
+
+    /// GETs a console page with the cookie: status and body.
+    pub async fn get(&self, path: &str) -> (StatusCode, String) {
+        let answer = self
+            .client
+            .get(self.url(path))
+            .header(COOKIE, &self.cookie)
+            .send()
+            .await
+            .expect("console get");
+        let status = answer.status();
+        (status, answer.text().await.unwrap_or_default())
+    }
+
+    /// The status of a console GET, without reading the body (an event
+    /// stream's never ends).
+    pub async fn status(&self, path: &str) -> StatusCode {
+        self.client
+            .get(self.url(path))
+            .header(COOKIE, &self.cookie)
+            .send()
+            .await
+            .expect("console get")
+            .status()
+    }
+
+    /// A CSRF token of this sign-in (from its sessions page).
+    pub async fn token(&self) -> String {
+        let (status, html) = self.get("/console/sessions").await;
+        assert_eq!(status, StatusCode::OK);
+        csrf_token(&html)
+    }
+
+    /// Posts a console form with the cookie and extra headers.
+    pub async fn post(
+        &self,
+        path: &str,
+        fields: &[(&str, &str)],
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, String) {
+        let mut request = with_form(
+            self.client
+                .post(self.url(path))
+                .header(COOKIE, &self.cookie),
+            fields,
+        );
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let answer = request.send().await.expect("console post");
+        let status = answer.status();
+        (status, answer.text().await.unwrap_or_default())
+    }
+}
