@@ -15,7 +15,7 @@ use anyhow::{Context, ensure};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{Api, Args, Server, Stats, TOKEN, progress};
+use super::{Api, Args, Server, Stats, progress};
 
 /// Arrival and answer times of the stand-in's requests.
 #[derive(Default)]
@@ -62,20 +62,8 @@ async fn count_finished(
     api: &Api,
     session: &str,
 ) -> anyhow::Result<tokio::sync::watch::Receiver<usize>> {
-    let response = api
-        .client
-        .get(format!("{}/sessions/{session}/events", api.base))
-        .bearer_auth(TOKEN)
-        .timeout(Duration::from_secs(24 * 3600))
-        .send()
-        .await?;
-    ensure!(
-        response.status().is_success(),
-        "events: HTTP {}",
-        response.status()
-    );
+    let mut stream = super::events_response(api, session).await?.bytes_stream();
     let (sender, receiver) = tokio::sync::watch::channel(0usize);
-    let mut stream = response.bytes_stream();
     tokio::spawn(async move {
         let (mut pending, mut total) = (String::new(), 0usize);
         while let Some(Ok(chunk)) = stream.next().await {

@@ -418,11 +418,8 @@ impl Drop for Roles {
     }
 }
 
-/// Opens `GET /sessions/{id}/events`, waits for `ready`, then drains it in a task.
-async fn open_event_stream(
-    api: &Api,
-    session_id: &str,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Opens a session's `GET /sessions/{id}/events` stream (kept open for the run).
+async fn events_response(api: &Api, session_id: &str) -> anyhow::Result<reqwest::Response> {
     let response = api
         .client
         .get(format!("{}/sessions/{session_id}/events", api.base))
@@ -435,7 +432,15 @@ async fn open_event_stream(
         "events: HTTP {}",
         response.status()
     );
-    let mut stream = response.bytes_stream();
+    Ok(response)
+}
+
+/// Opens `GET /sessions/{id}/events`, waits for `ready`, then drains it in a task.
+async fn open_event_stream(
+    api: &Api,
+    session_id: &str,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut stream = events_response(api, session_id).await?.bytes_stream();
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("event: ready") {
         let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next())

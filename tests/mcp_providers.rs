@@ -259,6 +259,25 @@ async fn a_crash_mid_call_is_followed_by_a_supervised_restart() {
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
     let echoed = call(&server, &session, "echo", json!({"text": "back"})).await;
     assert_eq!(echoed["status"], "success", "{echoed}");
+
+    // Operators see the crash, the restart and the state in /metrics.
+    use common::metrics::{sample, scrape};
+    let text = scrape(&server).await;
+    assert!(
+        sample(&text, "toolgate_mcp_reconnects_total") >= 1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"toolgate_mcp_servers{state="connected"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_tool_calls_total{provider_type="mcp",status="uncertain"}"#
+        ),
+        1.0
+    );
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::metrics::{sample, scrape};
 use common::{SpawnOptions, TestServer, register_remote, spawn_app, spawn_with, wait_until};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -39,36 +40,6 @@ async fn plugin() -> String {
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     base
-}
-
-async fn scrape(server: &TestServer) -> String {
-    let response = server
-        .client
-        .get(server.url("/metrics"))
-        .bearer_auth(&server.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    assert!(
-        content_type.starts_with("application/openmetrics-text"),
-        "{content_type}"
-    );
-    let text = response.text().await.unwrap();
-    assert!(text.ends_with("# EOF\n"), "one EOF marker at the end");
-    assert_eq!(text.matches("# EOF").count(), 1);
-    text
-}
-
-/// The value of the sample `series` (name with labels), 0 when absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.trim().parse().unwrap())
 }
 
 async fn call(server: &TestServer, session: &str, name: &str, arguments: Value) -> Value {

@@ -5,6 +5,7 @@
 pub mod console;
 pub mod events;
 pub mod mcp;
+pub mod metrics;
 pub mod model;
 
 use std::path::{Path, PathBuf};
