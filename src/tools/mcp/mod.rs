@@ -268,11 +268,7 @@ impl McpHub {
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
         for slot in self.slots.read().expect("mcp slots lock").values() {
             let state = slot.state().live_status().state;
-            let name = serde_json::to_value(state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            *counts.entry(name).or_default() += 1;
+            *counts.entry(state.as_str().to_owned()).or_default() += 1;
         }
         counts.into_iter().collect()
     }

@@ -22,6 +22,19 @@ pub enum ConnectionState {
     Error,
 }
 
+impl ConnectionState {
+    /// The state's name, as the management API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionState::Disconnected => "disconnected",
+            ConnectionState::Connecting => "connecting",
+            ConnectionState::Connected => "connected",
+            ConnectionState::ReconnectRequired => "reconnect_required",
+            ConnectionState::Error => "error",
+        }
+    }
+}
+
 /// A server's connection as the runtime sees it now.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LiveStatus {
@@ -140,6 +153,24 @@ impl SlotState {
             error: self.error.clone(),
             reconnect_required: self.connection == ConnectionState::ReconnectRequired,
             last_timeout_at: self.last_timeout_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod state_name_tests {
+    use super::ConnectionState;
+
+    #[test]
+    fn state_names_match_their_serde_form() {
+        for state in [
+            ConnectionState::Disconnected,
+            ConnectionState::Connecting,
+            ConnectionState::Connected,
+            ConnectionState::ReconnectRequired,
+            ConnectionState::Error,
+        ] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
         }
     }
 }
