@@ -54,6 +54,7 @@ error_codes! {
     RunNotOpen => ("run_not_open", 409, "The run was committed or discarded; open a new run."),
     ToolReplayConfirmationRequired => ("tool_replay_confirmation_required", 409, "Regenerating would repeat executions that are not replay-safe; resend with confirmed_execution_ids."),
     LimitExceeded => ("limit_exceeded", 409, "Holding one more would pass a server limit (the message names it and its value, e.g. max_runtime_tools); the same request succeeds once some are removed."),
+    TooManySignIns => ("too_many_sign_ins", 429, "Too many failed console sign-ins from this address; the console refuses its sign-ins until the Retry-After delay has passed."),
     PayloadTooLarge => ("payload_too_large", 413, "The request body is over the server's limit."),
     InternalError => ("internal_error", 500, "The server failed; the cause is in its log, never in the answer."),
     McpRuntimeUnavailable => ("mcp_runtime_unavailable", 503, "The MCP runtime knows the server but cannot reach it now (connecting, disconnected or failing); retry later, or read its status."),

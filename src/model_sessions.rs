@@ -285,14 +285,17 @@ impl ModelSessionHub {
         self.join(observer, receiver)
     }
 
-    /// The live model sessions a change concerns (observers take no catalog).
-    fn concerned(&self, scope: &CatalogScope) -> Vec<Arc<ModelSession>> {
+    /// The live model sessions a change concerns (`observers`: the console's
+    /// watchers of those sessions instead; they take no catalog).
+    fn concerned(&self, scope: &CatalogScope, observers: bool) -> Vec<Arc<ModelSession>> {
         let live = self.live();
         let live = &live.by_character;
         let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
             live.values()
                 .flatten()
-                .filter(|model_session| !model_session.observer && keep(&model_session.session))
+                .filter(|model_session| {
+                    model_session.observer == observers && keep(&model_session.session)
+                })
                 .cloned()
                 .collect()
         };
@@ -301,11 +304,29 @@ impl ModelSessionHub {
                 .get(id)
                 .into_iter()
                 .flatten()
-                .filter(|model_session| !model_session.observer)
+                .filter(|model_session| model_session.observer == observers)
                 .cloned()
                 .collect(),
             CatalogScope::Account(id) => matching(&|session| session.account_id == *id),
             CatalogScope::Session(id) => matching(&|session| session.id == *id),
+        }
+    }
+
+    /// Tells the console's watchers of the sessions a change concerns that
+    /// their catalog changed (they assemble it themselves, when they show it).
+    fn notify_observers(&self, change: &CatalogChange) {
+        let event = ModelSessionEvent {
+            kind: "catalog_changed",
+            data: json!({
+                "added": change.added,
+                "updated": change.updated,
+                "removed": change.removed,
+            }),
+        };
+        for observer in self.concerned(&change.scope, true) {
+            // A watcher that is gone or not reading misses a refresh; its
+            // page still shows the catalog on reload.
+            let _ = observer.deliver(event.clone());
         }
     }
 
@@ -317,7 +338,8 @@ impl ModelSessionHub {
         catalogs: &dyn OfferedCatalogs,
         change: &CatalogChange,
     ) -> std::result::Result<(), String> {
-        let sessions = self.concerned(&change.scope);
+        self.notify_observers(change);
+        let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
         for model_session in sessions {
             let verdict = match catalogs

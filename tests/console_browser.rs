@@ -3,8 +3,11 @@
 //! binary. Sign in (a wrong key first), see an unavailable tool's reason, deny
 //! a tool in the permission form and watch the next call appear as `denied`
 //! without a reload, open that execution, discard a run from the floor page,
-//! and a hostile page on another origin whose form post is refused. The pages
-//! are saved as PNG screenshots in a folder that is kept and printed.
+//! and a hostile page on another origin whose form post is refused; a tool
+//! registered meanwhile appears in the catalog without a reload; a discarded
+//! run stays listed on its floor; a definition is created in the form and
+//! tried into the session. The pages are saved as PNG screenshots in a folder
+//! that is kept and printed.
 
 mod common;
 
@@ -12,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{TestServer, spawn_app};
+use common::{SpawnOptions, TestServer, spawn_with};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -123,17 +126,7 @@ async fn fixture(server: &TestServer) -> (String, String, String) {
     common::register_remote(server, json!({"name": "launch_rocket", "callback_url": "http://127.0.0.1:9/launch",
         "source": "plugin:rockets", "side_effect_level": "irreversible", "description": "Launches a rocket"})).await;
     let session = server.create_session().await;
-    let floor = server
-        .post(
-            &format!("/sessions/{session}/floors"),
-            json!({"content": "Roll for me"}),
-        )
-        .await;
-    let floor = floor.body["data"]["id"].as_str().unwrap().to_owned();
-    let run = server
-        .post(&format!("/floors/{floor}/runs"), json!({}))
-        .await;
-    let run = run.body["data"]["id"].as_str().unwrap().to_owned();
+    let (floor, run) = server.floor_and_run(&session, "Roll for me").await;
     let call = server
         .post(&format!("/sessions/{session}/tool-calls"),
             json!({"name": "roll_dice", "arguments": {"sides": 20}, "floor_id": floor, "run_id": run}))
@@ -185,6 +178,20 @@ async fn deny_and_watch(client: &Client, server: &TestServer, session: &str, dir
         .await
         .expect("the live journal connects");
     let journal = client.find(Locator::Css("#journal")).await.unwrap();
+    common::register_remote(
+        server,
+        json!({"name": "summon_owl", "callback_url": "http://127.0.0.1:9/owl",
+        "source": "plugin:owls", "description": "Summons an owl"}),
+    )
+    .await;
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css(
+            "#catalog tr[data-tool=summon_owl] .availability",
+        ))
+        .await
+        .expect("a tool registered meanwhile appears in the catalog live");
     let call = server
         .post(
             &format!("/sessions/{session}/tool-calls"),
@@ -244,7 +251,11 @@ async fn hostile_page(target: &str, token: &str) -> String {
 #[tokio::test]
 async fn the_console_in_headless_chromium() {
     let driver = start_driver().await;
-    let server = spawn_app().await;
+    let server = spawn_with(SpawnOptions {
+        env: vec![("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into())],
+        ..Default::default()
+    })
+    .await;
     let (session, floor, run) = fixture(&server).await;
     let shots = tempfile::Builder::new()
         .prefix("toolgate-console-screenshots-")
@@ -299,6 +310,17 @@ async fn the_console_in_headless_chromium() {
         server.get(&format!("/runs/{run}")).await.body["data"]["state"],
         "discarded"
     );
+    let state = text_of(
+        &client,
+        &format!("table.discarded tr[data-run='{run}'] td.state"),
+    )
+    .await;
+    assert_eq!(
+        state, "discarded",
+        "the floor keeps listing the discarded run"
+    );
+
+    define_and_try(&client, &server, &shots).await;
 
     let page = client.source().await.unwrap();
     let token = common::console::csrf_token(&page);
@@ -323,4 +345,45 @@ async fn the_console_in_headless_chromium() {
         "the hostile post changed nothing"
     );
     client.close().await.unwrap();
+}
+
+/// Creates a script definition in the form, then calls it into the session
+/// with "try it" and lands on its execution.
+async fn define_and_try(client: &Client, server: &TestServer, dir: &Path) {
+    client
+        .goto(&server.url("/console/definitions/new"))
+        .await
+        .unwrap();
+    let name = client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#definition-form input[name=name]"))
+        .await
+        .unwrap();
+    name.send_keys("greet").await.unwrap();
+    let script = client
+        .find(Locator::Css("#definition-form textarea[name=script]"))
+        .await
+        .unwrap();
+    script
+        .send_keys("return 'hello from the console';")
+        .await
+        .unwrap();
+    click(client, "#definition-form button").await;
+    assert!(
+        text_of(client, "p.notice")
+            .await
+            .contains("definition created")
+    );
+    screenshot(client, dir, "definition").await;
+    click(client, "#try-it button").await;
+    assert_eq!(text_of(client, "#status").await, "success");
+    let page = client.source().await.unwrap();
+    assert!(page.contains("hello from the console"), "{page}");
+    client
+        .goto(&server.url("/console/definitions"))
+        .await
+        .unwrap();
+    text_of(client, "tr[data-definition=greet] td.enabled").await;
+    screenshot(client, dir, "definitions").await;
 }

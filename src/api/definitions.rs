@@ -157,22 +157,30 @@ async fn create_definition(
     CurrentAccount(account): CurrentAccount,
     Json(body): Json<CreateDefinition>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<ToolDefinition>>)> {
-    let changes = DefinitionChanges::from(body);
-    definition::check_script_switch(
-        &changes,
-        state.runtime.settings.enable_unsafe_script_handler,
-    )?;
+    let created = create(&state, &account.id, DefinitionChanges::from(body)).await?;
+    Ok((StatusCode::CREATED, axum::Json(Data { data: created })))
+}
+
+/// Creates a definition (`POST /tools/definitions`, the console's form) and
+/// tells the account's live model sessions.
+pub(crate) async fn create(
+    state: &AppState,
+    account_id: &str,
+    changes: DefinitionChanges,
+) -> crate::error::Result<ToolDefinition> {
+    let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
+    definition::check_script_switch(&changes, scripts_enabled)?;
     let draft = definition::create(changes)?;
-    definition::check_create_allowed(&draft, state.runtime.settings.enable_unsafe_script_handler)?;
+    definition::check_create_allowed(&draft, scripts_enabled)?;
     let runtime = &state.runtime;
     let created = runtime
         .write_catalog(
-            Box::pin(runtime.store.create_definition(&account.id, draft)),
-            |created| definition_change(&account.id, created, ChangeKind::Added),
+            Box::pin(runtime.store.create_definition(account_id, draft)),
+            |created| definition_change(account_id, created, ChangeKind::Added),
         )
         .await?;
     tracing::info!(definition = %created.id, name = ?created.name, "tool definition created");
-    Ok((StatusCode::CREATED, axum::Json(Data { data: created })))
+    Ok(created)
 }
 
 /// List the account's tool definitions (filter by source, source_id, enabled;
@@ -233,16 +241,27 @@ async fn update_definition(
     Path(id): Path<String>,
     Json(body): Json<UpdateDefinition>,
 ) -> ApiResult<axum::Json<Data<ToolDefinition>>> {
-    let changes = DefinitionChanges::from(body);
+    let saved = update(&state, &account.id, &id, DefinitionChanges::from(body)).await?;
+    Ok(axum::Json(Data { data: saved }))
+}
+
+/// Changes some fields of a definition (`PATCH /tools/definitions/{id}`, the
+/// console's form).
+pub(crate) async fn update(
+    state: &AppState,
+    account_id: &str,
+    id: &str,
+    changes: DefinitionChanges,
+) -> crate::error::Result<ToolDefinition> {
     // Before the lookup: an empty PATCH is wrong whatever it targets.
     changes.check_not_empty()?;
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Merged and checked against the row as it is inside the write transaction, so
     // a concurrent update is neither lost nor merged past these checks.
     let saved = save_change(
-        &state,
-        &account.id,
-        &id,
+        state,
+        account_id,
+        id,
         |existing| {
             let updated = definition::update(existing, changes.clone())?;
             definition::check_update_allowed(&updated, &changes, scripts_enabled)?;
@@ -252,7 +271,7 @@ async fn update_definition(
     )
     .await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
-    Ok(axum::Json(Data { data: saved }))
+    Ok(saved)
 }
 
 /// Enable or disable a tool definition.
@@ -268,17 +287,29 @@ async fn toggle_definition(
     Path(id): Path<String>,
     Json(body): Json<ToggleDefinition>,
 ) -> ApiResult<axum::Json<Data<ToolDefinition>>> {
+    let saved = toggle(&state, &account.id, &id, body.enabled).await?;
+    Ok(axum::Json(Data { data: saved }))
+}
+
+/// Enables or disables a definition (`PATCH /tools/definitions/{id}/toggle`,
+/// the console's button).
+pub(crate) async fn toggle(
+    state: &AppState,
+    account_id: &str,
+    id: &str,
+    enabled: bool,
+) -> crate::error::Result<ToolDefinition> {
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Inside the write transaction, like the PATCH: flipping `enabled` on a stale
     // copy would write back the other fields as they were before a concurrent PATCH.
     let saved = save_change(
-        &state,
-        &account.id,
-        &id,
+        state,
+        account_id,
+        id,
         |existing| {
-            definition::check_toggle_allowed(existing, body.enabled, scripts_enabled)?;
+            definition::check_toggle_allowed(existing, enabled, scripts_enabled)?;
             Ok(ToolDefinition {
-                enabled: body.enabled,
+                enabled,
                 ..existing.clone()
             })
         },
@@ -292,7 +323,7 @@ async fn toggle_definition(
     )
     .await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
-    Ok(axum::Json(Data { data: saved }))
+    Ok(saved)
 }
 
 /// Delete a tool definition.

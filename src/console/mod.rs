@@ -8,8 +8,10 @@
 pub mod activity;
 pub mod assets;
 pub mod csrf;
+pub mod definition_form;
 pub mod forms;
 pub mod sessions;
+pub mod throttle;
 pub mod views;
 
 /// Name of the console's session cookie.

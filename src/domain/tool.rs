@@ -19,6 +19,33 @@ pub enum SideEffectLevel {
     Irreversible,
 }
 
+impl SideEffectLevel {
+    pub const ALL: [SideEffectLevel; 3] = [
+        SideEffectLevel::None,
+        SideEffectLevel::Sandbox,
+        SideEffectLevel::Irreversible,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideEffectLevel::None => "none",
+            SideEffectLevel::Sandbox => "sandbox",
+            SideEffectLevel::Irreversible => "irreversible",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.as_str() == raw)
+            .ok_or_else(|| {
+                Error::validation(format!(
+                    "unknown side_effect_level {raw:?}; levels are none, sandbox, irreversible"
+                ))
+            })
+    }
+}
+
 /// Whether an execution may be repeated when a floor is regenerated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]

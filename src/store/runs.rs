@@ -178,8 +178,24 @@ impl Store {
 
     /// The runs of the account's floor that are still open, oldest first.
     pub async fn open_runs_of_floor(&self, account_id: &str, floor_id: &str) -> Result<Vec<Run>> {
+        self.runs_of_floor_where(account_id, floor_id, "AND state = 'open'")
+            .await
+    }
+
+    /// Every run of the account's floor, discarded ones included (their pages
+    /// are gone), oldest first.
+    pub async fn runs_of_floor(&self, account_id: &str, floor_id: &str) -> Result<Vec<Run>> {
+        self.runs_of_floor_where(account_id, floor_id, "").await
+    }
+
+    async fn runs_of_floor_where(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+        condition: &'static str,
+    ) -> Result<Vec<Run>> {
         let sql = format!(
-            "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND account_id = ? AND state = 'open' ORDER BY created_at"
+            "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND account_id = ? {condition} ORDER BY created_at, id"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(floor_id)

@@ -45,15 +45,21 @@ impl Events {
                 .unwrap()
                 .starts_with("text/event-stream")
         );
-        let mut events = Self {
-            response,
-            buffer: String::new(),
-            ready: Value::Null,
-        };
+        let mut events = Self::of_response(response);
         let ready = events.next().await;
         assert_eq!(ready.kind, "ready", "{ready:?}");
         events.ready = ready.data;
         events
+    }
+
+    /// Reads the events of an open stream's answer (one that sends no `ready`,
+    /// like the console's).
+    pub fn of_response(response: reqwest::Response) -> Self {
+        Self {
+            response,
+            buffer: String::new(),
+            ready: Value::Null,
+        }
     }
 
     /// The next event (comments and keep-alives skipped); fails after 10 s.

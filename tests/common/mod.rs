@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -238,6 +238,22 @@ impl TestServer {
     }
 
     /// The server's process id.
+    /// A floor with `content` in `session` and an open run on it: (floor, run).
+    pub async fn floor_and_run(&self, session: &str, content: &str) -> (String, String) {
+        let floor = self
+            .post(
+                &format!("/sessions/{session}/floors"),
+                json!({ "content": content }),
+            )
+            .await;
+        assert_eq!(floor.status, reqwest::StatusCode::CREATED, "{floor:?}");
+        let floor = floor.body["data"]["id"].as_str().unwrap().to_owned();
+        let run = self.post(&format!("/floors/{floor}/runs"), json!({})).await;
+        assert_eq!(run.status, reqwest::StatusCode::CREATED, "{run:?}");
+        let run = run.body["data"]["id"].as_str().unwrap().to_owned();
+        (floor, run)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().and_then(|c| c.id()).expect("running")
     }

@@ -96,14 +96,44 @@ pub async fn login_form(Extension(console): Extension<Arc<Console>>) -> Response
     html(StatusCode::OK, login_page(&csrf, None))
 }
 
+/// The TCP peer's address (never a header: a client could claim any).
+fn peer_address(request: &Request) -> Option<std::net::IpAddr> {
+    request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|axum::extract::ConnectInfo(addr)| addr.ip())
+}
+
+/// The sign-in form again, 429 with `Retry-After`: this address failed too
+/// often.
+fn throttled(console: &Console, wait: std::time::Duration) -> Response {
+    let seconds = wait.as_secs().max(1);
+    let code = crate::error::ErrorCode::TooManySignIns;
+    tracing::warn!(%code, retry_after_s = seconds, "console sign-in refused: too many failed sign-ins from this address");
+    let csrf = console.csrf.issue(LOGIN_BINDING);
+    let message = format!("Too many failed sign-ins from this address; try again in {seconds} s.");
+    let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let mut response = html(status, login_page(&csrf, Some(&message)));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
 /// `POST /console/login`: a known key signs in (cookie, then the sessions
-/// page); a wrong one gets the form again with 401 and no cookie.
+/// page); a wrong one gets the form again with 401 and no cookie; an address
+/// with too many failures gets it with 429 and `Retry-After`.
 pub async fn login(
     State(state): State<AppState>,
     Extension(console): Extension<Arc<Console>>,
     request: Request,
 ) -> ConsoleResult {
     let secure = over_tls(request.headers(), request.uri());
+    let peer = peer_address(&request);
+    let now = std::time::Instant::now();
+    if let Some(wait) = peer.and_then(|peer| console.throttle.refused_for(peer, now)) {
+        return Ok(throttled(&console, wait));
+    }
     let fields = read_form(request, &state, &console, LOGIN_BINDING).await?;
     let key = fields.get("api_key").unwrap_or("").trim();
     let account = if key.is_empty() {
@@ -113,12 +143,18 @@ pub async fn login(
     };
     let Some(account) = account else {
         tracing::info!("console sign-in refused: unknown API key");
+        if let Some(peer) = peer {
+            console.throttle.failed(peer, now);
+        }
         let csrf = console.csrf.issue(LOGIN_BINDING);
         return Ok(html(
             StatusCode::UNAUTHORIZED,
             login_page(&csrf, Some("That API key is not valid.")),
         ));
     };
+    if let Some(peer) = peer {
+        console.throttle.succeeded(peer);
+    }
     tracing::info!(account = %account.id, "console sign-in");
     let value = console.sessions.create(account);
     let max_age = time::Duration::seconds(SESSION_TTL.as_secs() as i64);

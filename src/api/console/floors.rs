@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, html};
+use super::render::{ConsoleError, ConsoleResult, NoticeQuery, html};
 use super::sessions::journal_page;
 use crate::console::views::Nav;
 use crate::console::views::floor::{FloorView, floor_page};
@@ -26,15 +26,7 @@ async fn render(
 ) -> Result<Response> {
     let store = &state.runtime.store;
     let floor = store.floor(account_id, floor_id).await?;
-    let mut runs = Vec::with_capacity(floor.pages.len());
-    for floor_page in &floor.pages {
-        let run = match store.run_of_page(account_id, &floor_page.id).await {
-            Ok(run) => Some(run),
-            Err(Error::NotFound(_)) => None,
-            Err(err) => return Err(err),
-        };
-        runs.push((floor_page.id.clone(), run));
-    }
+    let runs = store.runs_of_floor(account_id, &floor.id).await?;
     let params = ExecutionQueryParams {
         floor_id: Some(floor.id.clone()),
         ..Default::default()
@@ -66,12 +58,6 @@ pub async fn page_handler(
     render(&state, &viewer.nav, viewer.account_id(), &id, None, notice)
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))
-}
-
-/// Query of a page that a form redirected to: what the form did.
-#[derive(Debug, Default, serde::Deserialize)]
-pub struct NoticeQuery {
-    notice: Option<String>,
 }
 
 /// `POST /console/floors/{id}/runs`: opens a run as `POST /floors/{id}/runs`

@@ -5,6 +5,7 @@
 //! Content-Security-Policy.
 
 mod auth;
+mod definitions;
 mod executions;
 mod floors;
 mod guard;
@@ -22,13 +23,16 @@ use axum::routing::{get, post};
 
 use crate::console::csrf::CsrfKey;
 use crate::console::sessions::ConsoleSessions;
+use crate::console::throttle::SignInThrottle;
 use crate::state::AppState;
 
-/// What the console keeps besides the runtime: its sign-ins and CSRF key.
+/// What the console keeps besides the runtime: its sign-ins, CSRF key and
+/// failed sign-in counts.
 #[derive(Debug, Default)]
 pub struct Console {
     pub sessions: ConsoleSessions,
     pub csrf: CsrfKey,
+    pub throttle: SignInThrottle,
 }
 
 /// The console's routes, ready to merge into the application router.
@@ -57,6 +61,20 @@ pub fn router() -> Router<AppState> {
         .route("/console/floors/{id}/runs", post(floors::open_run))
         .route("/console/runs/{id}/commit", post(floors::commit))
         .route("/console/runs/{id}/discard", post(floors::discard))
+        .route(
+            "/console/definitions",
+            get(definitions::list).post(definitions::create),
+        )
+        .route("/console/definitions/new", get(definitions::new_form))
+        .route(
+            "/console/definitions/{id}",
+            get(definitions::page).post(definitions::save),
+        )
+        .route(
+            "/console/definitions/{id}/toggle",
+            post(definitions::toggle),
+        )
+        .route("/console/definitions/{id}/try", post(definitions::try_it))
         .route("/console/runtime-tools", get(tools::runtime_tools))
         .route("/console/mcp", get(tools::mcp_servers))
         .route("/console/activity", get(tools::activity))

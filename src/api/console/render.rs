@@ -84,5 +84,11 @@ impl IntoResponse for ConsoleError {
     }
 }
 
+/// Query of a page that a form redirected to: what the form did.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct NoticeQuery {
+    pub notice: Option<String>,
+}
+
 /// A console handler's result.
 pub type ConsoleResult<T = Response> = Result<T, ConsoleError>;

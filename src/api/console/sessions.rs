@@ -15,6 +15,7 @@ use super::auth::SignedIn;
 use super::guard::ConsolePost;
 use super::render::{ConsoleError, ConsoleResult, html};
 use crate::console::forms::permissions_body;
+use crate::console::views::catalog::catalog_json;
 use crate::console::views::journal::journal_row_json;
 use crate::console::views::session::{SessionView, session_page};
 use crate::console::views::sessions::sessions_page;
@@ -97,8 +98,7 @@ pub async fn page_of(
     let session = runtime.store.session(account_id, id).await?;
     let catalog = runtime.offered_catalog(&session, None).await?;
     let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
-    let mcp_servers =
-        serde_json::to_value(runtime.mcp.catalog_servers(&session.account_id)).unwrap_or_default();
+    let mcp_servers = runtime.mcp.catalog_servers(&session.account_id);
     let permissions = ToolPermissions::from_metadata(&session.metadata)?;
     let mut floors = runtime.store.list_floors(account_id, &session.id).await?;
     floors.reverse();
@@ -166,7 +166,8 @@ pub async fn save_permissions(
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// `GET /console/sessions/{id}/events`: the session's journal rows as they
-/// are written (`journal` events, each a row as the page renders it), from
+/// are written (`journal` events, each a row as the page renders it) and its
+/// catalog after every change to it (`catalog` events, the table's rows), from
 /// the model-session hub: no polling.
 pub async fn events(
     State(state): State<AppState>,
@@ -180,20 +181,71 @@ pub async fn events(
         .session(&account_id, &id)
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))?;
-    let subscription = state.runtime.model_sessions.observe(session)?;
-    let store = state.runtime.store.clone();
+    let subscription = state.runtime.model_sessions.observe(session.clone())?;
+    let runtime = state.runtime.clone();
     let stream = subscription
         .filter_map(move |event| {
-            let store = store.clone();
-            let account_id = account_id.clone();
+            let runtime = runtime.clone();
+            let session = session.clone();
             async move {
-                let execution_id = event.data["execution_id"].as_str()?.to_owned();
-                let record = store.execution(&account_id, &execution_id).await.ok()??;
-                Some(Ok(Event::default()
-                    .event("journal")
-                    .data(journal_row_json(&record).to_string())))
+                let catalog_moved =
+                    event.kind == "catalog_changed" || event.kind.starts_with("mcp.");
+                let event = if catalog_moved {
+                    catalog_event(&runtime, &session).await?
+                } else {
+                    journal_event(&runtime, &session.account_id, &event.data).await?
+                };
+                Some(Ok(event))
             }
         })
         .boxed();
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// The journal row an event names, as the page renders it.
+async fn journal_event(
+    runtime: &crate::runtime::ToolRuntime,
+    account_id: &str,
+    data: &serde_json::Value,
+) -> Option<Event> {
+    let execution_id = data["execution_id"].as_str()?;
+    let record = runtime
+        .store
+        .execution(account_id, execution_id)
+        .await
+        .ok()??;
+    Some(
+        Event::default()
+            .event("journal")
+            .data(journal_row_json(&record).to_string()),
+    )
+}
+
+/// The session's catalog as it is now (permissions included), as the page's
+/// table rows.
+async fn catalog_event(
+    runtime: &crate::runtime::ToolRuntime,
+    session: &crate::store::Session,
+) -> Option<Event> {
+    // Read again: the permissions in the session's metadata may be what changed.
+    let fresh = async {
+        let session = runtime
+            .store
+            .session(&session.account_id, &session.id)
+            .await?;
+        runtime.offered_catalog(&session, None).await
+    };
+    let catalog = match fresh.await {
+        Ok(catalog) => catalog,
+        Err(err) => {
+            tracing::warn!(session = %session.id, error = %err, "console: the changed catalog could not be assembled");
+            return None;
+        }
+    };
+    let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
+    Some(
+        Event::default()
+            .event("catalog")
+            .data(catalog_json(&tools).to_string()),
+    )
 }

@@ -69,7 +69,7 @@ pub async fn mcp_servers(State(state): State<AppState>, viewer: SignedIn) -> Con
             name: server.config.name.clone(),
             transport: server.config.transport.as_str().to_owned(),
             enabled: server.config.enabled,
-            live_status: serde_json::to_value(runtime.mcp.live_status(server)).unwrap_or_default(),
+            live_status: runtime.mcp.live_status(server),
         })
         .collect();
     Ok(html(StatusCode::OK, mcp_page(&viewer.nav, &rows)))

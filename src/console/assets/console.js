@@ -1,5 +1,6 @@
-// toolgate console: live journal rows over Server-Sent Events. Every page
-// reads without this script; it only adds rows as calls happen.
+// toolgate console: live journal rows and catalog over Server-Sent Events.
+// Every page reads without this script; it only adds rows as calls happen and
+// redraws the catalog when it changes.
 "use strict";
 
 function journalCell(cell) {
@@ -27,6 +28,43 @@ function journalRow(row) {
   return tr;
 }
 
+function catalogRow(row) {
+  const tr = document.createElement("tr");
+  tr.className = "availability-" + row.availability + " fresh";
+  tr.dataset.tool = row.tool;
+  for (const cell of row.cells) {
+    const td = document.createElement("td");
+    td.className = cell.class;
+    const inner = document.createElement(cell.class === "tool" ? "code" : "span");
+    if (cell.class === "availability") {
+      inner.className = "availability";
+    }
+    inner.textContent = cell.text;
+    td.appendChild(inner);
+    if (cell.detail) {
+      const detail = document.createElement("div");
+      detail.className = "reason";
+      detail.textContent = cell.detail;
+      td.appendChild(detail);
+    }
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function redrawCatalog(data) {
+  const table = document.getElementById("catalog");
+  if (!table) {
+    return;
+  }
+  const body = document.createElement("tbody");
+  for (const row of JSON.parse(data).rows) {
+    body.appendChild(catalogRow(row));
+  }
+  table.replaceChild(body, table.tBodies[0]);
+  table.dataset.refreshed = String(Date.now());
+}
+
 function startLiveJournal(table) {
   const status = document.getElementById("live-status");
   const body = table.tBodies[0];
@@ -39,6 +77,7 @@ function startLiveJournal(table) {
     status.textContent = "Live updates interrupted; reconnecting…";
     status.dataset.state = "reconnecting";
   });
+  source.addEventListener("catalog", (event) => redrawCatalog(event.data));
   source.addEventListener("journal", (event) => {
     const row = journalRow(JSON.parse(event.data));
     const existing = document.getElementById(row.id);

@@ -12,8 +12,9 @@ use crate::store::{Floor, Run};
 /// Everything the floor page shows.
 pub struct FloorView<'a> {
     pub floor: &'a Floor,
-    /// Each page with its run (a page made outside runs has none).
-    pub runs: &'a [(String, Option<Run>)],
+    /// Every run of the floor, oldest first; a page made outside runs has
+    /// none, a discarded run no page any more.
+    pub runs: &'a [Run],
     pub executions: &'a [ExecutionRecord],
     /// The executions a new run would repeat, when the replay guard refused one.
     pub blocking: Option<&'a Value>,
@@ -57,13 +58,15 @@ fn confirmation(floor_id: &str, blocking: &Value, csrf: &str) -> Markup {
 }
 
 fn pages_table(view: &FloorView<'_>, csrf: &str) -> Markup {
+    let run_of = |page_id: &str| view.runs.iter().find(|run| run.page_id == page_id);
     html! {
         table.list.runs {
             thead { tr { th { "Page" } th { "Run" } th { "State" } th { "Content" } th { "Actions" } } }
             tbody {
-                @for (page, (page_id, run)) in view.floor.pages.iter().zip(view.runs) {
-                    tr data-page=(page_id) data-run=[run.as_ref().map(|r| r.id.as_str())] {
-                        td { (page.page_no) @if view.floor.active_page_id.as_deref() == Some(page_id.as_str()) { " (active)" } }
+                @for page in &view.floor.pages {
+                    @let run = run_of(&page.id);
+                    tr data-page=(page.id) data-run=[run.map(|r| r.id.as_str())] {
+                        td { (page.page_no) @if view.floor.active_page_id.as_deref() == Some(page.id.as_str()) { " (active)" } }
                         td { @if let Some(run) = run { code { (run.id) } } @else { "—" } }
                         td.state { @if let Some(run) = run { (run.state) } @else { "—" } }
                         td { (page.content) }
@@ -71,6 +74,30 @@ fn pages_table(view: &FloorView<'_>, csrf: &str) -> Markup {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Discarded runs: their pages were dropped, so only the runs tell of them.
+fn discarded_runs(runs: &[Run]) -> Markup {
+    let discarded: Vec<&Run> = runs.iter().filter(|run| run.state == "discarded").collect();
+    html! {
+        @if !discarded.is_empty() {
+            h3 { "Discarded runs" }
+            table.list.discarded {
+                thead { tr { th { "Run" } th { "State" } th { "Opened" } th { "Discarded" } } }
+                tbody {
+                    @for run in discarded {
+                        tr data-run=(run.id) {
+                            td { code { (run.id) } }
+                            td.state { (run.state) }
+                            td { (time(run.created_at)) }
+                            td { @if let Some(at) = run.finished_at { (time(at)) } @else { "—" } }
+                        }
+                    }
+                }
+            }
+            p.muted { "A discarded run's page and buffered effects are dropped; its executions stay in the journal below." }
         }
     }
 }
@@ -86,7 +113,7 @@ pub fn floor_page(nav: &Nav, view: &FloorView<'_>) -> String {
             @if let Some(notice) = view.notice { p.notice role="status" { (notice) } }
             blockquote.user { (floor.content) }
             @if let Some(blocking) = view.blocking { (confirmation(&floor.id, blocking, &nav.csrf)) }
-            section { h2 { "Runs and pages" } (pages_table(view, &nav.csrf))
+            section { h2 { "Runs and pages" } (pages_table(view, &nav.csrf)) (discarded_runs(view.runs))
                 form method="post" action={ "/console/floors/" (floor.id) "/runs" } {
                     (csrf_input(&nav.csrf)) button type="submit" { "Open a new run" }
                 }

@@ -3,6 +3,8 @@
 //! `console.js` only adds live updates.
 
 pub mod activity;
+pub mod catalog;
+pub mod definitions;
 pub mod execution;
 pub mod floor;
 pub mod journal;
@@ -40,6 +42,7 @@ pub fn layout(title: &str, nav: Option<&Nav>, body: Markup) -> String {
                     @if let Some(nav) = nav {
                         nav {
                             a href="/console/sessions" { "Sessions" }
+                            a href="/console/definitions" { "Definitions" }
                             a href="/console/runtime-tools" { "Runtime tools" }
                             a href="/console/activity" { "Activity" }
                             a href="/console/mcp" { "MCP servers" }

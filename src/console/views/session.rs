@@ -4,19 +4,21 @@
 use maud::{Markup, html};
 use serde_json::Value;
 
+use super::catalog::catalog_table;
 use super::journal::{journal_head, journal_row};
 use super::{Nav, csrf_input, layout, or_dash, pager, time};
 use crate::domain::tool::Slot;
 use crate::journal::ExecutionRecord;
 use crate::permissions::ToolPermissions;
 use crate::store::{Floor, Session};
+use crate::tools::mcp::CatalogServer;
 
 /// Everything the session page shows.
 pub struct SessionView<'a> {
     pub session: &'a Session,
     /// Catalog entries as the API's runtime catalog answers them.
     pub tools: &'a [Value],
-    pub mcp_servers: &'a Value,
+    pub mcp_servers: &'a [CatalogServer],
     pub permissions: &'a ToolPermissions,
     pub floors: &'a [Floor],
     pub journal: &'a [ExecutionRecord],
@@ -25,52 +27,6 @@ pub struct SessionView<'a> {
     pub journal_total: i64,
     /// A line saying what the last form did.
     pub notice: Option<&'a str>,
-}
-
-fn text(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Null => "—".into(),
-        Value::Array(items) if items.is_empty() => "any".into(),
-        Value::Array(items) => items
-            .iter()
-            .map(|item| {
-                item.as_str()
-                    .map_or_else(|| item.to_string(), str::to_owned)
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
-        other => other.to_string(),
-    }
-}
-
-fn catalog_table(tools: &[Value]) -> Markup {
-    html! {
-        table.list.catalog {
-            thead { tr {
-                th { "Tool" } th { "Provider" } th { "Availability" } th { "Side effects (basis)" }
-                th { "Allowed slots" } th { "Catalog source" }
-            } }
-            tbody {
-                @for tool in tools {
-                    @let availability = text(&tool["availability"]);
-                    tr class={ "availability-" (availability) } data-tool=(text(&tool["name"])) {
-                        td.tool { code { (text(&tool["name"])) } }
-                        td { (text(&tool["provider_id"])) " (" (text(&tool["provider_type"])) ")" }
-                        td {
-                            span.availability { (availability) }
-                            @if let Some(reason) = tool["availability_reason"].as_str() {
-                                div.reason { (reason) }
-                            }
-                        }
-                        td { (text(&tool["side_effect_level"])) " (" (text(&tool["side_effect_level_basis"])) ")" }
-                        td { (text(&tool["allowed_slots"])) }
-                        td { (text(&tool["catalog_source"])) }
-                    }
-                }
-            }
-        }
-    }
 }
 
 fn slot_rows(permissions: &ToolPermissions) -> Markup {
@@ -134,9 +90,7 @@ pub fn session_page(nav: &Nav, view: &SessionView<'_>) -> String {
             p.meta { "Character " strong { (session.character) } " · title " (or_dash(Some(session.title.as_str()).filter(|t| !t.is_empty()))) " · created " (time(session.created_at)) }
             @if let Some(notice) = view.notice { p.notice role="status" { (notice) } }
             section { h2 { "Runtime catalog" } (catalog_table(view.tools))
-                @if view.mcp_servers.as_array().is_some_and(|s| !s.is_empty()) {
-                    p { "MCP servers: " code { (view.mcp_servers.to_string()) } }
-                }
+                @if !view.mcp_servers.is_empty() { (super::mcp::catalog_servers_table(view.mcp_servers)) }
             }
             section { h2 { "Permissions" } (permissions_form(&session.id, view.permissions, &nav.csrf)) }
             section { h2 { "Floors" } (floors_list(view.floors)) }
