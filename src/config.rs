@@ -27,7 +27,53 @@ pub enum Command {
     #[command(
         after_help = "Every setting can also come from its environment variable or from the --config file; a flag overrides its variable, which overrides the file, which overrides the default."
     )]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Create the database if missing and bring its schema up to date, then
+    /// exit (`serve` does the same at start-up). Refuses a database a newer
+    /// toolgate migrated.
+    Migrate(DatabaseArgs),
+    /// Report on the database without changing it: connectivity, schema
+    /// version against this binary's, runtime jobs, calls a stopped process
+    /// left open. Exits 1 when toolgate could not run on it.
+    Doctor(DoctorArgs),
+}
+
+/// Where the database is, as `serve` finds it (flag, environment, file).
+#[derive(Debug, Args, Default, Clone)]
+pub struct DatabaseArgs {
+    /// Directory of the embedded database (default: ./data).
+    #[arg(long, env = "TOOLGATE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// SQLite database URL used instead of the data directory's file (default: <data-dir>/toolgate.db).
+    #[arg(long, env = "TOOLGATE_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// TOML file with the settings of `serve` (only data_dir and database_url are read here).
+    #[arg(long, env = "TOOLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    /// The data directory and database URL these arguments resolve to, by
+    /// the same precedence as `serve`.
+    pub fn resolve(self) -> anyhow::Result<(PathBuf, Option<String>)> {
+        let settings = Settings::resolve(ServeArgs {
+            data_dir: self.data_dir,
+            database_url: self.database_url,
+            config: self.config,
+            ..ServeArgs::default()
+        })?;
+        Ok((settings.data_dir, settings.database_url))
+    }
+}
+
+/// Flags of `toolgate doctor`.
+#[derive(Debug, Args, Default, Clone)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Log line format.

@@ -19,6 +19,7 @@ pub mod llm;
 pub mod logging;
 pub mod metrics;
 pub mod model_sessions;
+pub mod operator;
 pub mod permissions;
 pub mod reason;
 pub mod runtime;

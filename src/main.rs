@@ -13,7 +13,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let settings = Settings::resolve(args)?;
+            let settings = Settings::resolve(*args)?;
             let telemetry = init_tracing(settings.log_format);
             if telemetry.exporting() {
                 tracing::info!("traces are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
@@ -41,6 +41,14 @@ async fn main() -> anyhow::Result<()> {
             // Flushing blocks on the exporter's HTTP client.
             let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
             served
+        }
+        Command::Migrate(args) => toolgate::operator::migrate(args).await,
+        Command::Doctor(args) => {
+            if toolgate::operator::doctor(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
     }
 }

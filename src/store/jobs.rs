@@ -376,18 +376,7 @@ impl Store {
     /// Runtime jobs by state, and the queue age (ms) of the oldest claimable
     /// job: what `/metrics` shows about the job queue.
     pub async fn job_queue_stats(&self) -> Result<(Vec<(String, u64)>, Option<i64>)> {
-        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state")
-            .fetch_all(self.pool())
-            .await?;
-        let by_state = rows
-            .iter()
-            .map(|row| (row.get::<String, _>("state"), row.get::<i64, _>("n") as u64))
-            .collect();
-        let oldest: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'")
-                .fetch_one(self.pool())
-                .await?;
-        Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
+        queue_stats(self.pool()).await
     }
 
     /// Open and idle connections of the pool.
@@ -405,4 +394,22 @@ impl Store {
         };
         matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(())))
     }
+}
+
+/// Runtime jobs by state, and the queue age (ms) of the oldest claimable job.
+pub(super) async fn queue_stats(
+    pool: &sqlx::SqlitePool,
+) -> Result<(Vec<(String, u64)>, Option<i64>)> {
+    let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state")
+        .fetch_all(pool)
+        .await?;
+    let by_state = rows
+        .iter()
+        .map(|row| (row.get::<String, _>("state"), row.get::<i64, _>("n") as u64))
+        .collect();
+    let oldest: Option<i64> =
+        sqlx::query_scalar("SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'")
+            .fetch_one(pool)
+            .await?;
+    Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
 }

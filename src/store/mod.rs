@@ -16,20 +16,16 @@ pub mod resources;
 pub mod run_effects;
 pub mod run_generation;
 mod runs;
+pub mod schema;
 mod session_metadata;
 mod sessions;
 mod state_names;
 pub mod variables;
 
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::Context;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::SqlitePool;
 
 pub use accounts::{Account, NewAccount};
 pub use characters::{Character, CharacterPatch};
@@ -86,41 +82,12 @@ impl Store {
         data_dir: &Path,
         secrets: SecretsKey,
     ) -> anyhow::Result<Self> {
-        let options = match database_url {
-            Some(url) if url.starts_with("postgres") => {
-                anyhow::bail!(
-                    "PostgreSQL storage is not available in this build yet; unset TOOLGATE_DATABASE_URL to use the embedded SQLite database"
-                )
-            }
-            Some(url) => SqliteConnectOptions::from_str(url)
-                .with_context(|| format!("invalid database URL {url:?}"))?,
-            None => {
-                std::fs::create_dir_all(data_dir)
-                    .with_context(|| format!("creating data directory {}", data_dir.display()))?;
-                SqliteConnectOptions::new().filename(data_dir.join("toolgate.db"))
-            }
-        };
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            // NORMAL in WAL mode is durable against process crashes; only an OS crash
-            // can lose the last transactions.
-            .synchronous(SqliteSynchronous::Normal)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            // The default pings every connection it hands out: one more round trip
-            // to the connection's worker thread per statement, for a local file
-            // that cannot drop the connection (BENCHMARKS.md).
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .context("opening the database")?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .context("applying database migrations")?;
+        let location = schema::Location::of(database_url, data_dir)?;
+        let pool = schema::connect(&location, true).await?;
+        let applied = schema::migrate(&pool).await?;
+        if !applied.is_empty() {
+            tracing::info!(?applied, "database migrations applied");
+        }
         Ok(Self {
             journal_writer: journal_writer::JournalWriter::spawn(pool.clone()),
             pool,

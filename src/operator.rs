@@ -1,0 +1,132 @@
+//! `toolgate migrate` and `toolgate doctor`: what an operator runs against
+//! the database outside the server.
+
+use serde_json::json;
+
+use crate::config::{DatabaseArgs, DoctorArgs};
+use crate::store::schema::{self, Checkup, Location};
+
+/// Creates the database if missing and applies this binary's migrations.
+pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
+    let (data_dir, database_url) = args.resolve()?;
+    let location = Location::of(database_url.as_deref(), &data_dir)?;
+    let pool = schema::connect(&location, true).await?;
+    let applied = schema::migrate(&pool).await;
+    pool.close().await;
+    let applied = applied?;
+    let version = schema::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    if applied.is_empty() {
+        println!(
+            "toolgate migrate: {} is at schema version {version}; nothing to apply",
+            location.describe()
+        );
+    } else {
+        println!(
+            "toolgate migrate: {} is at schema version {version}; applied {applied:?}",
+            location.describe()
+        );
+    }
+    Ok(())
+}
+
+/// Prints the report; true when toolgate can run on the database.
+pub async fn doctor(args: DoctorArgs) -> anyhow::Result<bool> {
+    let (data_dir, database_url) = args.database.resolve()?;
+    let location = Location::of(database_url.as_deref(), &data_dir)?;
+    let checked = async {
+        let pool = schema::connect(&location, false).await?;
+        let checkup = schema::checkup(&location, &pool).await;
+        pool.close().await;
+        checkup
+    };
+    let (ok, report) = match checked.await {
+        Ok(checkup) => {
+            let problem = problem(&checkup);
+            let report = if args.json {
+                json!({"ok": problem.is_none(), "problem": problem, "checkup": checkup}).to_string()
+            } else {
+                text(&checkup, problem.as_deref())
+            };
+            (problem.is_none(), report)
+        }
+        Err(err) => {
+            let problem = format!("{err:#}");
+            let report = if args.json {
+                json!({"ok": false, "problem": problem, "database": location.describe()})
+                    .to_string()
+            } else {
+                format!(
+                    "database: {} — unreachable: {problem}\nnot ok",
+                    location.describe()
+                )
+            };
+            (false, report)
+        }
+    };
+    println!("{report}");
+    Ok(ok)
+}
+
+/// Why toolgate could not run on the database as it is, if it could not.
+fn problem(checkup: &Checkup) -> Option<String> {
+    if let Some(refusal) = checkup.schema.refusal() {
+        return Some(refusal);
+    }
+    (checkup.schema.applied_version == 0).then(|| {
+        "the database has no toolgate schema yet; `toolgate migrate` or `toolgate serve` creates it"
+            .to_owned()
+    })
+}
+
+fn text(checkup: &Checkup, problem: Option<&str>) -> String {
+    let schema = &checkup.schema;
+    let mut lines = vec![
+        format!(
+            "database: {} ({}), reachable, {:.2} ms round trip",
+            checkup.database, checkup.backend, checkup.round_trip_ms
+        ),
+        format!(
+            "schema: version {} applied, this binary knows up to {}{}",
+            schema.applied_version,
+            schema.binary_version,
+            if schema.pending.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; pending {:?} (applied by `toolgate migrate` or at start-up)",
+                    schema.pending
+                )
+            }
+        ),
+    ];
+    let jobs: Vec<String> = checkup
+        .jobs
+        .iter()
+        .map(|(state, count)| format!("{state} {count}"))
+        .collect();
+    lines.push(format!(
+        "runtime jobs: {}{}",
+        if jobs.is_empty() {
+            "none".to_owned()
+        } else {
+            jobs.join(", ")
+        },
+        checkup
+            .oldest_queued_age_s
+            .map(|age| format!("; the oldest claimable has waited {age:.1} s"))
+            .unwrap_or_default()
+    ));
+    lines.push(format!(
+        "interrupted calls: {} journal row(s) left opened (the next start-up marks them uncertain)",
+        checkup.interrupted_calls
+    ));
+    lines.push(match problem {
+        Some(problem) => format!("not ok: {problem}"),
+        None => "ok".to_owned(),
+    });
+    lines.join("\n")
+}

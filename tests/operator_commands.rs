@@ -1,0 +1,168 @@
+//! `toolgate migrate` and `toolgate doctor` against the real binary: a fresh
+//! directory is created and migrated, the doctor reads it without changing
+//! it (also while a server runs on it), and a database a newer toolgate
+//! migrated is refused by all three commands.
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{SpawnOptions, spawn_with};
+use serde_json::Value;
+
+fn toolgate(args: &[&str], data_dir: &Path) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_CONFIG")
+        .output()
+        .expect("run toolgate")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn report(output: &Output) -> Value {
+    serde_json::from_str(stdout(output).trim())
+        .unwrap_or_else(|err| panic!("doctor --json printed no JSON ({err}): {}", stdout(output)))
+}
+
+/// The migrations this source tree has: the version the binary knows.
+fn latest_migration() -> i64 {
+    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .filter_map(|entry| {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            name.split('_').next()?.parse::<i64>().ok()
+        })
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn migrate_creates_the_schema_and_the_doctor_reads_it_without_changing_it() {
+    let temp = tempfile::tempdir().unwrap();
+    let data_dir = temp.path().join("data");
+    let missing = toolgate(&["doctor"], &data_dir);
+    assert_eq!(missing.status.code(), Some(1), "{}", stdout(&missing));
+    assert!(
+        stdout(&missing).contains("unreachable"),
+        "{}",
+        stdout(&missing)
+    );
+    assert!(
+        !data_dir.join("toolgate.db").exists(),
+        "the doctor created nothing"
+    );
+
+    let migrated = toolgate(&["migrate"], &data_dir);
+    assert!(migrated.status.success(), "{migrated:?}");
+    let latest = latest_migration();
+    assert!(
+        stdout(&migrated).contains(&format!("schema version {latest}; applied [1,")),
+        "{}",
+        stdout(&migrated)
+    );
+    let again = toolgate(&["migrate"], &data_dir);
+    assert!(
+        stdout(&again).contains("nothing to apply"),
+        "{}",
+        stdout(&again)
+    );
+
+    let checked = toolgate(&["doctor", "--json"], &data_dir);
+    assert!(checked.status.success(), "{checked:?}");
+    let report = report(&checked);
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["checkup"]["schema"]["applied_version"], latest);
+    assert_eq!(report["checkup"]["schema"]["binary_version"], latest);
+    assert_eq!(
+        report["checkup"]["schema"]["pending"],
+        serde_json::json!([])
+    );
+    assert_eq!(report["checkup"]["interrupted_calls"], 0);
+    let text = toolgate(&["doctor"], &data_dir);
+    assert!(
+        stdout(&text).trim_end().ends_with("ok"),
+        "{}",
+        stdout(&text)
+    );
+}
+
+#[tokio::test]
+async fn the_doctor_reads_a_database_a_server_is_using() {
+    let server = spawn_with(SpawnOptions::default()).await;
+    let session = server.create_session().await;
+    let call = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            serde_json::json!({"name": "get_time", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(call.body["data"]["status"], "success", "{call:?}");
+    let data_dir = server.data_dir.clone();
+    let checked = tokio::task::spawn_blocking(move || toolgate(&["doctor", "--json"], &data_dir))
+        .await
+        .unwrap();
+    assert!(checked.status.success(), "{checked:?}");
+    let report = report(&checked);
+    assert_eq!(
+        report["checkup"]["schema"]["applied_version"],
+        latest_migration()
+    );
+    assert!(report["checkup"]["jobs"].is_array(), "{report}");
+    let health = server.get("/healthz").await;
+    assert_eq!(health.status, 200, "the server still runs");
+}
+
+#[tokio::test]
+async fn a_schema_newer_than_the_binary_is_refused_by_serve_migrate_and_doctor() {
+    let temp = tempfile::tempdir().unwrap();
+    let data_dir = temp.path().join("data");
+    assert!(toolgate(&["migrate"], &data_dir).status.success());
+    // What a newer toolgate's migration leaves behind.
+    let url = format!("sqlite://{}", data_dir.join("toolgate.db").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', 1, x'00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let doctor = toolgate(&["doctor", "--json"], &data_dir);
+    assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
+    let report = report(&doctor);
+    assert_eq!(
+        report["checkup"]["schema"]["unknown"],
+        serde_json::json!([9999])
+    );
+    assert!(
+        report["problem"]
+            .as_str()
+            .unwrap()
+            .contains("newer than this toolgate"),
+        "{report}"
+    );
+    let migrate = toolgate(&["migrate"], &data_dir);
+    assert!(!migrate.status.success(), "{migrate:?}");
+    assert!(
+        String::from_utf8_lossy(&migrate.stderr).contains("newer than this toolgate"),
+        "{migrate:?}"
+    );
+    let serve = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data_dir)
+        .env("TOOLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
+        .output()
+        .expect("run serve");
+    assert!(!serve.status.success(), "serve must not start: {serve:?}");
+    let said = String::from_utf8_lossy(&serve.stderr);
+    assert!(said.contains("newer than this toolgate"), "{said}");
+}
