@@ -23,6 +23,8 @@ use tokio::process::{Child, Command};
 
 mod console;
 mod generation;
+mod ratios;
+mod scale;
 
 const TOKEN: &str = "tg_bench_admin_token_0123456789abcdef";
 
@@ -56,7 +58,8 @@ struct Args {
     /// inspect the seeded database; default: a temporary directory.
     #[arg(long)]
     keep_dir: Option<PathBuf>,
-    /// Only these phases (comma-separated: register, remote, builtin, console, generation, journal).
+    /// Only these phases (comma-separated: register, remote, builtin, console, tools_list,
+    /// sessions_rss, generation, journal).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
 }
@@ -92,8 +95,9 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(args))
 }
 
-/// Prints one figure on stdout.
+/// Prints one figure on stdout (and keeps it for the ratios at the end).
 fn figure(name: &str, value: f64) {
+    ratios::record(name, value);
     if value.abs() >= 100.0 {
         println!("{name} {value:.0}");
     } else {
@@ -162,6 +166,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .to_owned();
         console::console_phase(&args, &api, &fresh).await?;
     }
+    if args.wants("tools_list") {
+        scale::tools_list_phase(&api, &callback.url, args.samples).await?;
+    }
+    if args.wants("sessions_rss") {
+        let pid = server.child.id().context("server pid")?;
+        scale::sessions_rss_phase(&api, pid).await?;
+    }
     drop(roles);
     if args.wants("generation") {
         generation::generation_phase(&args, &binary, &work.path).await?;
@@ -178,6 +189,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     server.stop().await?;
     callback.stop();
+    ratios::print_ratios();
     figure("bench_wall_seconds", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -836,6 +848,13 @@ async fn remote_phase(
         "remote_call_unloaded_p99_ms",
         toolgate_seq.percentile_ms(99.0),
     );
+    // Calls per second one at a time: the c=1 throughput the c=16 run is
+    // compared with.
+    let busy: Duration = toolgate_seq.latencies.iter().sum();
+    figure(
+        "remote_call_unloaded_per_s",
+        toolgate_seq.latencies.len() as f64 / busy.as_secs_f64(),
+    );
     figure(
         "remote_call_overhead_p50_ms",
         toolgate_seq.percentile_ms(50.0) - direct_seq.percentile_ms(50.0),
@@ -845,7 +864,7 @@ async fn remote_phase(
     loaded.report("remote_call");
     let direct_loaded = drive(args.concurrency, args.limit(), direct).await;
     direct_loaded.check("direct callback (loaded)")?;
-    direct_loaded.report("callback_direct");
+    direct_loaded.report("callback_direct_loaded");
     figure(
         "remote_call_loaded_overhead_p50_ms",
         loaded.percentile_ms(50.0) - direct_loaded.percentile_ms(50.0),
@@ -1206,6 +1225,7 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
     );
     let samples = args.samples.min(500);
     let mut worst_p99: f64 = 0.0;
+    let mut best_p99 = f64::INFINITY;
     for (label, make) in variants {
         let api = api.clone();
         let plan = plan.clone();
@@ -1230,7 +1250,9 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
             stats.percentile_ms(99.0),
         );
         worst_p99 = worst_p99.max(stats.percentile_ms(99.0));
+        best_p99 = best_p99.min(stats.percentile_ms(99.0));
     }
     figure("journal_query_worst_p99_ms", worst_p99);
+    figure("journal_query_best_p99_ms", best_p99);
     Ok(())
 }

@@ -117,7 +117,9 @@ impl CallbackClient {
             Ok(response) => self.read_answer(tool, response).await,
             Err(err) => failed_request(tool, &err),
         };
-        tracing::info!(
+        // Debug, not info: the journal is the record of calls, and a line per
+        // call at info is most of a busy server's log.
+        tracing::debug!(
             tool = ?tool.name,
             source = ?tool.source,
             origin = %tool.callback_url.origin(),
