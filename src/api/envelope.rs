@@ -13,12 +13,22 @@ pub struct Data<T> {
 /// Paging facts of a list response.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListMeta {
+    /// Matching rows; on journal lists exact up to 10,000 (or the page's end),
+    /// past that a lower bound with `total_is_estimate` true.
     pub total: i64,
     pub limit: i64,
     pub offset: i64,
     pub has_more: bool,
     pub sort_by: String,
     pub sort_order: String,
+    /// On journal lists: true when `total` is a lower bound (counting stopped
+    /// at its bound). Absent on lists whose `total` is always exact.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_is_estimate: Option<bool>,
+    /// On journal lists with `has_more`: pass as `cursor` (same sort, no
+    /// `offset`) for the next page by keyset, which costs the same at any depth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// A list: `{"data": [...], "meta": {...}}`.
@@ -39,6 +49,8 @@ impl<T> From<Page<T>> for List<T> {
                 has_more,
                 sort_by: page.request.sort_by.to_owned(),
                 sort_order: page.request.sort_order.as_str().to_owned(),
+                total_is_estimate: page.total_is_estimate,
+                next_cursor: page.next_cursor,
             },
             data: page.items,
         }

@@ -102,11 +102,32 @@ pub struct Page<T> {
     pub items: Vec<T>,
     pub total: i64,
     pub request: PageRequest,
+    /// For lists whose count stops at a bound (the journal's; see
+    /// `journal::query::TOTAL_EXACT_UP_TO`): whether it stopped, so that
+    /// `total` is a lower bound. None: `total` is always exact.
+    pub total_is_estimate: Option<bool>,
+    /// Where the next page starts, for lists that page by keyset (`cursor`).
+    pub next_cursor: Option<String>,
+    /// Whether rows follow this page, when the store knows it without `total`.
+    pub more: Option<bool>,
 }
 
 impl<T> Page<T> {
+    /// A page with an exact total.
+    pub fn new(items: Vec<T>, total: i64, request: PageRequest) -> Self {
+        Self {
+            items,
+            total,
+            request,
+            total_is_estimate: None,
+            next_cursor: None,
+            more: None,
+        }
+    }
+
     pub fn has_more(&self) -> bool {
-        self.request.offset + (self.items.len() as i64) < self.total
+        self.more
+            .unwrap_or(self.request.offset + (self.items.len() as i64) < self.total)
     }
 
     pub fn map<U>(self, f: impl FnMut(T) -> U) -> Page<U> {
@@ -114,6 +135,9 @@ impl<T> Page<T> {
             items: self.items.into_iter().map(f).collect(),
             total: self.total,
             request: self.request,
+            total_is_estimate: self.total_is_estimate,
+            next_cursor: self.next_cursor,
+            more: self.more,
         }
     }
 }

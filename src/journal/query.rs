@@ -32,6 +32,71 @@ pub struct ExecutionQueryParams {
     pub sort_order: Option<String>,
     pub limit: Option<i64>,
     pub offset: Option<i64>,
+    /// `meta.next_cursor` of the previous page: the page after it, by keyset
+    /// (same sort; not with `offset`).
+    pub cursor: Option<String>,
+}
+
+/// `meta.total` counts matching rows exactly up to this many (or up to the
+/// page's end, when that lies further); past it, `total` is a lower bound and
+/// `meta.total_is_estimate` is true, so a page of a huge session never counts
+/// every row.
+pub const TOTAL_EXACT_UP_TO: i64 = 10_000;
+
+/// Where a keyset page starts: after the row with this sort value and id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// The sort column's value (`finished_at` may be null).
+    pub value: Option<i64>,
+    pub id: String,
+}
+
+/// Longest cursor accepted.
+const MAX_CURSOR_CHARS: usize = 200;
+
+impl Cursor {
+    /// The opaque text clients pass back: the sort it belongs to, then the
+    /// last row's sort value and id.
+    pub fn encode(&self, page: &PageRequest) -> String {
+        let value = self.value.map_or_else(|| "n".to_owned(), |v| v.to_string());
+        format!(
+            "{}.{}.{value}.{}",
+            page.sort_by,
+            page.sort_order.as_str(),
+            self.id
+        )
+    }
+
+    /// Reads a cursor made by [`encode`](Self::encode) for the same sort.
+    pub fn decode(raw: &str, page: &PageRequest) -> Result<Self> {
+        let invalid = || {
+            Error::validation(
+                "cursor is not one this server made for this sort_by and sort_order; pass meta.next_cursor back unchanged",
+            )
+        };
+        if raw.len() > MAX_CURSOR_CHARS {
+            return Err(invalid());
+        }
+        let parts: Vec<&str> = raw.split('.').collect();
+        let [sort_by, order, value, id] = parts.as_slice() else {
+            return Err(invalid());
+        };
+        let id_ok = !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if *sort_by != page.sort_by || *order != page.sort_order.as_str() || !id_ok {
+            return Err(invalid());
+        }
+        let value = match *value {
+            "n" => None,
+            number => Some(number.parse::<i64>().map_err(|_| invalid())?),
+        };
+        Ok(Self {
+            value,
+            id: (*id).to_owned(),
+        })
+    }
 }
 
 /// A validated journal query, always scoped to one account.
@@ -47,6 +112,7 @@ pub struct ExecutionQuery {
     pub commit_outcome: Option<CommitOutcome>,
     pub provider_type: Option<String>,
     pub page: PageRequest,
+    pub cursor: Option<Cursor>,
 }
 
 const PROVIDER_TYPES: [&str; 5] = ["builtin", "preset", "remote", "mcp", "unknown"];
@@ -66,14 +132,23 @@ impl ExecutionQuery {
                 PROVIDER_TYPES.join(", ")
             )));
         }
+        let page = PageRequest::parse(
+            params.limit,
+            params.offset,
+            params.sort_by.as_deref(),
+            params.sort_order.as_deref(),
+            &["started_at", "created_at", "finished_at"],
+        )?;
+        let cursor = match params.cursor.as_deref() {
+            None => None,
+            Some(_) if page.offset > 0 => {
+                return Err(Error::validation("cursor and offset cannot be combined"));
+            }
+            Some(raw) => Some(Cursor::decode(raw, &page)?),
+        };
         Ok(Self {
-            page: PageRequest::parse(
-                params.limit,
-                params.offset,
-                params.sort_by.as_deref(),
-                params.sort_order.as_deref(),
-                &["started_at", "created_at", "finished_at"],
-            )?,
+            page,
+            cursor,
             caller_slot: params.caller_slot.as_deref().map(Slot::parse).transpose()?,
             status: params
                 .status
@@ -119,6 +194,8 @@ pub struct FloorExecutionQueryParams {
     pub sort_order: Option<String>,
     pub limit: Option<i64>,
     pub offset: Option<i64>,
+    /// `meta.next_cursor` of the previous page.
+    pub cursor: Option<String>,
 }
 
 impl FloorExecutionQueryParams {
@@ -137,6 +214,7 @@ impl FloorExecutionQueryParams {
             sort_order: self.sort_order,
             limit: self.limit,
             offset: self.offset,
+            cursor: self.cursor,
         }
     }
 }
@@ -190,5 +268,46 @@ impl CallRecordQuery {
             page_id: params.page_id,
             floor_id: params.floor_id,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(sort_by: &str, order: &str) -> PageRequest {
+        PageRequest::parse(
+            None,
+            None,
+            Some(sort_by),
+            Some(order),
+            &["started_at", "finished_at"],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cursor_reads_back_only_for_its_own_sort() {
+        let desc = page("started_at", "desc");
+        for value in [Some(1_735_689_600_000), None] {
+            let cursor = Cursor {
+                value,
+                id: "texec_01abc".into(),
+            };
+            let raw = cursor.encode(&desc);
+            assert_eq!(Cursor::decode(&raw, &desc).unwrap(), cursor);
+            assert!(Cursor::decode(&raw, &page("started_at", "asc")).is_err());
+            assert!(Cursor::decode(&raw, &page("finished_at", "desc")).is_err());
+        }
+        for forged in [
+            "",
+            "started_at.desc.1",
+            "started_at.desc.x.id",
+            "started_at.desc.1.a b",
+            "started_at.desc.1.a.b",
+        ] {
+            assert!(Cursor::decode(forged, &desc).is_err(), "{forged}");
+        }
+        assert!(Cursor::decode(&"a".repeat(300), &desc).is_err());
     }
 }

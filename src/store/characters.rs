@@ -178,11 +178,7 @@ impl Store {
             .bind(page.offset)
             .fetch_all(self.pool())
             .await?;
-        Ok(Page {
-            items: rows.iter().map(from_row).collect(),
-            total,
-            request: page,
-        })
+        Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
     }
 
     pub async fn update_character(

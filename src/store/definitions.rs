@@ -220,11 +220,11 @@ impl Store {
             .bind(page.offset)
             .fetch_all(self.pool())
             .await?;
-        Ok(Page {
-            items: rows.iter().map(from_row).collect::<Result<_>>()?,
+        Ok(Page::new(
+            rows.iter().map(from_row).collect::<Result<_>>()?,
             total,
-            request: page,
-        })
+            page,
+        ))
     }
 
     /// Every enabled definition of the account, by name: what its sessions see.

@@ -8,7 +8,7 @@ use super::journal_writer::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
-use crate::journal::query::{CallRecordQuery, ExecutionQuery};
+use crate::journal::query::{CallRecordQuery, ExecutionQuery, TOTAL_EXACT_UP_TO};
 use crate::journal::{
     CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
 };
@@ -251,17 +251,13 @@ impl Store {
         );
         filter("provider_type", query.provider_type.clone());
         let where_sql = conditions.join(" AND ");
-        let total_sql = format!("SELECT COUNT(*) FROM tool_execution_record WHERE {where_sql}");
-        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(total_sql));
-        for bind in &binds {
-            total = total.bind(bind);
-        }
-        let total = total.fetch_one(self.pool()).await?;
+        let (total, total_is_estimate) = self.bounded_total(&where_sql, &binds, &query).await?;
         // Column names below come from closed lists, never from input.
         let page = &query.page;
         let order = page.sort_order.sql();
+        let (keyset_sql, keyset_binds) = keyset_condition(&query);
         let sql = format!(
-            "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql} \
+            "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
              ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
             page.sort_by
         );
@@ -269,16 +265,50 @@ impl Store {
         for bind in &binds {
             rows = rows.bind(bind);
         }
-        let rows = rows
-            .bind(page.limit)
+        for bind in keyset_binds {
+            rows = match bind {
+                KeysetValue::Sort(value) => rows.bind(value),
+                KeysetValue::Id(id) => rows.bind(id),
+            };
+        }
+        // One row past the page says whether another follows, whatever `total`.
+        let mut rows = rows
+            .bind(page.limit + 1)
             .bind(page.offset)
             .fetch_all(self.pool())
             .await?;
-        Ok(Page {
-            items: rows.iter().map(record_from_row).collect(),
-            total,
-            request: query.page,
-        })
+        let more = rows.len() as i64 > page.limit;
+        rows.truncate(page.limit as usize);
+        let items: Vec<ExecutionRecord> = rows.iter().map(record_from_row).collect();
+        let next_cursor = items
+            .last()
+            .filter(|_| more)
+            .map(|last| next_cursor(last, page));
+        let mut result = Page::new(items, total, query.page);
+        result.total_is_estimate = Some(total_is_estimate);
+        result.more = Some(more);
+        result.next_cursor = next_cursor;
+        Ok(result)
+    }
+
+    /// Matching rows, counted exactly up to [`TOTAL_EXACT_UP_TO`] or the
+    /// page's end (whichever is further); beyond, a lower bound, flagged.
+    async fn bounded_total(
+        &self,
+        where_sql: &str,
+        binds: &[String],
+        query: &ExecutionQuery,
+    ) -> Result<(i64, bool)> {
+        let bound = TOTAL_EXACT_UP_TO.max(query.page.offset + query.page.limit);
+        let sql = format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM tool_execution_record WHERE {where_sql} LIMIT ?)"
+        );
+        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
+        for bind in binds {
+            total = total.bind(bind);
+        }
+        let counted = total.bind(bound + 1).fetch_one(self.pool()).await?;
+        Ok((counted, counted > bound))
     }
 
     /// The legacy call-record projection of `GET /tools/call-records`.
@@ -337,11 +367,7 @@ impl Store {
                 created_at: row.get("created_at"),
             })
             .collect();
-        Ok(Page {
-            items,
-            total,
-            request: query.page,
-        })
+        Ok(Page::new(items, total, query.page))
     }
 }
 
@@ -546,4 +572,54 @@ pub(super) async fn finish_execution_with<'e>(
     .execute(executor)
     .await?;
     Ok(())
+}
+
+/// The condition that starts a keyset page after the cursor's row, in the
+/// query's order (SQLite sorts NULL first ascending, last descending: only
+/// `finished_at` can be NULL), and the values it binds, in order.
+fn keyset_condition(query: &ExecutionQuery) -> (String, Vec<KeysetValue<'_>>) {
+    let Some(cursor) = &query.cursor else {
+        return (String::new(), Vec::new());
+    };
+    let column = query.page.sort_by;
+    let descending = query.page.sort_order == crate::domain::SortOrder::Desc;
+    let (op, id) = if descending {
+        ("<", "id < ?")
+    } else {
+        (">", "id > ?")
+    };
+    let condition = match (cursor.value, descending) {
+        (Some(_), true) => {
+            format!("({column} {op} ? OR ({column} = ? AND {id}) OR {column} IS NULL)")
+        }
+        (Some(_), false) => format!("({column} {op} ? OR ({column} = ? AND {id}))"),
+        (None, true) => format!("({column} IS NULL AND {id})"),
+        (None, false) => format!("({column} IS NOT NULL OR {id})"),
+    };
+    let mut values = Vec::with_capacity(3);
+    if let Some(value) = cursor.value {
+        values.extend([KeysetValue::Sort(value), KeysetValue::Sort(value)]);
+    }
+    values.push(KeysetValue::Id(&cursor.id));
+    (format!(" AND {condition}"), values)
+}
+
+/// A value the keyset condition binds.
+enum KeysetValue<'a> {
+    Sort(i64),
+    Id(&'a str),
+}
+
+/// The cursor of the page after the one ending with `last`.
+fn next_cursor(last: &ExecutionRecord, page: &crate::domain::PageRequest) -> String {
+    let value = match page.sort_by {
+        "created_at" => Some(last.created_at),
+        "finished_at" => last.finished_at,
+        _ => Some(last.started_at),
+    };
+    crate::journal::query::Cursor {
+        value,
+        id: last.id.clone(),
+    }
+    .encode(page)
 }

@@ -196,11 +196,7 @@ impl Store {
             .bind(page.offset)
             .fetch_all(self.pool())
             .await?;
-        Ok(Page {
-            items: self.servers_from_rows(&rows)?,
-            total,
-            request: page,
-        })
+        Ok(Page::new(self.servers_from_rows(&rows)?, total, page))
     }
 
     /// Every enabled server of every account, oldest first: what start-up connects.

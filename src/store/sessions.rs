@@ -131,11 +131,7 @@ impl Store {
             .bind(page.offset)
             .fetch_all(self.pool())
             .await?;
-        Ok(Page {
-            items: rows.iter().map(from_row).collect(),
-            total,
-            request: page,
-        })
+        Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
     }
 
     /// The account's sessions whose id, title or character name contains

@@ -1,0 +1,199 @@
+//! Journal pages of large sessions (issue 20): keyset pages by `cursor`
+//! alongside `offset`, and a `meta.total` counted exactly only up to a bound
+//! (then a lower bound with `total_is_estimate`), through the real server.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{TestServer, spawn_app};
+use serde_json::{Value, json};
+
+async fn calls(server: &TestServer, session: &str, count: usize) {
+    for _ in 0..count {
+        let call = server
+            .post(
+                &format!("/sessions/{session}/tool-calls"),
+                json!({"name": "roll_dice", "arguments": {"sides": 6}}),
+            )
+            .await;
+        assert_eq!(call.body["data"]["status"], "success", "{call:?}");
+    }
+}
+
+fn ids(page: &Value) -> Vec<String> {
+    page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn cursors_walk_the_same_rows_as_offsets_in_the_same_order() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    calls(&server, &session, 20).await;
+    // Rows still running have no finished_at: the keyset must place them as
+    // the offset order does (first ascending, last descending).
+    let first = server
+        .get(&format!("/tool-executions?session_id={session}&limit=1"))
+        .await
+        .body;
+    copy_row(&server, first["data"][0]["id"].as_str().unwrap(), 3, true).await;
+    for sort in [
+        "sort_by=started_at&sort_order=desc",
+        "sort_by=created_at&sort_order=asc",
+        "sort_by=finished_at&sort_order=asc",
+        "sort_by=finished_at&sort_order=desc",
+    ] {
+        // Pages of 2: some page boundaries fall among the rows without
+        // finished_at, so cursors with and without a sort value are both used.
+        let base = format!("/tool-executions?session_id={session}&limit=2&{sort}");
+        let mut by_offset = Vec::new();
+        for offset in (0..24).step_by(2) {
+            by_offset.extend(ids(&server
+                .get(&format!("{base}&offset={offset}"))
+                .await
+                .body));
+        }
+        let mut by_cursor = Vec::new();
+        let mut page = server.get(&base).await.body;
+        loop {
+            assert_eq!(page["meta"]["total"], 23, "{page}");
+            assert_eq!(page["meta"]["total_is_estimate"], false);
+            by_cursor.extend(ids(&page));
+            let Some(cursor) = page["meta"]["next_cursor"].as_str() else {
+                assert_eq!(page["meta"]["has_more"], false, "{page}");
+                break;
+            };
+            assert_eq!(page["meta"]["has_more"], true, "{page}");
+            let next = format!("{base}&cursor={}", urlencode(cursor));
+            page = server.get(&next).await.body;
+        }
+        assert_eq!(by_cursor.len(), 23, "{sort}");
+        assert_eq!(
+            by_cursor.iter().collect::<HashSet<_>>().len(),
+            23,
+            "no row twice"
+        );
+        assert_eq!(
+            by_cursor, by_offset,
+            "{sort}: the same rows in the same order"
+        );
+    }
+}
+
+fn urlencode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+#[tokio::test]
+async fn a_cursor_is_refused_with_an_offset_another_sort_or_forged() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    calls(&server, &session, 3).await;
+    let base = format!("/tool-executions?session_id={session}&limit=1");
+    let first = server.get(&base).await.body;
+    let cursor = urlencode(first["meta"]["next_cursor"].as_str().expect("a cursor"));
+    for query in [
+        format!("{base}&cursor={cursor}&offset=1"),
+        format!("{base}&cursor={cursor}&sort_order=asc"),
+        format!("{base}&cursor={cursor}&sort_by=created_at"),
+        format!("{base}&cursor=started_at.desc.1.x%27%20OR%201%3D1"),
+        format!("{base}&cursor={}", "a".repeat(500)),
+    ] {
+        let reply = server.get(&query).await;
+        assert_eq!(reply.status, 400, "{query}: {reply:?}");
+        assert_eq!(reply.body["error"]["code"], "validation_error", "{reply:?}");
+    }
+}
+
+/// Copies one journal row `copies` times straight into the database (the
+/// journal has no cache to miss them), each a millisecond later; `running`
+/// copies have no `finished_at` yet.
+async fn copy_row(server: &TestServer, row_id: &str, copies: i64, running: bool) {
+    let url = format!("sqlite://{}", server.data_dir.join("toolgate.db").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('tool_execution_record')")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let copied: Vec<String> = columns
+        .iter()
+        .map(|column| match column.as_str() {
+            "id" => "t.id || '_' || n.i".to_owned(),
+            "started_at" | "created_at" => format!("t.{column} + n.i"),
+            "finished_at" if running => "NULL".to_owned(),
+            other => format!("t.{other}"),
+        })
+        .collect();
+    let sql = format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+         INSERT INTO tool_execution_record ({}) SELECT {} FROM tool_execution_record t, n WHERE t.id = ?",
+        columns.join(", "),
+        copied.join(", ")
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(copies)
+        .bind(row_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_ten_thousand() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    calls(&server, &session, 1).await;
+    let first = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await
+        .body;
+    let row = first["data"][0]["id"].as_str().unwrap().to_owned();
+    copy_row(&server, &row, 10_049, false).await;
+
+    let page = server
+        .get(&format!("/tool-executions?session_id={session}&limit=50"))
+        .await
+        .body;
+    assert_eq!(page["meta"]["total_is_estimate"], true, "{}", page["meta"]);
+    assert_eq!(
+        page["meta"]["total"], 10_001,
+        "a lower bound: {}",
+        page["meta"]
+    );
+    assert_eq!(page["meta"]["has_more"], true);
+    assert_eq!(page["data"].as_array().unwrap().len(), 50);
+
+    // A page past the bound counts to its end: exact again.
+    let deep = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&limit=100&offset=10000"
+        ))
+        .await
+        .body;
+    assert_eq!(deep["meta"]["total_is_estimate"], false, "{}", deep["meta"]);
+    assert_eq!(deep["meta"]["total"], 10_050);
+    assert_eq!(deep["meta"]["has_more"], false);
+    assert_eq!(deep["data"].as_array().unwrap().len(), 50);
+
+    // Filtered queries under the bound stay exact.
+    let errors = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&status=error"
+        ))
+        .await
+        .body;
+    assert_eq!(
+        (
+            errors["meta"]["total"].as_i64(),
+            errors["meta"]["total_is_estimate"].as_bool()
+        ),
+        (Some(0), Some(false))
+    );
+}
