@@ -200,7 +200,7 @@ impl Store {
         .bind(now)
         .bind(now)
         .bind(ReasonCode::InterruptedByRestart.as_str())
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         Ok(changed)
@@ -213,7 +213,7 @@ impl Store {
         Ok(sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| record_from_row(&row)))
     }
@@ -256,7 +256,7 @@ impl Store {
         for bind in &binds {
             total = total.bind(bind);
         }
-        let total = total.fetch_one(self.pool()).await?;
+        let total = total.fetch_one(&mut *self.conn().await?).await?;
         // Column names below come from closed lists, never from input.
         let page = &query.page;
         let order = page.sort_order.sql();
@@ -272,7 +272,7 @@ impl Store {
         let rows = rows
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(Page {
             items: rows.iter().map(record_from_row).collect(),
@@ -298,7 +298,7 @@ impl Store {
         for bind in binds.iter().chain(&outer_binds) {
             total = total.bind(bind);
         }
-        let total = total.fetch_one(self.pool()).await?;
+        let total = total.fetch_one(&mut *self.conn().await?).await?;
         let page = &query.page;
         let order = page.sort_order.sql();
         let sort = if page.sort_by == "seq" {
@@ -319,7 +319,7 @@ impl Store {
         let rows = rows
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         let items = rows
             .iter()
