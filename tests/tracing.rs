@@ -138,6 +138,22 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
     (base, spans)
 }
 
+/// A server exporting its spans (OTLP/HTTP JSON, every 100 ms) to a
+/// receiver of the test's, and what that receiver was sent.
+async fn exporting_server() -> (TestServer, Arc<Mutex<Vec<Value>>>) {
+    let (endpoint, spans) = otlp_receiver().await;
+    let server = spawn_with(SpawnOptions {
+        env: vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    (server, spans)
+}
+
 fn attribute(span: &Value, key: &str) -> Option<String> {
     span["attributes"]
         .as_array()?
@@ -155,16 +171,7 @@ fn attribute(span: &Value, key: &str) -> Option<String> {
 #[tokio::test]
 async fn spans_of_a_request_and_its_tool_call_reach_the_otlp_receiver() {
     let (url, _) = recording_callback().await;
-    let (endpoint, spans) = otlp_receiver().await;
-    let server = spawn_with(SpawnOptions {
-        env: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
+    let (server, spans) = exporting_server().await;
     register_remote(&server, json!({"name": "traced_tool", "callback_url": url})).await;
     let session = server.create_session().await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
@@ -297,16 +304,7 @@ async fn every_mcp_http_request_carries_a_traceparent_without_an_exporter() {
 
 #[tokio::test]
 async fn an_mcp_tools_call_names_the_exported_tool_call_span_as_its_parent() {
-    let (endpoint, spans) = otlp_receiver().await;
-    let server = spawn_with(SpawnOptions {
-        env: vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), endpoint),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
+    let (server, spans) = exporting_server().await;
     let session = server.create_session().await;
     let _mcp = attach_http_mcp(&server, &session).await;
     let sent = mcp_call_traceparent(&server, &session, None).await;

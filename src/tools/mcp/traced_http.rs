@@ -104,6 +104,9 @@ fn traced(
     headers
 }
 
+/// rmcp's worker sends every POST through `post_message_with_response_limits`
+/// and opens every stream through `get_stream_with_max_sse_event_size`; the
+/// other methods are the trait's required ones.
 impl StreamableHttpClient for TracedHttpClient {
     type Error = reqwest::Error;
 
@@ -122,28 +125,6 @@ impl StreamableHttpClient for TracedHttpClient {
             auth_header,
             custom_headers,
             StreamableHttpResponseLimits::default(),
-        )
-        .await
-    }
-
-    async fn post_message_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: usize,
-    ) -> Answer<StreamableHttpPostResponse> {
-        let mut limits = StreamableHttpResponseLimits::default();
-        limits.max_sse_event_size = max_sse_event_size;
-        self.post_message_with_response_limits(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            custom_headers,
-            limits,
         )
         .await
     }
