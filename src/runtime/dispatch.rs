@@ -36,7 +36,7 @@ impl ToolRuntime {
     ) -> Result<ToolCallResult> {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
-        let span = crate::telemetry::tool_call_span(&session_id, &call.name, &call.caller_slot);
+        let span = crate::telemetry::tool_call_span(&session_id, &call.name, call.caller_slot);
         let recorded = span.clone();
         FinishOnDrop::new(
             async move {

@@ -347,7 +347,7 @@ mod tests {
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(&mut *store.conn().await?)
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         }

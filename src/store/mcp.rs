@@ -358,7 +358,7 @@ mod tests {
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(&mut *store.conn().await?)
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         }

@@ -218,11 +218,11 @@ mod tests {
         sqlx::query(
             "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
         )
-        .execute(&mut *store.conn().await?)
+        .execute(&mut *store.conn().await.unwrap())
         .await
         .expect("the full-text index matches its content");
         sqlx::query_scalar("SELECT COUNT(*) FROM session_texts")
-            .fetch_one(&mut *store.conn().await?)
+            .fetch_one(&mut *store.conn().await.unwrap())
             .await
             .unwrap()
     }
@@ -243,7 +243,7 @@ mod tests {
                 .bind(&floor.id)
                 .bind(no)
                 .bind(text)
-                .execute(&mut *store.conn().await?)
+                .execute(&mut *store.conn().await.unwrap())
                 .await
                 .unwrap();
         }
@@ -263,14 +263,14 @@ mod tests {
         assert!(search("griffin").await.is_empty(), "no page is active yet");
         sqlx::query("UPDATE floors SET active_page_id = 'page_b' WHERE id = ?")
             .bind(&floor.id)
-            .execute(&mut *store.conn().await?)
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         assert_eq!(search("kraken").await, ["page_b"]);
         assert!(search("griffin").await.is_empty());
         // Edits are re-indexed.
         sqlx::query("UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'")
-            .execute(&mut *store.conn().await?)
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         assert!(search("kraken").await.is_empty());
