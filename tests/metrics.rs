@@ -150,13 +150,9 @@ async fn waits_for_a_pooled_database_connection_are_a_histogram() {
     let before = sample(&scrape(&server).await, count);
     assert!(before >= 1.0, "start-up and the scrape took connections");
     for _ in 0..5 {
-        let called = server
-            .post(
-                &format!("/sessions/{session}/tool-calls"),
-                json!({"name": "get_time", "arguments": {}}),
-            )
-            .await;
-        assert_eq!(called.body["data"]["status"], "success", "{called:?}");
+        // A call of its own each time (no call_id), not a replay.
+        let called = common::mcp::call(&server, &session, "get_time", json!({})).await;
+        assert_eq!(called["status"], "success", "{called}");
         // Two statements (the count and the page), each on its own connection.
         let listed = server
             .get(&format!("/tool-executions?session_id={session}"))
