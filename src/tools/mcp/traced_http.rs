@@ -75,6 +75,8 @@ fn carried(message: &ClientJsonRpcMessage) -> HashMap<String, String> {
         ClientRequest::CallToolRequest(call) => call.params.meta(),
         _ => None,
     };
+    // The envelope's `_meta` is read last: on the wire it wins over the
+    // params' (rmcp merges them so), and so it does here.
     for meta in [params.map(|meta| &**meta), Some(&**envelope)]
         .into_iter()
         .flatten()
