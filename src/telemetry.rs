@@ -2,12 +2,19 @@
 //! OTLP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace
 //! context in and out. Every span has an OpenTelemetry context even without
 //! an exporter, so the `traceparent` sent with each callback lets a plugin's
-//! own trace join the call's; only the export is off.
+//! own trace join the call's; only the export is off. The spans themselves
+//! are built here too, so the criterion bench measures the ones the server
+//! makes.
+
+use std::collections::HashMap;
+use std::fmt::Display;
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{
+    SpanContext, TraceContextExt, TraceFlags, TraceState, TracerProvider as _,
+};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -67,6 +74,19 @@ fn provider() -> (SdkTracerProvider, bool) {
     }
 }
 
+/// The OpenTelemetry layer: spans of the `toolgate::trace` target only
+/// (requests, tool calls), whatever `RUST_LOG` says, traced by `provider`.
+pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_target("toolgate::trace", tracing::Level::INFO);
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("toolgate"))
+        .with_filter(spans)
+}
+
 /// Installs the global subscriber: `fmt` (the given writer and filter) for
 /// log lines, and the OpenTelemetry layer for this crate's spans.
 pub fn init<W>(fmt_layer: W, filter: tracing_subscriber::EnvFilter) -> Telemetry
@@ -75,21 +95,42 @@ where
 {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let (provider, exporting) = provider();
-    let tracer = provider.tracer("toolgate");
-    // Only the spans made for traces (requests, tool calls), whatever RUST_LOG says.
-    let spans = tracing_subscriber::filter::Targets::new()
-        .with_target("toolgate::trace", tracing::Level::INFO);
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_filter(spans);
     tracing_subscriber::registry()
         .with(fmt_layer.with_filter(filter))
-        .with(otel)
+        .with(otel_layer(&provider))
         .init();
     Telemetry {
         provider,
         exporting,
     }
+}
+
+/// The span of one HTTP request, a child of the caller's trace when its
+/// headers name one (the path is a field, escaped, never message text).
+pub fn request_span(method: &http::Method, path: &str, headers: &http::HeaderMap) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: "toolgate::trace",
+        "http_request",
+        http.method = %method,
+        url.path = ?path,
+    );
+    adopt_parent(&span, headers);
+    span
+}
+
+/// The span of one tool call; `provider`, `status` and `execution_id` are
+/// recorded once the call is decided.
+pub fn tool_call_span(session_id: &str, tool: &str, caller_slot: impl Display) -> tracing::Span {
+    tracing::info_span!(
+        target: "toolgate::trace",
+        "tool_call",
+        session_id = %session_id,
+        tool = ?tool,
+        caller_slot = %caller_slot,
+        provider = tracing::field::Empty,
+        status = tracing::field::Empty,
+        execution_id = tracing::field::Empty,
+    )
 }
 
 /// Writes the current span's W3C `traceparent` (and `tracestate`) into
@@ -105,7 +146,47 @@ pub fn inject_current(headers: &mut http::HeaderMap) {
 pub fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     let parent =
         TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
-    if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
+    if parent.has_active_span() {
         let _ = span.set_parent(parent);
     }
+}
+
+/// The current span's W3C trace context as named values (`traceparent`,
+/// `tracestate`), for a message that carries it itself, such as an MCP
+/// request's `_meta` (SEP-414); empty when no span context is current.
+pub fn current_fields() -> HashMap<String, String> {
+    let mut fields = HashMap::new();
+    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut fields);
+    fields
+}
+
+/// Writes `traceparent` (and `tracestate`) into `headers` of a request sent
+/// where the caller's span is not current, such as a transport's own task:
+/// the context `carried` names when it is valid, else the current span's,
+/// else a fresh root, so that every request carries one.
+pub fn inject_carried_or_root(carried: &HashMap<String, String>, headers: &mut http::HeaderMap) {
+    let propagator = TraceContextPropagator::new();
+    let mut context = propagator.extract(carried);
+    if !context.has_active_span() {
+        context = tracing::Span::current().context();
+    }
+    if !context.has_active_span() {
+        context = fresh_root();
+    }
+    propagator.inject_context(&context, &mut opentelemetry_http::HeaderInjector(headers));
+}
+
+/// A context naming a new trace that no span of this process recorded.
+/// Flagged sampled like every span here (the sampler keeps all), so a
+/// plugin that samples by its parent keeps its own trace of the request.
+fn fresh_root() -> opentelemetry::Context {
+    let ids = RandomIdGenerator::default();
+    let root = SpanContext::new(
+        ids.new_trace_id(),
+        ids.new_span_id(),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::NONE,
+    );
+    opentelemetry::Context::new().with_remote_span_context(root)
 }

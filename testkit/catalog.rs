@@ -20,6 +20,7 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "crash",
     "env",
     "header",
+    "request_headers",
     "calls",
     "with_ref",
 ];
@@ -64,6 +65,11 @@ pub fn builtin(name: &str) -> Option<Tool> {
         ),
         "env" => tool(name, "Answers an environment variable", key_schema("name")),
         "header" => tool(name, "Answers an HTTP request header", key_schema("name")),
+        "request_headers" => tool(
+            name,
+            "Answers one header of every HTTP request received so far (the last 256): {requests: [{method, value}]}, value null where absent",
+            key_schema("name"),
+        ),
         "calls" => tool(name, "The tool names called so far", object(json!({}), &[])),
         "with_ref" => tool(name, "Answers the item; its schema uses $ref", ref_schema()),
         _ => return None,

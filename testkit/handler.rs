@@ -2,9 +2,11 @@
 //! time, which the `#[tool]` macros cannot do), paging, the call log, and the
 //! sessions to tell when the list changes.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use axum::http::HeaderMap;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, InitializeRequestParams,
     InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
@@ -16,6 +18,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
+
+/// HTTP requests whose headers are kept for `request_headers`, newest last.
+const KEPT_REQUESTS: usize = 256;
 
 /// How long one session may take to accept a `list_changed` notification; a
 /// stuck client must not hold up the `add_tool` answer.
@@ -31,6 +36,9 @@ pub struct TestServer {
 struct Shared {
     tools: Mutex<Vec<Tool>>,
     calls: Mutex<Vec<String>>,
+    /// The method and headers of the latest HTTP requests (streamable HTTP
+    /// only), so a test sees what requests no tool call answers carried.
+    requests: Mutex<VecDeque<(String, HeaderMap)>>,
     /// Every session that went through `initialize`; closed ones are dropped
     /// when a notification is sent.
     peers: Mutex<Vec<Peer<RoleServer>>>,
@@ -58,6 +66,7 @@ impl TestServer {
             shared: Arc::new(Shared {
                 tools: Mutex::new(tools),
                 calls: Mutex::new(Vec::new()),
+                requests: Mutex::new(VecDeque::new()),
                 peers: Mutex::new(Vec::new()),
                 page_size,
                 closing: CancellationToken::new(),
@@ -80,6 +89,28 @@ impl TestServer {
     /// The tool names asked for so far (known or not), oldest first.
     pub fn calls(&self) -> Vec<String> {
         lock(&self.shared.calls).clone()
+    }
+
+    /// Keeps an HTTP request's method and headers (the last few hundred).
+    pub fn record_request(&self, method: &str, headers: &HeaderMap) {
+        let mut requests = lock(&self.shared.requests);
+        if requests.len() == KEPT_REQUESTS {
+            requests.pop_front();
+        }
+        requests.push_back((method.to_owned(), headers.clone()));
+    }
+
+    /// The kept requests' methods with their value of header `name`, oldest first.
+    pub fn request_headers(&self, name: &str) -> Vec<(String, Option<String>)> {
+        lock(&self.shared.requests)
+            .iter()
+            .map(|(method, headers)| {
+                let value = headers
+                    .get(name)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+                (method.clone(), value)
+            })
+            .collect()
     }
 
     /// Adds an echo-like tool `name` and tells every connected session.

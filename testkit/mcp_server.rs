@@ -6,7 +6,8 @@
 //! from `TOOLGATE_TEST_MCP_LOG` (default `info`).
 //!
 //! Tools: echo, shout, fail, hang, slow_lookup, lookup, destroy, add_tool,
-//! crash, env, header, calls, with_ref (see `catalog.rs` and `tools.rs`).
+//! crash, env, header, request_headers, calls, with_ref (see `catalog.rs` and
+//! `tools.rs`).
 
 mod catalog;
 mod handler;
@@ -18,6 +19,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use axum::extract::Request;
+use axum::middleware::Next;
 use clap::{Parser, Subcommand};
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -114,12 +117,21 @@ async fn serve_stdio(server: TestServer) -> anyhow::Result<()> {
 }
 
 async fn serve_http(server: TestServer, listen: SocketAddr) -> anyhow::Result<()> {
+    let recorder = server.clone();
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    // Every request's headers, also of those no tool call answers
+    // (initialize, notifications, the event stream): `request_headers`.
+    let record = axum::middleware::from_fn(move |request: Request, next: Next| {
+        recorder.record_request(request.method().as_str(), request.headers());
+        next.run(request)
+    });
+    let router = axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(record);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("bind {listen}"))?;

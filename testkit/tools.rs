@@ -55,6 +55,7 @@ pub async fn run(
         }
         "env" => env(&text("name")),
         "header" => header(&text("name"), context),
+        "request_headers" => request_headers(server, &text("name")),
         "calls" => calls(server),
         "with_ref" => CallToolResult::structured(json!({"item": arguments.get("item")})),
         // `echo` and every tool `add_tool` created.
@@ -133,6 +134,15 @@ fn header(name: &str, context: &RequestContext<RoleServer>) -> CallToolResult {
         Some(Err(_)) => error(format!("header {name} is not visible ASCII")),
         None => error(format!("no header {name}")),
     }
+}
+
+fn request_headers(server: &TestServer, name: &str) -> CallToolResult {
+    let requests: Vec<Value> = server
+        .request_headers(name)
+        .into_iter()
+        .map(|(method, value)| json!({"method": method, "value": value}))
+        .collect();
+    CallToolResult::structured(json!({ "requests": requests }))
 }
 
 fn calls(server: &TestServer) -> CallToolResult {

@@ -1,8 +1,8 @@
 //! Operators' view through the real binary: `/metrics` counts calls by
 //! provider type and journal status with histogram counts, evictions and
 //! connect failures, stays bounded over many remote tool names, is for the
-//! admin key (or keyless on `--metrics-listen`); `/readyz` follows the
-//! database.
+//! admin key (or keyless on `--metrics-listen`); waits for a pooled database
+//! connection are a histogram; `/readyz` follows the database.
 
 mod common;
 
@@ -140,6 +140,40 @@ async fn calls_are_counted_by_provider_type_and_journal_status() {
         "{text}"
     );
     assert!(sample(&text, "toolgate_journal_batch_rows_count") >= 1.0);
+}
+
+#[tokio::test]
+async fn waits_for_a_pooled_database_connection_are_a_histogram() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let count = "toolgate_db_pool_acquire_duration_seconds_count";
+    let before = sample(&scrape(&server).await, count);
+    assert!(before >= 1.0, "start-up and the scrape took connections");
+    for _ in 0..5 {
+        // A call of its own each time (no call_id), not a replay.
+        let called = common::mcp::call(&server, &session, "get_time", json!({})).await;
+        assert_eq!(called["status"], "success", "{called}");
+        // Two statements (the count and the page), each on its own connection.
+        let listed = server
+            .get(&format!("/tool-executions?session_id={session}"))
+            .await;
+        assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+    }
+    let text = scrape(&server).await;
+    let after = sample(&text, count);
+    assert!(after >= before + 10.0, "{before} -> {after}\n{text}");
+    assert!(
+        text.contains("# TYPE toolgate_db_pool_acquire_duration_seconds histogram"),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"toolgate_db_pool_acquire_duration_seconds_bucket{le="+Inf"}"#
+        ),
+        after
+    );
+    assert!(sample(&text, "toolgate_db_pool_acquire_duration_seconds_sum") > 0.0);
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ const ENV_VALUE: &str = "from-the-test";
 /// SSE reconnect attempts of the HTTP client before a stream counts as lost.
 const RECONNECT_ATTEMPTS: usize = 1;
 
-const ALL_TOOLS: [&str; 13] = [
+const ALL_TOOLS: [&str; 14] = [
     "echo",
     "shout",
     "fail",
@@ -45,6 +45,7 @@ const ALL_TOOLS: [&str; 13] = [
     "crash",
     "env",
     "header",
+    "request_headers",
     "calls",
     "with_ref",
 ];
@@ -448,6 +449,30 @@ async fn http_calls_see_the_custom_headers() {
     assert!(is_error(
         &call(&connection, "header", json!({"name": "x-absent"})).await
     ));
+    // Every request so far (initialize, initialized, the event stream, the
+    // list and the calls) carried it; an absent header is null on each.
+    let seen = call(&connection, "request_headers", json!({"name": "x-tenant"})).await;
+    let requests = seen.structured_content.expect("structured")["requests"].clone();
+    let requests = requests.as_array().expect("requests").clone();
+    assert!(requests.len() >= 4, "{requests:?}");
+    assert!(
+        requests.iter().all(|r| r["value"] == "blue"),
+        "{requests:?}"
+    );
+    assert!(
+        requests.iter().any(|r| r["method"] == "POST"),
+        "{requests:?}"
+    );
+    let absent = call(&connection, "request_headers", json!({"name": "x-absent"})).await;
+    let absent = absent.structured_content.expect("structured");
+    assert!(
+        absent["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["value"].is_null()),
+        "{absent}"
+    );
 
     let echo = call(&connection, "echo", json!({"text": "over http"})).await;
     assert_eq!(echo.structured_content, Some(json!({"echo": "over http"})));

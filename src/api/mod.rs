@@ -283,16 +283,9 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
 }
 
 /// One span per request, a child of the caller's trace when it sends a
-/// `traceparent` (the path is a field, escaped, never message text).
+/// `traceparent`.
 fn request_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
-    let span = tracing::info_span!(
-        target: "toolgate::trace",
-        "http_request",
-        http.method = %request.method(),
-        url.path = ?request.uri().path(),
-    );
-    crate::telemetry::adopt_parent(&span, request.headers());
-    span
+    crate::telemetry::request_span(request.method(), request.uri().path(), request.headers())
 }
 
 /// `GET /healthz`: up, and which start of the server answers (`boot_id`, see

@@ -36,16 +36,7 @@ impl ToolRuntime {
     ) -> Result<ToolCallResult> {
         let runtime = self.clone();
         let (account_id, session_id) = (account_id.to_owned(), session_id.to_owned());
-        let span = tracing::info_span!(
-            target: "toolgate::trace",
-            "tool_call",
-            session_id = %session_id,
-            tool = ?call.name,
-            caller_slot = %call.caller_slot,
-            provider = tracing::field::Empty,
-            status = tracing::field::Empty,
-            execution_id = tracing::field::Empty,
-        );
+        let span = crate::telemetry::tool_call_span(&session_id, &call.name, call.caller_slot);
         let recorded = span.clone();
         FinishOnDrop::new(
             async move {

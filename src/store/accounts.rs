@@ -112,7 +112,7 @@ impl Store {
         .bind(hash_key(&api_key))
         .bind(is_admin as i64)
         .bind(account.created_at)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await;
         match result {
             Ok(_) => Ok(NewAccount { account, api_key }),
@@ -136,7 +136,7 @@ impl Store {
             "SELECT id, name, is_admin, created_at FROM accounts WHERE api_key_hash = ?",
         )
         .bind(&hash)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?;
         let account = row.as_ref().map(account_from_row);
         if let Some(account) = &account {
@@ -147,7 +147,7 @@ impl Store {
 
     pub async fn count_accounts(&self) -> Result<i64> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM accounts")
-            .fetch_one(self.pool())
+            .fetch_one(&mut *self.conn().await?)
             .await?)
     }
 
@@ -156,7 +156,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT id, name, is_admin, created_at FROM accounts WHERE is_admin = 1 ORDER BY created_at LIMIT 1",
         )
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?;
         Ok(row.as_ref().map(account_from_row))
     }

@@ -24,7 +24,7 @@ impl Store {
         .bind(account_id)
         .bind(since_ms)
         .bind(MAX_ACTIVITY_SAMPLES)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()

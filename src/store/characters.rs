@@ -4,7 +4,7 @@ use serde::Serialize;
 use std::sync::Arc;
 
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::Store;
 use crate::domain::{CharacterName, Page, PageRequest};
@@ -105,7 +105,7 @@ impl Store {
         .bind(&character.persona)
         .bind(now)
         .bind(now)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await;
         self.character_cache.invalidate_all();
         match result {
@@ -121,7 +121,7 @@ impl Store {
         sqlx::query(AssertSqlSafe(sql))
             .bind(name)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| from_row(&row))
             .ok_or_else(|| Error::not_found(format!("character {name:?}")))
@@ -149,7 +149,7 @@ impl Store {
         let generation = self.character_cache.generation();
         let sql = format!("SELECT {COLUMNS} FROM characters ORDER BY name");
         let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         let all: Arc<Vec<Character>> = Arc::new(rows.iter().map(from_row).collect());
         self.character_cache.put(KEY, generation, all.clone());
@@ -163,7 +163,7 @@ impl Store {
     ) -> Result<Page<Character>> {
         let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM characters WHERE account_id = ?")
             .bind(account_id)
-            .fetch_one(self.pool())
+            .fetch_one(&mut *self.conn().await?)
             .await?;
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let sql = format!(
@@ -176,7 +176,7 @@ impl Store {
             .bind(account_id)
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
     }
@@ -189,7 +189,8 @@ impl Store {
     ) -> Result<Character> {
         // Read, merge and write in one write transaction: two PATCHes of
         // different fields never lose each other's change.
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ? AND account_id = ?");
         let mut character = sqlx::query(AssertSqlSafe(sql))
             .bind(name)
@@ -255,7 +256,7 @@ impl Store {
         let character = self.character(account_id, name).await?;
         let deleted = sqlx::query("DELETE FROM characters WHERE id = ?")
             .bind(&character.id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await;
         self.sessions_changed();
         self.character_cache.invalidate_all();

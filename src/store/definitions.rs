@@ -1,7 +1,7 @@
 //! Custom tool definitions, scoped to an account.
 
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::Store;
 use crate::domain::definition::{DefinitionSource, HandlerType, ScriptHandler, ToolDefinition};
@@ -161,7 +161,7 @@ impl Store {
         .bind(handler_json(&definition))
         .bind(definition.created_at)
         .bind(definition.updated_at)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await;
         self.definition_cache.invalidate(account_id);
         match result {
@@ -177,7 +177,7 @@ impl Store {
         match sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
         {
             Some(row) => from_row(&row),
@@ -206,7 +206,7 @@ impl Store {
         let count_sql =
             format!("SELECT COUNT(*) AS total FROM tool_definitions WHERE {where_clause}");
         let total: i64 = bind_filters(sqlx::query(AssertSqlSafe(count_sql)), account_id, filter)
-            .fetch_one(self.pool())
+            .fetch_one(&mut *self.conn().await?)
             .await?
             .get("total");
         // sort_by comes from a closed list validated by PageRequest, never from input.
@@ -218,7 +218,7 @@ impl Store {
         let rows = bind_filters(sqlx::query(AssertSqlSafe(sql)), account_id, filter)
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(Page::new(
             rows.iter().map(from_row).collect::<Result<_>>()?,
@@ -241,7 +241,7 @@ impl Store {
         );
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(account_id)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         let definitions =
             std::sync::Arc::new(rows.iter().map(from_row).collect::<Result<Vec<_>>>()?);
@@ -263,7 +263,8 @@ impl Store {
         id: &str,
         change: impl FnOnce(&ToolDefinition) -> Result<ToolDefinition>,
     ) -> Result<ToolDefinition> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
         let existing = match sqlx::query(AssertSqlSafe(sql))
             .bind(id)
@@ -321,7 +322,7 @@ impl Store {
         let done = sqlx::query("DELETE FROM tool_definitions WHERE id = ? AND account_id = ?")
             .bind(id)
             .bind(account_id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?;
         self.definition_cache.invalidate(account_id);
         if done.rows_affected() == 0 {
@@ -346,7 +347,7 @@ mod tests {
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(store.pool())
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         }

@@ -66,11 +66,11 @@ impl Store {
         .bind(&session.id)
         .bind(content)
         .bind(now)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?;
         let seq: i64 = sqlx::query_scalar("SELECT seq FROM floors WHERE id = ?")
             .bind(&id)
-            .fetch_one(self.pool())
+            .fetch_one(&mut *self.conn().await?)
             .await?;
         Ok(Floor {
             id,
@@ -91,7 +91,7 @@ impl Store {
         )
         .bind(floor_id)
         .bind(account_id)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?
         .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
         Ok(FloorRef {
@@ -118,7 +118,7 @@ impl Store {
             "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors WHERE session_id = ? ORDER BY seq",
         )
         .bind(&session.id)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         self.attach_pages(rows.iter().map(floor_from_row).collect())
             .await
@@ -134,7 +134,7 @@ impl Store {
              JOIN floors f ON f.id = p.floor_id WHERE f.session_id = ? ORDER BY p.floor_id, p.page_no",
         )
         .bind(&first.session_id)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         let mut by_floor: std::collections::HashMap<String, Vec<FloorPage>> = Default::default();
         for row in &rows {

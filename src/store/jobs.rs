@@ -1,8 +1,8 @@
 //! Durable runtime jobs with leases, and the results they deliver to sessions.
 
 use serde::Serialize;
-use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
+use sqlx::{Connection, Row};
 
 use super::Store;
 use crate::error::{Error, Result};
@@ -105,7 +105,8 @@ impl Store {
         row: &super::NewExecution,
         job: &NewJob,
     ) -> Result<super::Admitted> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let admitted = super::journal::insert_execution_with(&mut tx, row).await?;
         if admitted != super::Admitted::Yes {
             return Ok(admitted);
@@ -121,7 +122,7 @@ impl Store {
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| from_row(&row))
             .ok_or_else(|| Error::not_found(format!("runtime job {id:?}")))
@@ -141,7 +142,7 @@ impl Store {
             .bind(lease_until)
             .bind(now)
             .bind(now)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?;
         let Some(job) = row.map(|row| from_row(&row)) else {
             return Ok(None);
@@ -150,7 +151,7 @@ impl Store {
             "UPDATE tool_execution_record SET status = 'running' WHERE id = ? AND lifecycle_state = 'opened'",
         )
         .bind(&job.execution_id)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?;
         Ok(Some(job))
     }
@@ -164,7 +165,7 @@ impl Store {
         .bind(now_ms())
         .bind(id)
         .bind(owner)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         Ok(changed == 1)
@@ -181,7 +182,8 @@ impl Store {
     ) -> Result<Option<Delivery>> {
         let (output, is_error) = (&settled.output, settled.is_error);
         let now = now_ms();
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let job_state = if is_error { "failed" } else { "succeeded" };
         let error_message = is_error.then(|| output.as_str().unwrap_or_default().to_owned());
         let changed = sqlx::query(
@@ -255,7 +257,8 @@ impl Store {
     /// lost) become `uncertain` and are never re-run. Returns their ids.
     pub async fn expire_lost_jobs(&self, all_running: bool) -> Result<Vec<String>> {
         let now = now_ms();
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let ids: Vec<String> = sqlx::query_scalar(
             "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?, finished_at = ?, \
              error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
@@ -301,7 +304,8 @@ impl Store {
     /// Marks deliveries as given to the model.
     pub async fn consume_deliveries(&self, ids: &[String]) -> Result<()> {
         let now = now_ms();
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         for id in ids {
             sqlx::query("UPDATE session_deliveries SET consumed_at = ? WHERE id = ? AND consumed_at IS NULL")
                 .bind(now)
@@ -327,7 +331,7 @@ impl Store {
         )
         .bind(&session.id)
         .bind(unconsumed_only)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()
@@ -376,12 +380,12 @@ impl Store {
     /// Runtime jobs by state, and the queue age (ms) of the oldest claimable
     /// job: what `/metrics` shows about the job queue.
     pub async fn job_queue_stats(&self) -> Result<(Vec<(String, u64)>, Option<i64>)> {
-        queue_stats(self.pool()).await
+        queue_stats(&mut *self.conn().await?).await
     }
 
     /// Open and idle connections of the pool.
     pub fn pool_stats(&self) -> (u64, u64) {
-        (self.pool().size() as u64, self.pool().num_idle() as u64)
+        (self.pool.size() as u64, self.pool.num_idle() as u64)
     }
 
     /// Whether the database takes a write within `limit`: every call writes
@@ -389,7 +393,8 @@ impl Store {
     /// read-only, gone) is not ready. The probe writes nothing.
     pub async fn answers_within(&self, limit: std::time::Duration) -> bool {
         let probe = async {
-            let tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+            let mut conn = self.conn().await?;
+            let tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             tx.rollback().await
         };
         matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(())))
@@ -398,10 +403,10 @@ impl Store {
 
 /// Runtime jobs by state, and the queue age (ms) of the oldest claimable job.
 pub(super) async fn queue_stats(
-    pool: &sqlx::SqlitePool,
+    conn: &mut sqlx::SqliteConnection,
 ) -> Result<(Vec<(String, u64)>, Option<i64>)> {
     let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state")
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
     let by_state = rows
         .iter()
@@ -409,7 +414,7 @@ pub(super) async fn queue_stats(
         .collect();
     let oldest: Option<i64> =
         sqlx::query_scalar("SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'")
-            .fetch_one(pool)
+            .fetch_one(&mut *conn)
             .await?;
     Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
 }

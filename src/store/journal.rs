@@ -200,7 +200,7 @@ impl Store {
         .bind(now)
         .bind(now)
         .bind(ReasonCode::InterruptedByRestart.as_str())
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         Ok(changed)
@@ -213,7 +213,7 @@ impl Store {
         Ok(sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| record_from_row(&row)))
     }
@@ -275,7 +275,7 @@ impl Store {
         let mut rows = rows
             .bind(page.limit + 1)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         let more = rows.len() as i64 > page.limit;
         rows.truncate(page.limit as usize);
@@ -307,7 +307,10 @@ impl Store {
         for bind in binds {
             total = total.bind(bind);
         }
-        let counted = total.bind(bound + 1).fetch_one(self.pool()).await?;
+        let counted = total
+            .bind(bound + 1)
+            .fetch_one(&mut *self.conn().await?)
+            .await?;
         Ok((counted, counted > bound))
     }
 
@@ -328,7 +331,7 @@ impl Store {
         for bind in binds.iter().chain(&outer_binds) {
             total = total.bind(bind);
         }
-        let total = total.fetch_one(self.pool()).await?;
+        let total = total.fetch_one(&mut *self.conn().await?).await?;
         let page = &query.page;
         let order = page.sort_order.sql();
         let sort = if page.sort_by == "seq" {
@@ -349,7 +352,7 @@ impl Store {
         let rows = rows
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         let items = rows
             .iter()

@@ -113,7 +113,7 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
             }
         }
         if connection.is_none() {
-            connection = pool.acquire().await.ok();
+            connection = super::acquire::acquire(&pool).await.ok();
         }
         let Some(conn) = connection.as_mut() else {
             for request in batch {
@@ -150,7 +150,7 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
                 // so every caller gets its own answer.
                 tracing::warn!(error = %err, writes = batch.len(), "journal batch failed; retrying one by one");
                 for request in batch {
-                    let result = match pool.acquire().await {
+                    let result = match super::acquire::acquire(&pool).await {
                         Ok(mut conn) => apply(&mut conn, &request.write).await,
                         Err(err) => Err(err.into()),
                     };

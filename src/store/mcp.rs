@@ -7,7 +7,7 @@
 //! is until new secrets are written, so restoring the key restores them.
 
 use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use super::Store;
 use crate::domain::mcp::{McpServer, McpServerConfig};
@@ -136,7 +136,7 @@ impl Store {
         .bind(sealed)
         .bind(now)
         .bind(now)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await;
         match result {
             Ok(_) => Ok(server),
@@ -151,7 +151,7 @@ impl Store {
         match sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
         {
             Some(row) => Ok(self.server_from_row(&row)?.server),
@@ -176,7 +176,10 @@ impl Store {
         if let Some(enabled) = filter.enabled {
             count = count.bind(enabled);
         }
-        let total: i64 = count.fetch_one(self.pool()).await?.get("total");
+        let total: i64 = count
+            .fetch_one(&mut *self.conn().await?)
+            .await?
+            .get("total");
         // Both come from closed lists (PageRequest and SortOrder), never from input.
         let sort = match page.sort_by {
             "name" => "name",
@@ -194,7 +197,7 @@ impl Store {
         let rows = query
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(Page::new(self.servers_from_rows(&rows)?, total, page))
     }
@@ -204,7 +207,7 @@ impl Store {
         let sql =
             format!("SELECT {COLUMNS} FROM mcp_servers WHERE enabled = 1 ORDER BY created_at, id");
         let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         self.servers_from_rows(&rows)
     }
@@ -225,7 +228,8 @@ impl Store {
         id: &str,
         change: impl FnOnce(&McpServer) -> Result<McpServer>,
     ) -> Result<McpServer> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let sql = format!("SELECT {COLUMNS} FROM mcp_servers WHERE id = ? AND account_id = ?");
         let existing = match sqlx::query(AssertSqlSafe(sql))
             .bind(id)
@@ -282,7 +286,7 @@ impl Store {
         let done = sqlx::query("DELETE FROM mcp_servers WHERE id = ? AND account_id = ?")
             .bind(id)
             .bind(account_id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?;
         if done.rows_affected() == 0 {
             return Err(not_found(id));
@@ -307,7 +311,7 @@ impl Store {
         .bind(tools.to_string())
         .bind(snapshot_at)
         .bind(server_id)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?;
         Ok(())
     }
@@ -318,7 +322,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT server_id, tools_json, snapshot_at FROM mcp_tool_snapshots ORDER BY server_id",
         )
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         rows.iter()
             .map(|row| {
@@ -350,7 +354,7 @@ mod tests {
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(store.pool())
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         }

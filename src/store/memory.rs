@@ -102,7 +102,7 @@ impl Store {
         .bind(memory.created_at)
         .bind(&memory.session_id)
         .bind(MAX_MEMORIES_PER_SESSION)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         if written == 0 {
@@ -121,7 +121,7 @@ impl Store {
              WHERE session_id = ? ORDER BY created_at, id",
         )
         .bind(&session.id)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()
@@ -160,7 +160,7 @@ impl Store {
         .bind(session_id)
         .bind(session_id)
         .bind(limit)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()
@@ -218,11 +218,11 @@ mod tests {
         sqlx::query(
             "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
         )
-        .execute(store.pool())
+        .execute(&mut *store.conn().await.unwrap())
         .await
         .expect("the full-text index matches its content");
         sqlx::query_scalar("SELECT COUNT(*) FROM session_texts")
-            .fetch_one(store.pool())
+            .fetch_one(&mut *store.conn().await.unwrap())
             .await
             .unwrap()
     }
@@ -243,7 +243,7 @@ mod tests {
                 .bind(&floor.id)
                 .bind(no)
                 .bind(text)
-                .execute(store.pool())
+                .execute(&mut *store.conn().await.unwrap())
                 .await
                 .unwrap();
         }
@@ -263,14 +263,14 @@ mod tests {
         assert!(search("griffin").await.is_empty(), "no page is active yet");
         sqlx::query("UPDATE floors SET active_page_id = 'page_b' WHERE id = ?")
             .bind(&floor.id)
-            .execute(store.pool())
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         assert_eq!(search("kraken").await, ["page_b"]);
         assert!(search("griffin").await.is_empty());
         // Edits are re-indexed.
         sqlx::query("UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'")
-            .execute(store.pool())
+            .execute(&mut *store.conn().await.unwrap())
             .await
             .unwrap();
         assert!(search("kraken").await.is_empty());

@@ -2,6 +2,7 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
+mod acquire;
 mod activity;
 mod cache;
 mod characters;
@@ -104,10 +105,6 @@ impl Store {
         // The journal writer holds a connection; the pool waits for it.
         self.journal_writer.close().await;
         self.pool.close().await;
-    }
-
-    pub(crate) fn pool(&self) -> &SqlitePool {
-        &self.pool
     }
 }
 

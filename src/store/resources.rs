@@ -73,7 +73,7 @@ impl Store {
              FROM session_resources WHERE session_id = ? ORDER BY name",
         )
         .bind(session_id)
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()
@@ -96,7 +96,7 @@ impl Store {
         )
         .bind(session_id)
         .bind(name)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?;
         let Some(row) = row else { return Ok(None) };
         let kind: String = row.get("kind");
@@ -128,7 +128,7 @@ impl Store {
         )
         .bind(session_id)
         .bind(name)
-        .fetch_one(self.pool())
+        .fetch_one(&mut *self.conn().await?)
         .await?;
         let now = now_ms();
         // One statement checks the per-session count and writes, so concurrent
@@ -151,7 +151,7 @@ impl Store {
         .bind(MAX_RESOURCES_PER_SESSION)
         .bind(session_id)
         .bind(name)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         if written == 0 {
@@ -167,7 +167,7 @@ impl Store {
             sqlx::query("DELETE FROM session_resources WHERE session_id = ? AND name = ?")
                 .bind(session_id)
                 .bind(name)
-                .execute(self.pool())
+                .execute(&mut *self.conn().await?)
                 .await?
                 .rows_affected();
         Ok(deleted > 0)

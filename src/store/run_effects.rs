@@ -228,7 +228,7 @@ impl Store {
         .bind(name)
         .bind(now_ms())
         .bind(MAX_EFFECTS_PER_RUN)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         if written == 0 {
@@ -266,7 +266,7 @@ impl Store {
             .bind(run_id)
             .bind(kind.as_str())
             .bind(name)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(rows
             .iter()
@@ -314,7 +314,7 @@ impl Store {
             .bind(now_ms())
             .bind(MAX_EFFECTS_PER_RUN)
             .bind(kind.limit())
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?
             .rows_affected();
         if written == 0 {
@@ -326,11 +326,15 @@ impl Store {
     /// Why a buffered write was not written (checked after the fact; the write
     /// itself was atomic).
     async fn refusal(&self, scope: RunScope<'_>, kind: Kind) -> Error {
+        let mut conn = match self.conn().await {
+            Ok(conn) => conn,
+            Err(err) => return err.into(),
+        };
         let state: std::result::Result<Option<String>, _> =
             sqlx::query_scalar("SELECT state FROM floor_runs WHERE id = ? AND session_id = ?")
                 .bind(scope.run_id)
                 .bind(scope.session_id)
-                .fetch_optional(self.pool())
+                .fetch_optional(&mut *conn)
                 .await;
         match state {
             Err(err) => return err.into(),
@@ -349,7 +353,7 @@ impl Store {
         let buffered: std::result::Result<i64, _> =
             sqlx::query_scalar("SELECT COUNT(*) FROM run_effects WHERE run_id = ?")
                 .bind(scope.run_id)
-                .fetch_one(self.pool())
+                .fetch_one(&mut *conn)
                 .await;
         match buffered {
             Err(err) => err.into(),

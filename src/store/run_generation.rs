@@ -3,7 +3,7 @@
 //! memories its memory slot wrote, which land in the session only when the
 //! run is committed.
 
-use sqlx::Row;
+use sqlx::{Connection, Row};
 
 use super::Store;
 use super::memory::{MAX_MEMORIES_PER_SESSION, MAX_MEMORY_BYTES};
@@ -39,7 +39,7 @@ impl Store {
         sqlx::query("UPDATE floor_runs SET generation = ? WHERE id = ?")
             .bind(state.as_str())
             .bind(run_id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?;
         Ok(())
     }
@@ -57,7 +57,7 @@ impl Store {
         )
         .bind(session_id)
         .bind(account_id)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?;
         match id {
             Some(id) => self.run(account_id, &id).await.map(Some),
@@ -71,7 +71,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open'",
         )
-        .fetch_all(self.pool())
+        .fetch_all(&mut *self.conn().await?)
         .await?;
         Ok(rows
             .iter()
@@ -93,7 +93,8 @@ impl Store {
             .filter(|n| !n.trim().is_empty())
             .take(MAX_MEMORIES_PER_RUN)
             .collect();
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_ms();
         for (seq, note) in notes.iter().enumerate() {
             sqlx::query(

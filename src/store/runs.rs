@@ -1,8 +1,8 @@
 //! Runs: one generation attempt on a floor, producing one page.
 
 use serde::Serialize;
-use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
+use sqlx::{Connection, Row};
 
 use super::Store;
 use crate::error::{Error, Result};
@@ -71,7 +71,7 @@ impl Store {
         )
             .bind(account_id)
             .bind(floor_id)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(rows
             .iter()
@@ -95,7 +95,8 @@ impl Store {
         let now = now_ms();
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
              VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
@@ -129,7 +130,7 @@ impl Store {
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(run_id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| from_row(&row))
             .ok_or_else(|| Error::not_found(format!("run {run_id:?}")))
@@ -145,7 +146,8 @@ impl Store {
         content: Option<&str>,
     ) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         close_run(&mut tx, &run, "committed").await?;
         if let Some(content) = content {
             sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
@@ -170,7 +172,7 @@ impl Store {
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(page_id)
             .bind(account_id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| from_row(&row))
             .ok_or_else(|| Error::not_found(format!("page {page_id:?}")))
@@ -200,7 +202,7 @@ impl Store {
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(floor_id)
             .bind(account_id)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(rows.iter().map(from_row).collect())
     }
@@ -210,7 +212,7 @@ impl Store {
         sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
             .bind(content)
             .bind(page_id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?;
         Ok(())
     }
@@ -219,7 +221,8 @@ impl Store {
     /// its buffered effects are dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         close_run(&mut tx, &run, "discarded").await?;
         sqlx::query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
@@ -248,7 +251,7 @@ impl Store {
             .bind(run_id)
             .bind(tool_name)
             .bind(args_canonical)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?;
         Ok(row.map(|row| ReplayParent {
             id: row.get("id"),

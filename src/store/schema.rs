@@ -198,7 +198,7 @@ pub async fn checkup(location: &Location, pool: &SqlitePool) -> anyhow::Result<C
     if checkup.schema.applied_version == 0 || checkup.schema.refusal().is_some() {
         return Ok(checkup);
     }
-    let (jobs, oldest) = super::jobs::queue_stats(pool).await?;
+    let (jobs, oldest) = super::jobs::queue_stats(&mut *pool.acquire().await?).await?;
     checkup.jobs = jobs.into_iter().map(|(s, n)| (s, n as i64)).collect();
     checkup.oldest_queued_age_s = oldest.map(|ms| ms as f64 / 1000.0);
     checkup.interrupted_calls = sqlx::query_scalar(

@@ -1,6 +1,7 @@
 //! Read-modify-write of one key of a session's `metadata_json`.
 
 use serde_json::Value;
+use sqlx::Connection;
 
 use super::Store;
 use crate::error::{Error, Result};
@@ -19,7 +20,8 @@ impl Store {
         key: &'static str,
         update: impl FnOnce(&Value) -> Result<Value>,
     ) -> Result<Value> {
-        let mut tx = self.pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let raw: Option<String> = sqlx::query_scalar(
             "SELECT metadata_json FROM sessions WHERE id = ? AND account_id = ?",
         )

@@ -62,7 +62,7 @@ impl Store {
         .bind(title)
         .bind(now)
         .bind(now)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?;
         self.session(account_id, &id).await
     }
@@ -79,7 +79,7 @@ impl Store {
         let sql = format!("{SELECT} WHERE s.id = ?");
         let session = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
-            .fetch_optional(self.pool())
+            .fetch_optional(&mut *self.conn().await?)
             .await?
             .map(|row| from_row(&row));
         match session {
@@ -114,7 +114,7 @@ impl Store {
         .bind(account_id)
         .bind(character)
         .bind(character)
-        .fetch_one(self.pool())
+        .fetch_one(&mut *self.conn().await?)
         .await?;
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let sql = format!(
@@ -129,7 +129,7 @@ impl Store {
             .bind(character)
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
     }
@@ -155,7 +155,7 @@ impl Store {
         )))
         .bind(account_id)
         .bind(&pattern)
-        .fetch_one(self.pool())
+        .fetch_one(&mut *self.conn().await?)
         .await?;
         let sql = format!(
             "{SELECT} WHERE {filter} ORDER BY s.updated_at DESC, s.id DESC LIMIT ?3 OFFSET ?4"
@@ -165,7 +165,7 @@ impl Store {
             .bind(&pattern)
             .bind(limit)
             .bind(offset)
-            .fetch_all(self.pool())
+            .fetch_all(&mut *self.conn().await?)
             .await?;
         Ok((rows.iter().map(from_row).collect(), total))
     }
@@ -174,7 +174,7 @@ impl Store {
         let session = self.session(account_id, id).await?;
         sqlx::query("DELETE FROM sessions WHERE id = ?")
             .bind(&session.id)
-            .execute(self.pool())
+            .execute(&mut *self.conn().await?)
             .await?;
         self.sessions_changed();
         Ok(session)

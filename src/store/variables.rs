@@ -23,7 +23,7 @@ impl Store {
         )
         .bind(session_id)
         .bind(name)
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *self.conn().await?)
         .await?;
         raw.map(|raw| decode_variable(name, &raw)).transpose()
     }
@@ -50,7 +50,7 @@ impl Store {
         .bind(MAX_VARIABLES_PER_SESSION)
         .bind(session_id)
         .bind(name)
-        .execute(self.pool())
+        .execute(&mut *self.conn().await?)
         .await?
         .rows_affected();
         if written == 0 {

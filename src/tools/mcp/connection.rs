@@ -20,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::traced_http::TracedHttpClient;
 use crate::domain::mcp::{HttpConfig, McpServerConfig, McpTransport, StdioConfig};
 
 /// Longest stderr line of a stdio server kept in the log.
@@ -215,7 +216,7 @@ async fn log_stderr(stderr: tokio::process::ChildStderr, server_id: String) {
 
 fn http_transport(
     http: &HttpConfig,
-) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
+) -> Result<StreamableHttpClientTransport<TracedHttpClient>, String> {
     let mut headers = HashMap::new();
     for (name, value) in &http.headers {
         let name = reqwest::header::HeaderName::try_from(name.as_str())
@@ -232,5 +233,8 @@ fn http_transport(
     let mut retry = FixedInterval::default();
     retry.max_times = Some(1);
     config.retry_config = Arc::new(retry);
-    Ok(StreamableHttpClientTransport::from_config(config))
+    Ok(StreamableHttpClientTransport::with_client(
+        TracedHttpClient::new()?,
+        config,
+    ))
 }

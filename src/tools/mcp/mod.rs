@@ -8,6 +8,7 @@ mod provider;
 mod status;
 mod supervisor;
 pub mod tools;
+mod traced_http;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestParamsMeta};
 use rmcp::service::ServiceError;
 use serde_json::Value;
 
@@ -144,8 +144,7 @@ impl McpHandler {
                 );
             }
         };
-        let arguments = args.as_object().cloned().unwrap_or_default();
-        let params = CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
+        let params = self.params(args);
         let timeout_ms = slot.server.config.call_timeout_ms;
         let answer =
             tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
@@ -173,6 +172,23 @@ impl McpHandler {
                 )
             }
         }
+    }
+
+    /// The `tools/call` parameters, with this call's trace context in
+    /// `_meta` (SEP-414): rmcp sends from its own task, where the call's span
+    /// is not current, and the HTTP transport lifts it into `traceparent`.
+    fn params(&self, args: &Value) -> CallToolRequestParams {
+        let arguments = args.as_object().cloned().unwrap_or_default();
+        let mut params =
+            CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
+        let trace = crate::telemetry::current_fields();
+        if let Some(parent) = trace.get("traceparent") {
+            params.set_traceparent(parent);
+        }
+        if let Some(state) = trace.get("tracestate").filter(|state| !state.is_empty()) {
+            params.set_tracestate(state);
+        }
+        params
     }
 
     fn failed(&self, error: ServiceError) -> ToolOutcome {
