@@ -319,8 +319,9 @@ async fn an_http_server_that_goes_down_stays_cached_across_a_restart_and_comes_b
     let mut events = common::events::Events::open(&server, &session).await;
 
     mcp.kill().await;
-    // Noticed without any call: ping or the stream ending.
-    let cached = wait_for_source(&server, &session, &id, "cached", Duration::from_secs(10)).await;
+    // Noticed without any call: ping or the stream ending (a ping every 4 s
+    // with a 4 s timeout; the deadline leaves room for a loaded machine).
+    let cached = wait_for_source(&server, &session, &id, "cached", Duration::from_secs(30)).await;
     assert_eq!(tool(&cached, "r_echo").unwrap()["catalog_source"], "cached");
     let disconnected = events
         .next_of("mcp.disconnected", Duration::from_secs(5))
