@@ -421,9 +421,14 @@ async fn list_tools(
         .into_response())
 }
 
-/// A [`ListToolsResponse`] written one tool at a time as the client reads it,
-/// so that a listing of every role's large schemas (tools × roles) is never
-/// held whole in memory.
+/// Bytes the listing hands the connection at a time: whole tools, batched,
+/// rather than one write per tool.
+const LISTING_CHUNK_BYTES: usize = 32 * 1024;
+
+/// A [`ListToolsResponse`] written a batch of tools at a time as the client
+/// reads it, so that a listing of every role's large schemas (tools × roles)
+/// is never held whole in memory; each tool's JSON is its registration's,
+/// serialised once ([`RemoteTool::listing`]).
 fn listing_chunks(
     boot_id: &str,
     roles: Vec<(Role, Vec<Arc<RemoteTool>>)>,
@@ -431,7 +436,7 @@ fn listing_chunks(
     let mut head = br#"{"ok":true,"boot_id":"#.to_vec();
     append_json(&mut head, &boot_id);
     head.extend_from_slice(br#","tools_by_role":{"#);
-    let body = roles
+    let pieces = roles
         .into_iter()
         .enumerate()
         .flat_map(|(i, (role, tools))| {
@@ -439,19 +444,65 @@ fn listing_chunks(
             append_json(&mut open, &role.name);
             open.extend_from_slice(b":[");
             let listed = tools.into_iter().enumerate().map(move |(j, tool)| {
-                let mut chunk = if j == 0 { Vec::new() } else { b",".to_vec() };
-                append_json(&mut chunk, &ListedTool::from(&*tool));
-                chunk
+                let json = tool.listing.get_or_init(|| {
+                    let mut json = Vec::new();
+                    append_json(&mut json, &ListedTool::from(&*tool));
+                    json.into_boxed_slice()
+                });
+                let mut piece = Vec::with_capacity(json.len() + 1);
+                if j > 0 {
+                    piece.push(b',');
+                }
+                piece.extend_from_slice(json);
+                piece
             });
             std::iter::once(open)
                 .chain(listed)
                 .chain(std::iter::once(b"]".to_vec()))
         });
-    std::iter::once(head)
-        .chain(body)
-        .chain(std::iter::once(b"}}".to_vec()))
+    let pieces = std::iter::once(head)
+        .chain(pieces)
+        .chain(std::iter::once(b"}}".to_vec()));
+    batched(pieces, LISTING_CHUNK_BYTES)
+}
+
+/// Joins consecutive pieces into chunks of about `size` bytes.
+fn batched(
+    mut pieces: impl Iterator<Item = Vec<u8>> + Send + 'static,
+    size: usize,
+) -> impl Iterator<Item = Vec<u8>> + Send + 'static {
+    std::iter::from_fn(move || {
+        let mut chunk = pieces.next()?;
+        while chunk.len() < size {
+            match pieces.next() {
+                Some(piece) => chunk.extend_from_slice(&piece),
+                None => break,
+            }
+        }
+        Some(chunk)
+    })
 }
 
 fn append_json<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     serde_json::to_writer(out, value).expect("listed values always serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batched;
+
+    #[test]
+    fn batches_keep_every_byte_in_order_and_reach_their_size() {
+        let pieces: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 7]).collect();
+        let whole: Vec<u8> = pieces.concat();
+        let chunks: Vec<Vec<u8>> = batched(pieces.into_iter(), 50).collect();
+        assert_eq!(chunks.concat(), whole);
+        let (last, full) = chunks.split_last().unwrap();
+        assert!(
+            full.iter()
+                .all(|chunk| chunk.len() >= 50 && chunk.len() < 57)
+        );
+        assert!(!last.is_empty());
+        assert_eq!(batched(std::iter::empty(), 50).count(), 0);
+    }
 }

@@ -278,6 +278,11 @@ pub struct RemoteTool {
     /// Name of the character (role) it was registered for.
     pub role: String,
     pub declaration: Arc<Declaration>,
+    /// This registration as `GET /api/tools` lists it, serialised the first
+    /// time it is listed: a registration never changes (a new one replaces
+    /// it), so the listing is written once per registry change, not per
+    /// request.
+    pub listing: Arc<std::sync::OnceLock<Box<[u8]>>>,
 }
 
 impl RemoteTool {
@@ -289,6 +294,7 @@ impl RemoteTool {
             timeout_seconds: tool.timeout_seconds,
             role: role.to_owned(),
             declaration: tool.declaration.clone(),
+            listing: Arc::default(),
         }
     }
 

@@ -73,6 +73,7 @@ impl ToolProvider for RemoteProvider {
             source: text("source")?,
             timeout_seconds,
             role: text("role")?,
+            listing: Arc::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),
@@ -217,6 +218,7 @@ mod tests {
             source: "mail".into(),
             timeout_seconds: 2.0,
             role: "Lanlan".into(),
+            listing: Arc::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),
