@@ -155,6 +155,40 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
     out
 }
 
+/// JSON as the journal stored it, answered byte for byte: a page of rows is
+/// not parsed into values and serialised again on its way out (issue 20).
+#[derive(Debug, Clone)]
+pub struct StoredJson(Box<serde_json::value::RawValue>);
+
+impl StoredJson {
+    /// The stored text, or `null` when there is none (or it is not JSON,
+    /// which a row written by the server never is).
+    pub fn from_text(text: Option<String>) -> Self {
+        let raw = text
+            .and_then(|text| serde_json::value::RawValue::from_string(text).ok())
+            .unwrap_or_else(|| {
+                serde_json::value::RawValue::from_string("null".to_owned()).expect("null is JSON")
+            });
+        Self(raw)
+    }
+
+    /// The stored JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The value, parsed (for pages that show it indented).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Serialize for StoredJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
 /// One journal row as the API shows it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ExecutionRecord {
@@ -169,9 +203,9 @@ pub struct ExecutionRecord {
     pub provider_type: String,
     pub tool_name: String,
     #[schema(value_type = Object)]
-    pub args: serde_json::Value,
+    pub args: StoredJson,
     #[schema(value_type = Object)]
-    pub result: serde_json::Value,
+    pub result: StoredJson,
     pub status: ExecutionStatus,
     pub lifecycle_state: LifecycleState,
     pub commit_outcome: CommitOutcome,

@@ -66,7 +66,7 @@ impl ToolRuntime {
                 .execution(account_id, &delivery.execution_id)
                 .await?
             {
-                Some(row) => row.args.to_string(),
+                Some(row) => row.args.to_value().to_string(),
                 None => "{}".to_owned(),
             };
             let call = ModelToolCall {

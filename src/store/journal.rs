@@ -11,6 +11,7 @@ use crate::ids::now_ms;
 use crate::journal::query::{CallRecordQuery, ExecutionQuery, TOTAL_EXACT_UP_TO};
 use crate::journal::{
     CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
+    StoredJson,
 };
 use crate::reason::ReasonCode;
 
@@ -116,8 +117,8 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         provider_id: row.get("provider_id"),
         provider_type: row.get("provider_type"),
         tool_name: row.get("tool_name"),
-        args: json_column(row, "args_json"),
-        result: json_column(row, "result_json"),
+        args: StoredJson::from_text(row.get("args_json")),
+        result: StoredJson::from_text(row.get("result_json")),
         status: ExecutionStatus::parse("status", &parse("status"))
             .unwrap_or(ExecutionStatus::Uncertain),
         lifecycle_state: LifecycleState::parse("lifecycle_state", &parse("lifecycle_state"))

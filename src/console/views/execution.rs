@@ -40,13 +40,13 @@ pub fn execution_page(nav: &Nav, record: &ExecutionRecord) -> String {
                 dt { "Side effects / replay" } dd { (record.side_effect_level) " / " (record.replay_safety) }
             }
             h2 { "Arguments" }
-            pre.json #arguments { (pretty(&record.args)) }
+            pre.json #arguments { (pretty(&record.args.to_value())) }
             @if let Some(error) = &record.error_message {
                 h2 { "Error" }
                 pre.error #error { (error) }
             }
             h2 { "Result" }
-            pre.json #result { (pretty(&record.result)) }
+            pre.json #result { (pretty(&record.result.to_value())) }
         },
     )
 }
