@@ -170,6 +170,12 @@ async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_ten_thousand() {
     assert_eq!(page["meta"]["has_more"], true);
     assert_eq!(page["data"].as_array().unwrap().len(), 50);
 
+    // The console's pager says so too.
+    let console = common::console::ConsoleClient::sign_in(&server, &server.token).await;
+    let (status, html) = console.get(&format!("/console/sessions/{session}")).await;
+    assert_eq!(status, 200);
+    assert!(html.contains("of at least 10001"), "the pager: {html}");
+
     // A page past the bound counts to its end: exact again.
     let deep = server
         .get(&format!(

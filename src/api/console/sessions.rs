@@ -120,6 +120,7 @@ pub async fn page_of(
         journal_offset: offset,
         journal_limit: PAGE_ROWS,
         journal_total: journal.total,
+        journal_total_is_estimate: journal.total_is_estimate == Some(true),
         notice: query.notice.as_deref(),
     };
     Ok(html(StatusCode::OK, session_page(&viewer.nav, &view)))

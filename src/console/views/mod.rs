@@ -110,10 +110,18 @@ pub fn or_dash(value: Option<&str>) -> &str {
 
 /// Links to the previous and next pages of a listing.
 pub fn pager(base: &str, offset: i64, limit: i64, total: i64) -> Markup {
+    pager_of(base, offset, limit, total, false)
+}
+
+/// The same, for a total that may be a lower bound (`at_least`: the journal
+/// stopped counting at its bound).
+pub fn pager_of(base: &str, offset: i64, limit: i64, total: i64, at_least: bool) -> Markup {
     let sep = if base.contains('?') { '&' } else { '?' };
     html! {
         p.pager {
-            "Rows " (offset.min(total)) "–" ((offset + limit).min(total)) " of " (total) " "
+            "Rows " (offset.min(total)) "–" ((offset + limit).min(total)) " of "
+            @if at_least { "at least " }
+            (total) " "
             @if offset > 0 {
                 a href={ (base) (sep) "offset=" ((offset - limit).max(0)) } { "newer" } " "
             }

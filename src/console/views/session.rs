@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::catalog::catalog_table;
 use super::journal::{journal_head, journal_row};
-use super::{Nav, csrf_input, layout, or_dash, pager, time};
+use super::{Nav, csrf_input, layout, or_dash, pager_of, time};
 use crate::domain::tool::Slot;
 use crate::journal::ExecutionRecord;
 use crate::permissions::ToolPermissions;
@@ -25,6 +25,8 @@ pub struct SessionView<'a> {
     pub journal_offset: i64,
     pub journal_limit: i64,
     pub journal_total: i64,
+    /// Whether `journal_total` is a lower bound (the journal's count stopped).
+    pub journal_total_is_estimate: bool,
     /// A line saying what the last form did.
     pub notice: Option<&'a str>,
 }
@@ -101,7 +103,7 @@ pub fn session_page(nav: &Nav, view: &SessionView<'_>) -> String {
                     (journal_head())
                     tbody { @for record in view.journal { (journal_row(record)) } }
                 }
-                (pager(&base, view.journal_offset, view.journal_limit, view.journal_total))
+                (pager_of(&base, view.journal_offset, view.journal_limit, view.journal_total, view.journal_total_is_estimate))
             }
         },
     )
