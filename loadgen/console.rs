@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 
-use super::{Api, Limit, TOKEN, drive, figure, progress, sequential};
+use super::{Api, Limit, TOKEN, drive, progress, sequential};
 
 /// Journal rows of the measured session (the acceptance figure).
 const CONSOLE_ROWS: u64 = 10_000;
@@ -110,14 +110,7 @@ pub async fn console_phase(args: &super::Args, api: &Api, session: &str) -> anyh
         })
         .await;
         stats.check(label)?;
-        figure(
-            &format!("console_{label}_p50_ms"),
-            stats.percentile_ms(50.0),
-        );
-        figure(
-            &format!("console_{label}_p99_ms"),
-            stats.percentile_ms(99.0),
-        );
+        stats.report_latency(&format!("console_{label}"));
     }
     Ok(())
 }

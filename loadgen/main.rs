@@ -523,6 +523,11 @@ impl Stats {
 
     fn report(&self, name: &str) {
         figure(&format!("{name}_per_s"), self.per_second());
+        self.report_latency(name);
+    }
+
+    /// `{name}_p50_ms` and `{name}_p99_ms`.
+    fn report_latency(&self, name: &str) {
         figure(&format!("{name}_p50_ms"), self.percentile_ms(50.0));
         figure(&format!("{name}_p99_ms"), self.percentile_ms(99.0));
     }
@@ -1241,14 +1246,7 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
         })
         .await;
         stats.check(label)?;
-        figure(
-            &format!("journal_query_{label}_p50_ms"),
-            stats.percentile_ms(50.0),
-        );
-        figure(
-            &format!("journal_query_{label}_p99_ms"),
-            stats.percentile_ms(99.0),
-        );
+        stats.report_latency(&format!("journal_query_{label}"));
         worst_p99 = worst_p99.max(stats.percentile_ms(99.0));
         best_p99 = best_p99.min(stats.percentile_ms(99.0));
     }

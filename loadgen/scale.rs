@@ -59,8 +59,7 @@ pub async fn tools_list_phase(api: &Api, callback_url: &str, samples: u64) -> an
         .await
     };
     stats.check("GET /api/tools")?;
-    figure("list_1000_tools_p50_ms", stats.percentile_ms(50.0));
-    figure("list_1000_tools_p99_ms", stats.percentile_ms(99.0));
+    stats.report_latency("list_1000_tools");
     for name in added {
         let body = serde_json::to_vec(&json!({"name": name, "role": "Lanlan"}))?;
         Api::json(api.post_bytes("/api/tools/unregister", body)).await?;

@@ -240,9 +240,9 @@ pub struct CallRecord {
     pub caller_slot: String,
     pub tool_name: String,
     #[schema(value_type = Object)]
-    pub args: serde_json::Value,
+    pub args: StoredJson,
     #[schema(value_type = Object)]
-    pub result: serde_json::Value,
+    pub result: StoredJson,
     pub status: LegacyStatus,
     pub duration_ms: i64,
     pub created_at: i64,

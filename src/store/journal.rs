@@ -98,12 +98,6 @@ const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, calle
     delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, provider_started, \
     execution_reason_code, created_at";
 
-fn json_column(row: &SqliteRow, column: &str) -> serde_json::Value {
-    row.get::<Option<String>, _>(column)
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or(serde_json::Value::Null)
-}
-
 fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
     let parse = |column: &str| row.get::<String, _>(column);
     ExecutionRecord {
@@ -363,8 +357,8 @@ impl Store {
                 seq: row.get("seq"),
                 caller_slot: row.get("caller_slot"),
                 tool_name: row.get("tool_name"),
-                args: json_column(row, "args_json"),
-                result: json_column(row, "result_json"),
+                args: StoredJson::from_text(row.get("args_json")),
+                result: StoredJson::from_text(row.get("result_json")),
                 status: LegacyStatus::parse("status", &row.get::<String, _>("legacy_status"))
                     .unwrap_or(LegacyStatus::Error),
                 duration_ms: row.get("duration_ms"),

@@ -12,7 +12,7 @@ use cookie::{Cookie, SameSite};
 
 use super::Console;
 use super::guard::{ConsolePost, read_form};
-use super::render::{ConsoleError, ConsoleResult, html};
+use super::render::{ConsoleError, ConsoleResult, html, status_of};
 use crate::console::csrf::LOGIN_BINDING;
 use crate::console::sessions::{ConsoleSession, SESSION_TTL};
 use crate::console::views::Nav;
@@ -112,8 +112,7 @@ fn throttled(console: &Console, wait: std::time::Duration) -> Response {
     tracing::warn!(%code, retry_after_s = seconds, "console sign-in refused: too many failed sign-ins from this address");
     let csrf = console.csrf.issue(LOGIN_BINDING);
     let message = format!("Too many failed sign-ins from this address; try again in {seconds} s.");
-    let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-    let mut response = html(status, login_page(&csrf, Some(&message)));
+    let mut response = html(status_of(code), login_page(&csrf, Some(&message)));
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds));

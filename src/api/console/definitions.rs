@@ -8,7 +8,9 @@ use axum::response::{IntoResponse, Redirect, Response};
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, NoticeQuery, html};
+use super::render::{
+    ConsoleError, ConsoleResult, NoticeQuery, html, redirect_with_notice, status_of,
+};
 use super::sessions::PAGE_ROWS;
 use crate::call::{CallArguments, ToolCall};
 use crate::console::definition_form::{definition_changes, try_call};
@@ -80,7 +82,7 @@ pub async fn create(State(state): State<AppState>, post: ConsolePost) -> Console
     match created.await {
         Ok(definition) => Ok(to_definition(&definition.id, "definition created")),
         Err(err) if shown_on_form(&err) => Ok(html(
-            StatusCode::from_u16(err.code().status()).unwrap_or(StatusCode::BAD_REQUEST),
+            status_of(err.code()),
             new_definition_page(
                 nav,
                 &FormValues::posted(&post.fields),
@@ -92,8 +94,7 @@ pub async fn create(State(state): State<AppState>, post: ConsolePost) -> Console
 }
 
 fn to_definition(id: &str, notice: &str) -> Response {
-    let notice: String = form_urlencoded::byte_serialize(notice.as_bytes()).collect();
-    Redirect::to(&format!("/console/definitions/{id}?notice={notice}")).into_response()
+    redirect_with_notice(&format!("/console/definitions/{id}"), notice)
 }
 
 /// A definition's page, its form holding `values` (the stored definition's
@@ -121,9 +122,7 @@ async fn render(
         error: message.as_deref(),
         notice,
     };
-    let status = error.map_or(StatusCode::OK, |err| {
-        StatusCode::from_u16(err.code().status()).unwrap_or(StatusCode::BAD_REQUEST)
-    });
+    let status = error.map_or(StatusCode::OK, |err| status_of(err.code()));
     Ok(html(status, definition_page(nav, &view)))
 }
 

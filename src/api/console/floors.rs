@@ -3,12 +3,12 @@
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use serde_json::Value;
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, NoticeQuery, html};
+use super::render::{ConsoleError, ConsoleResult, NoticeQuery, html, redirect_with_notice};
 use super::sessions::journal_page;
 use crate::console::views::Nav;
 use crate::console::views::floor::{FloorView, floor_page};
@@ -99,8 +99,7 @@ pub async fn open_run(
 }
 
 fn back_to_floor(floor_id: &str, notice: &str) -> Response {
-    let notice: String = form_urlencoded::byte_serialize(notice.as_bytes()).collect();
-    Redirect::to(&format!("/console/floors/{floor_id}?notice={notice}")).into_response()
+    redirect_with_notice(&format!("/console/floors/{floor_id}"), notice)
 }
 
 /// Back to the floor of a committed or discarded run, or the refusal.

@@ -12,6 +12,18 @@ pub fn html(status: StatusCode, html: String) -> Response {
     (status, Html(html)).into_response()
 }
 
+/// The HTTP status of an error code (the one table says it).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// After a form did what it asked: back to `path`, with a line saying what
+/// happened.
+pub fn redirect_with_notice(path: &str, notice: &str) -> Response {
+    let notice: String = form_urlencoded::byte_serialize(notice.as_bytes()).collect();
+    Redirect::to(&format!("{path}?notice={notice}")).into_response()
+}
+
 /// Why a console request was not answered with its page.
 #[derive(Debug)]
 pub enum ConsoleError {
@@ -73,8 +85,7 @@ impl IntoResponse for ConsoleError {
         match self {
             ConsoleError::SignIn => Redirect::to("/console/login").into_response(),
             ConsoleError::Page { code, message, nav } => {
-                let status = StatusCode::from_u16(code.status())
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let status = status_of(code);
                 html(
                     status,
                     error_page(nav.as_ref(), code.status(), code.as_str(), &message),

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Redirect, Response};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, html};
+use super::render::{ConsoleError, ConsoleResult, html, redirect_with_notice};
 use crate::console::forms::permissions_body;
 use crate::console::views::catalog::catalog_json;
 use crate::console::views::journal::journal_row_json;
@@ -160,7 +160,10 @@ pub async fn save_permissions(
     saved
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&nav))?;
-    Ok(Redirect::to(&format!("/console/sessions/{id}?notice=permissions+saved")).into_response())
+    Ok(redirect_with_notice(
+        &format!("/console/sessions/{id}"),
+        "permissions saved",
+    ))
 }
 
 /// Comment lines keep idle streams (and proxies) from timing out.
