@@ -22,7 +22,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 mod console;
+mod database;
 mod generation;
+mod instances;
 mod ratios;
 mod scale;
 
@@ -59,9 +61,15 @@ struct Args {
     #[arg(long)]
     keep_dir: Option<PathBuf>,
     /// Only these phases (comma-separated: register, remote, builtin, console, tools_list,
-    /// sessions_rss, generation, journal).
+    /// sessions_rss, generation, journal, instances).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
+    /// Run every server on a fresh database of this PostgreSQL server
+    /// (e.g. `postgres://postgres@127.0.0.1:5432`; dropped at the end)
+    /// instead of the embedded SQLite file. Adds the `instances` phase: calls/s
+    /// of two instances on the database against one.
+    #[arg(long)]
+    postgres: Option<String>,
 }
 
 impl Args {
@@ -96,6 +104,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Prints one figure on stdout (and keeps it for the ratios at the end).
+/// The database URL every server of this run uses (PostgreSQL), if any.
+static DATABASE_URL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+fn database_url() -> Option<&'static str> {
+    DATABASE_URL.get().and_then(|url| url.as_deref())
+}
+
 fn figure(name: &str, value: f64) {
     ratios::record(name, value);
     if value.abs() >= 100.0 {
@@ -123,6 +138,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         binary.exists(),
         "toolgate binary not found at {} (build it with `cargo build --release`, or pass --server)",
         binary.display()
+    );
+    let database = match &args.postgres {
+        Some(server) => Some(database::BenchDatabase::create(server).await?),
+        None => None,
+    };
+    let _ = DATABASE_URL.set(database.as_ref().map(|db| db.url.clone()));
+    println!(
+        "backend {}",
+        if database.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
     );
     let callback = CallbackServer::start().await?;
     let mut server = Server::start(&binary, &work.path).await?;
@@ -174,6 +202,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         scale::sessions_rss_phase(&api, pid).await?;
     }
     drop(roles);
+    if database.is_some() && args.wants("instances") {
+        instances::instances_phase(&args, &binary, &work.path, &api, &session).await?;
+    }
     if args.wants("generation") {
         generation::generation_phase(&args, &binary, &work.path).await?;
     }
@@ -189,6 +220,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     server.stop().await?;
     callback.stop();
+    if let Some(database) = database {
+        database.drop_it().await?;
+    }
     ratios::print_ratios();
     figure("bench_wall_seconds", started.elapsed().as_secs_f64());
     Ok(())
@@ -251,7 +285,17 @@ impl Server {
         work: &Path,
         env: &[(String, String)],
     ) -> anyhow::Result<Self> {
-        let data_dir = work.join("data");
+        Self::start_in(binary, work, "data", env).await
+    }
+
+    /// Starts toolgate on the data directory `work/<data>` (one per instance).
+    async fn start_in(
+        binary: &Path,
+        work: &Path,
+        data: &str,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        let data_dir = work.join(data);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -267,6 +311,7 @@ impl Server {
             .env_remove("TOOLGATE_LISTEN")
             .env_remove("TOOLGATE_DATA_DIR")
             .env_remove("TOOLGATE_CONFIG")
+            .envs(database_url().map(|url| ("TOOLGATE_DATABASE_URL", url)))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -938,15 +983,20 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
 
     progress(&format!("seeding {rows} journal rows"));
     let data_dir = work.join("data");
-    let store = toolgate::store::Store::open(None, &data_dir).await?;
+    let store = toolgate::store::Store::open(database_url(), &data_dir).await?;
     let account_id = store.admin_account().await?.context("admin account")?.id;
     store.close().await;
-    let mut conn = SqliteConnectOptions::new()
-        .filename(data_dir.join("toolgate.db"))
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Off)
-        .connect()
-        .await?;
+    let mut conn = match database_url() {
+        Some(url) => database::SeedConn::Postgres(sqlx::PgConnection::connect(url).await?),
+        None => database::SeedConn::Sqlite(
+            SqliteConnectOptions::new()
+                .filename(data_dir.join("toolgate.db"))
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Off)
+                .connect()
+                .await?,
+        ),
+    };
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(7);
     let tools: [(&str, &str, &str); 8] = [
@@ -970,7 +1020,7 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
     let mut session_no = 0u64;
     let mut clock = toolgate::ids::now_ms() - 180 * 24 * 3600 * 1000;
     let mut batch: Vec<SeedRow> = Vec::with_capacity(BATCH_ROWS);
-    let mut tx = conn.begin().await?;
+    conn.execute("BEGIN").await?;
     let mut in_tx = 0u64;
     while planned < rows {
         let size = match session_no {
@@ -1052,13 +1102,13 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
                         sides: rng.random_range(2..=100),
                     });
                     if batch.len() == BATCH_ROWS {
-                        insert_batch(&mut tx, &account_id, &batch).await?;
+                        conn.insert_batch(&account_id, &batch).await?;
                         in_tx += batch.len() as u64;
                         written += batch.len() as u64;
                         batch.clear();
                         if in_tx >= 100_000 {
-                            tx.commit().await?;
-                            tx = conn.begin().await?;
+                            conn.execute("COMMIT").await?;
+                            conn.execute("BEGIN").await?;
                             in_tx = 0;
                             progress(&format!("  {written} rows"));
                         }
@@ -1069,13 +1119,10 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
     }
     if !batch.is_empty() {
         written += batch.len() as u64;
-        insert_batch(&mut tx, &account_id, &batch).await?;
+        conn.insert_batch(&account_id, &batch).await?;
     }
-    tx.commit().await?;
-    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
+    conn.execute("COMMIT").await?;
+    conn.finish().await?;
     let elapsed = started.elapsed().as_secs_f64();
     figure("journal_seed_rows", written as f64);
     figure("journal_seed_rows_per_s", written as f64 / elapsed);
@@ -1084,7 +1131,8 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
 
 const BATCH_ROWS: usize = 500;
 
-struct SeedRow {
+/// One seeded journal row.
+pub(crate) struct SeedRow {
     id: String,
     session_id: String,
     run_id: String,
@@ -1099,63 +1147,6 @@ struct SeedRow {
     started_at: i64,
     duration: i64,
     sides: i64,
-}
-
-async fn insert_batch(
-    conn: &mut sqlx::SqliteConnection,
-    account_id: &str,
-    batch: &[SeedRow],
-) -> anyhow::Result<()> {
-    let mut query = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-        "INSERT INTO tool_execution_record (id, account_id, session_id, run_id, floor_id, page_id, call_id, \
-         caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, result_json, status, \
-         lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
-         started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) ",
-    );
-    query.push_values(batch, |mut values, row| {
-        let args = format!(r#"{{"count":2,"sides":{}}}"#, row.sides);
-        let queued = row.status == "queued";
-        let failed = !matches!(row.status, "success" | "queued");
-        values
-            .push_bind(row.id.clone())
-            .push_bind(account_id.to_owned())
-            .push_bind(row.session_id.clone())
-            .push_bind(row.run_id.clone())
-            .push_bind(row.floor_id.clone())
-            .push_bind(row.page_id.clone())
-            .push_bind(format!("call_{}", &row.id[6..]))
-            .push_bind(row.caller_slot)
-            .push_bind(row.provider_id)
-            .push_bind(row.provider_type)
-            .push_bind(row.tool_name)
-            .push_bind(args.clone())
-            .push_bind(args)
-            .push_bind((!failed && !queued).then_some(r#"{"rolls":[3,17],"total":20}"#))
-            .push_bind(row.status)
-            .push_bind(if queued { "opened" } else { "finished" })
-            .push_bind(row.commit_outcome)
-            .push_bind(if row.tool_name == "send_mail" {
-                "irreversible"
-            } else {
-                "none"
-            })
-            .push_bind(if row.tool_name == "send_mail" {
-                "never_auto_replay"
-            } else {
-                "safe"
-            })
-            .push_bind(failed.then_some("the tool failed"))
-            .push_bind(if queued { 0 } else { row.duration })
-            .push_bind(row.started_at)
-            .push_bind((!queued).then_some(row.started_at + row.duration))
-            .push_bind(if queued { "async_job" } else { "inline" })
-            .push_bind(1i64)
-            .push_bind(None::<String>)
-            .push_bind(None::<String>)
-            .push_bind(row.started_at);
-    });
-    query.build().execute(&mut *conn).await?;
-    Ok(())
 }
 
 /// `GET /tool-executions` variants, each measured one request at a time.

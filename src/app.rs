@@ -45,7 +45,7 @@ impl App {
         .await?;
         let bootstrap = bootstrap::ensure_defaults(&store, &settings).await?;
         let recovered = store
-            .recover_interrupted_executions()
+            .recover_interrupted_at_start()
             .await
             .context("recovering interrupted tool executions")?;
         if recovered > 0 {
@@ -100,8 +100,13 @@ impl App {
         let runtime = self.state.runtime.clone();
         let store = runtime.store.clone();
         // The embedded database has one instance: a job still marked running was
-        // lost with the previous process.
-        let lost = store.expire_lost_jobs(true).await?;
+        // lost with the previous process. On a shared database another
+        // instance may be running it: only leases that ran out are lost.
+        // The previous process on this data directory is dead for certain
+        // (its lock was free): its jobs are lost at once.
+        let lost = store
+            .expire_lost_jobs(!store.shared_database(), store.previous_instance())
+            .await?;
         let interrupted = runtime.discard_interrupted_generations().await?;
         if interrupted > 0 {
             tracing::warn!(
@@ -126,6 +131,12 @@ impl App {
                 workers.clone(),
             ))
         });
+        let follower = store.shared_database().then(|| {
+            tokio::spawn(crate::runtime::cluster::follow_other_instances(
+                runtime.clone(),
+                workers.clone(),
+            ))
+        });
         // Event streams never end on their own; closing them lets graceful
         // shutdown finish instead of waiting for subscribers to hang up.
         let model_sessions = self.state.runtime.model_sessions.clone();
@@ -147,6 +158,9 @@ impl App {
         workers.cancel();
         if let Some(worker) = worker {
             let _ = worker.await;
+        }
+        if let Some(follower) = follower {
+            let _ = follower.await;
         }
         if let Some(server) = metrics_server {
             server.abort();

@@ -98,7 +98,8 @@ pub struct CallContext<'a> {
 }
 
 /// Which sessions a catalog change concerns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
 pub enum CatalogScope {
     /// Every session of a character (runtime registrations are per role).
     Character(String),
@@ -108,8 +109,9 @@ pub enum CatalogScope {
     Session(String),
 }
 
-/// A change to the catalogs of one scope, as the provider saw it.
-#[derive(Debug, Clone)]
+/// A change to the catalogs of one scope, as the provider saw it (and as
+/// instances sharing a database tell each other about it).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CatalogChange {
     pub scope: CatalogScope,
     pub added: Vec<String>,

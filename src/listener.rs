@@ -263,12 +263,11 @@ async fn serve_connection(
             () = expiry => {
                 // No request is in flight in either state, so dropping the
                 // connection loses nothing.
-                if let Some((at, reason)) = activity.deadline(&limits) {
-                    if at <= Instant::now() {
+                if let Some((at, reason)) = activity.deadline(&limits)
+                    && at <= Instant::now() {
                         tracing::debug!(%peer, reason, "closing connection");
                         return;
                     }
-                }
             }
         }
     }

@@ -14,7 +14,7 @@ pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     let applied = schema::migrate(&pool).await;
     pool.close().await;
     let applied = applied?;
-    let version = schema::MIGRATOR
+    let version = schema::migrator(location.backend())
         .iter()
         .map(|m| m.version)
         .max()

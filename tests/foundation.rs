@@ -27,11 +27,25 @@ async fn first_start_generates_a_private_admin_key_and_restart_keeps_everything(
         assert_eq!(mode & 0o777, 0o600);
     }
     // The key is stored hashed, never in plain text.
-    let db = std::fs::read(server.data_dir.join("toolgate.db")).unwrap();
-    let wal = std::fs::read(server.data_dir.join("toolgate.db-wal")).unwrap_or_default();
-    let needle = key.as_bytes();
-    assert!(!db.windows(needle.len()).any(|w| w == needle));
-    assert!(!wal.windows(needle.len()).any(|w| w == needle));
+    if server.on_postgres() {
+        let pool = sqlx::PgPool::connect(&server.database_url()).await.unwrap();
+        let accounts: Vec<String> = sqlx::query_scalar("SELECT t::text FROM accounts t")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        assert!(!accounts.is_empty());
+        assert!(
+            accounts.iter().all(|row| !row.contains(&key)),
+            "{accounts:?}"
+        );
+    } else {
+        let db = std::fs::read(server.data_dir.join("toolgate.db")).unwrap();
+        let wal = std::fs::read(server.data_dir.join("toolgate.db-wal")).unwrap_or_default();
+        let needle = key.as_bytes();
+        assert!(!db.windows(needle.len()).any(|w| w == needle));
+        assert!(!wal.windows(needle.len()).any(|w| w == needle));
+    }
 
     let lanlan = server.get("/characters/Lanlan").await;
     assert_eq!(lanlan.status, StatusCode::OK, "{lanlan:?}");

@@ -114,6 +114,27 @@ async fn a_cursor_is_refused_with_an_offset_another_sort_or_forged() {
 /// journal has no cache to miss them), each a millisecond later; `running`
 /// copies have no `finished_at` yet.
 async fn copy_row(server: &TestServer, row_id: &str, copies: i64, running: bool) {
+    if server.on_postgres() {
+        let pool = sqlx::PgPool::connect(&server.database_url()).await.unwrap();
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_name = 'tool_execution_record' ORDER BY ordinal_position",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let sql = copy_sql(&columns, running)
+            .replace("i < ?", "i < $1")
+            .replace("t.id = ?", "t.id = $2");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(copies)
+            .bind(row_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        return;
+    }
     let url = format!("sqlite://{}", server.data_dir.join("toolgate.db").display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     let columns: Vec<String> =
@@ -121,21 +142,7 @@ async fn copy_row(server: &TestServer, row_id: &str, copies: i64, running: bool)
             .fetch_all(&pool)
             .await
             .unwrap();
-    let copied: Vec<String> = columns
-        .iter()
-        .map(|column| match column.as_str() {
-            "id" => "t.id || '_' || n.i".to_owned(),
-            "started_at" | "created_at" => format!("t.{column} + n.i"),
-            "finished_at" if running => "NULL".to_owned(),
-            other => format!("t.{other}"),
-        })
-        .collect();
-    let sql = format!(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
-         INSERT INTO tool_execution_record ({}) SELECT {} FROM tool_execution_record t, n WHERE t.id = ?",
-        columns.join(", "),
-        copied.join(", ")
-    );
+    let sql = copy_sql(&columns, running);
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(copies)
         .bind(row_id)
@@ -143,6 +150,25 @@ async fn copy_row(server: &TestServer, row_id: &str, copies: i64, running: bool)
         .await
         .unwrap();
     pool.close().await;
+}
+
+/// The statement copying a row `?` times, for the table's `columns`.
+fn copy_sql(columns: &[String], running: bool) -> String {
+    let copied: Vec<String> = columns
+        .iter()
+        .map(|column| match column.as_str() {
+            "id" => "t.id || '_' || n.i".to_owned(),
+            "started_at" | "created_at" => format!("t.{column} + n.i"),
+            "finished_at" if running => "CAST(NULL AS BIGINT)".to_owned(),
+            other => format!("t.{other}"),
+        })
+        .collect();
+    format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) \
+         INSERT INTO tool_execution_record ({}) SELECT {} FROM tool_execution_record t, n WHERE t.id = ?",
+        columns.join(", "),
+        copied.join(", ")
+    )
 }
 
 #[tokio::test]

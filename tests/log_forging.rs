@@ -7,7 +7,10 @@ mod common;
 use common::{SpawnOptions, TestServer, spawn_with};
 use serde_json::json;
 
-const HOSTILE: &str = "x\nFORGED level=ERROR \u{1b}[31mred\u{0}\r";
+const HOSTILE: &str = "x\nFORGED level=ERROR \u{1b}[31mred\r";
+/// U+0000 cannot be stored (PostgreSQL refuses it in text): requests carrying
+/// it are refused, on either backend, and never reach the log raw either.
+const WITH_NUL: &str = "x\u{0}\nFORGED level=ERROR";
 
 async fn send_hostile_requests(server: &TestServer) {
     // A registration whose source and name carry line breaks and controls.
@@ -37,6 +40,36 @@ async fn send_hostile_requests(server: &TestServer) {
         )
         .await;
     assert!(reply.status.is_success(), "{reply:?}");
+    for (path, body) in [
+        (
+            format!("/sessions/{session}/tool-calls"),
+            json!({"name": "get_time", "arguments": {}, "call_id": WITH_NUL}),
+        ),
+        (
+            format!("/sessions/{session}/tool-calls"),
+            json!({"name": "get_time", "arguments": {"q": WITH_NUL}}),
+        ),
+        (
+            "/tools/definitions".to_owned(),
+            json!({"name": "nul", "description": WITH_NUL}),
+        ),
+    ] {
+        let reply = server.post(&path, body).await;
+        assert_eq!(reply.status, 400, "{reply:?}");
+        assert_eq!(reply.code(), "validation_error", "{reply:?}");
+        assert!(reply.text.contains("U+0000"), "{reply:?}");
+    }
+    let reply = server
+        .post_without_key(
+            "/api/tools/register",
+            json!({"name": WITH_NUL, "callback_url": "http://127.0.0.1:9/cb"}),
+        )
+        .await;
+    assert!(reply.status.is_client_error(), "{reply:?}");
+    assert!(reply.text.contains("U+0000"), "{reply:?}");
+    let reply = server.get("/sessions/sess%00x").await;
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(reply.code(), "validation_error", "{reply:?}");
 }
 
 async fn log_of_a_run(format: &str) -> Vec<u8> {

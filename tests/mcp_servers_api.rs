@@ -771,6 +771,20 @@ async fn secrets_never_appear_in_responses_logs_or_the_database_file() {
         !log.contains(key.trim()),
         "the log contains the secrets key"
     );
+    if server.on_postgres() {
+        let pool = sqlx::PgPool::connect(&server.database_url()).await.unwrap();
+        let rows: Vec<String> = sqlx::query_scalar("SELECT t::text FROM mcp_servers t")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let all = rows.join("\n");
+        for secret in SECRETS {
+            assert!(!all.contains(secret), "mcp_servers holds a secret in clear");
+        }
+        assert!(all.contains("toolgate-test-no-such-mcp-server"), "{all}");
+        return;
+    }
     let mut scanned = 0;
     for entry in std::fs::read_dir(&server.data_dir).unwrap() {
         let path = entry.unwrap().path();

@@ -289,6 +289,33 @@ async fn readiness_follows_the_database() {
         StatusCode::OK,
         "ready as soon as the server answers: {ready:?}"
     );
+    if server.on_postgres() {
+        // Another process holding the write lock every write transaction takes.
+        let mut blocker = <sqlx::PgConnection as sqlx::Connection>::connect(&server.database_url())
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_advisory_lock(8390047142196114533)")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        let blocked = server.get_without_key("/readyz").await;
+        assert_eq!(
+            blocked.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{blocked:?}"
+        );
+        assert!(blocked.body.to_string().contains("database"), "{blocked:?}");
+        sqlx::query("SELECT pg_advisory_unlock(8390047142196114533)")
+            .execute(&mut blocker)
+            .await
+            .unwrap();
+        wait_until(Duration::from_secs(20), "ready again", || {
+            let server = &server;
+            async move { server.get_without_key("/readyz").await.status == StatusCode::OK }
+        })
+        .await;
+        return;
+    }
     // Another process holding the write lock: the database takes no write.
     let url = format!("sqlite://{}", server.data_dir.join("toolgate.db").display());
     let mut blocker = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)

@@ -12,14 +12,22 @@ use common::{SpawnOptions, spawn_with};
 use serde_json::Value;
 
 fn toolgate(args: &[&str], data_dir: &Path) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+    toolgate_on(args, data_dir, None)
+}
+
+/// Runs toolgate on `data_dir`, with `database_url` when given.
+fn toolgate_on(args: &[&str], data_dir: &Path, database_url: Option<&str>) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    command
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)
         .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_CONFIG")
-        .output()
-        .expect("run toolgate")
+        .env_remove("TOOLGATE_CONFIG");
+    if let Some(url) = database_url {
+        command.arg("--database-url").arg(url);
+    }
+    command.output().expect("run toolgate")
 }
 
 fn stdout(output: &Output) -> String {
@@ -31,16 +39,25 @@ fn report(output: &Output) -> Value {
         .unwrap_or_else(|err| panic!("doctor --json printed no JSON ({err}): {}", stdout(output)))
 }
 
-/// The migrations this source tree has: the version the binary knows.
+/// The SQLite migrations this source tree has: the version the binary knows.
 fn latest_migration() -> i64 {
-    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
-        .unwrap()
-        .filter_map(|entry| {
-            let name = entry.unwrap().file_name().into_string().unwrap();
-            name.split('_').next()?.parse::<i64>().ok()
-        })
-        .max()
-        .unwrap()
+    latest_migration_of("sqlite")
+}
+
+/// The migrations of `backend` this source tree has.
+fn latest_migration_of(backend: &str) -> i64 {
+    std::fs::read_dir(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(backend),
+    )
+    .unwrap()
+    .filter_map(|entry| {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        name.split('_').next()?.parse::<i64>().ok()
+    })
+    .max()
+    .unwrap()
 }
 
 #[test]
@@ -105,14 +122,23 @@ async fn the_doctor_reads_a_database_a_server_is_using() {
         .await;
     assert_eq!(call.body["data"]["status"], "success", "{call:?}");
     let data_dir = server.data_dir.clone();
-    let checked = tokio::task::spawn_blocking(move || toolgate(&["doctor", "--json"], &data_dir))
-        .await
-        .unwrap();
+    let url = server.database_url();
+    let checked = tokio::task::spawn_blocking(move || {
+        toolgate_on(&["doctor", "--json"], &data_dir, Some(&url))
+    })
+    .await
+    .unwrap();
     assert!(checked.status.success(), "{checked:?}");
     let report = report(&checked);
+    let backend = if server.on_postgres() {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    assert_eq!(report["checkup"]["backend"], backend, "{report}");
     assert_eq!(
         report["checkup"]["schema"]["applied_version"],
-        latest_migration()
+        latest_migration_of(backend)
     );
     assert!(report["checkup"]["jobs"].is_array(), "{report}");
     let health = server.get("/healthz").await;
@@ -165,4 +191,79 @@ async fn a_schema_newer_than_the_binary_is_refused_by_serve_migrate_and_doctor()
     assert!(!serve.status.success(), "serve must not start: {serve:?}");
     let said = String::from_utf8_lossy(&serve.stderr);
     assert!(said.contains("newer than this toolgate"), "{said}");
+}
+
+/// A fresh database on the machine's PostgreSQL (`TOOLGATE_TEST_POSTGRES`,
+/// default `postgres://postgres@127.0.0.1:5432`); the server must answer.
+fn postgres_database() -> common::database::TestDatabase {
+    let server = common::database::postgres_server()
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432".to_owned());
+    common::database::TestDatabase::fresh(&server)
+}
+
+#[tokio::test]
+async fn migrate_and_doctor_work_on_postgres_and_never_print_the_password() {
+    let database = postgres_database();
+    // Trust authentication takes any password: one in the URL must not show.
+    let url = database
+        .url
+        .replacen("://postgres@", "://postgres:hunter2-secret@", 1);
+    assert_ne!(url, database.url, "the test URL names the user postgres");
+    let temp = tempfile::tempdir().unwrap();
+    let data_dir = temp.path().join("data");
+    let (dir, on) = (data_dir.clone(), url.clone());
+    let missing = tokio::task::spawn_blocking(move || toolgate_on(&["doctor"], &dir, Some(&on)))
+        .await
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    let latest = latest_migration_of("postgres");
+    let (dir, on) = (data_dir.clone(), url.clone());
+    let migrated = tokio::task::spawn_blocking(move || toolgate_on(&["migrate"], &dir, Some(&on)))
+        .await
+        .unwrap();
+    assert!(migrated.status.success(), "{migrated:?}");
+    assert!(
+        stdout(&migrated).contains(&format!("schema version {latest}; applied [")),
+        "{}",
+        stdout(&migrated)
+    );
+    let (dir, on) = (data_dir.clone(), url.clone());
+    let checked =
+        tokio::task::spawn_blocking(move || toolgate_on(&["doctor", "--json"], &dir, Some(&on)))
+            .await
+            .unwrap();
+    assert!(checked.status.success(), "{checked:?}");
+    let printed = stdout(&checked);
+    assert!(!printed.contains("hunter2-secret"), "{printed}");
+    let report = report(&checked);
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["checkup"]["backend"], "postgres", "{report}");
+    assert_eq!(report["checkup"]["schema"]["applied_version"], latest);
+    assert_eq!(
+        report["checkup"]["schema"]["pending"],
+        serde_json::json!([])
+    );
+    assert!(report["checkup"]["jobs"].is_array(), "{report}");
+
+    // What a newer toolgate's migration leaves behind is refused here too.
+    let pool = sqlx::PgPool::connect(&database.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', true, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let (dir, on) = (data_dir.clone(), url.clone());
+    let refused =
+        tokio::task::spawn_blocking(move || toolgate_on(&["doctor", "--json"], &dir, Some(&on)))
+            .await
+            .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let refusal = self::report(&refused);
+    assert_eq!(
+        refusal["checkup"]["schema"]["unknown"],
+        serde_json::json!([9999])
+    );
 }

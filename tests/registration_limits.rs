@@ -431,11 +431,11 @@ fn serve_help_states_what_each_flag_does_and_its_default() {
                 .unwrap()
                 .to_owned();
             blocks.push((flag, line.to_owned()));
-        } else if let Some((_, text)) = blocks.last_mut() {
-            if line.starts_with(' ') {
-                text.push('\n');
-                text.push_str(line);
-            }
+        } else if let Some((_, text)) = blocks.last_mut()
+            && line.starts_with(' ')
+        {
+            text.push('\n');
+            text.push_str(line);
         }
     }
     let flags: Vec<&str> = blocks.iter().map(|(flag, _)| flag.as_str()).collect();

@@ -67,6 +67,10 @@ async fn runtime_catalog(
         .store
         .session(&account.id, &session_id)
         .await?;
+    // Read before the tools: a server this summary shows live has its tools
+    // in the catalog assembled after it (the other order could show a server
+    // live whose tools the catalog read a moment before it connected).
+    let mcp_servers = state.runtime.mcp.catalog_servers(&session.account_id);
     let catalog = state.runtime.offered_catalog(&session, slot).await?;
     let tools: Vec<Value> = if openai {
         catalog
@@ -90,7 +94,7 @@ async fn runtime_catalog(
             "conflicts": catalog.conflicts,
             // One per enabled MCP server, so that a server whose tools are
             // unknown is never mistaken for one with no tools.
-            "mcp_servers": state.runtime.mcp.catalog_servers(&session.account_id),
+            "mcp_servers": mcp_servers,
         }
     })))
 }

@@ -32,6 +32,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err("request body must be a JSON object, got an empty body".into());
     }
+    if has_nul_escape(bytes) {
+        return Err(nul_refusal(bytes));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
@@ -56,6 +59,64 @@ impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
     }
 }
 
+/// Why a request string holding U+0000 is refused: PostgreSQL cannot store
+/// it in text, and toolgate behaves the same on both backends.
+const NUL_REFUSED: &str =
+    "request strings must not contain U+0000 (NUL): the database cannot store it";
+
+/// Whether a JSON text holds `\u0000` in a string (JSON cannot carry a raw
+/// NUL byte: serde_json refuses control characters in strings). The escape
+/// counts only when its backslash is not itself escaped (an odd run of
+/// backslashes before the `u`).
+fn has_nul_escape(json: &[u8]) -> bool {
+    const ESCAPE: &[u8] = b"u0000";
+    json.windows(ESCAPE.len())
+        .enumerate()
+        .filter(|(_, window)| *window == ESCAPE)
+        .any(|(at, _)| {
+            let backslashes = json[..at].iter().rev().take_while(|b| **b == b'\\').count();
+            backslashes % 2 == 1
+        })
+}
+
+/// The refusal of a body holding U+0000, naming the first field that does
+/// (its value is never repeated: it may be a secret).
+fn nul_refusal(bytes: &[u8]) -> String {
+    let path = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|value| nul_path(&value, String::new()));
+    match path {
+        Some(path) if !path.is_empty() => format!("invalid field `{path}`: {NUL_REFUSED}"),
+        _ => NUL_REFUSED.to_owned(),
+    }
+}
+
+/// Where in `value` (as `a.b[2].c`) a string or key holds U+0000.
+fn nul_path(value: &serde_json::Value, at: String) -> Option<String> {
+    let join = |at: &str, key: &str| {
+        if at.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::String(text) => text.contains('\0').then_some(at),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_path(item, format!("{at}[{i}]"))),
+        serde_json::Value::Object(map) => map.iter().find_map(|(key, item)| {
+            if key.contains('\0') {
+                Some(join(&at, &key.replace('\0', "\\0")))
+            } else {
+                nul_path(item, join(&at, key))
+            }
+        }),
+        _ => None,
+    }
+}
+
 /// Query-string parameters.
 pub struct Query<T>(pub T);
 
@@ -64,6 +125,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or_default();
+        if form_urlencoded::parse(query.as_bytes())
+            .any(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            return Err(ApiError::validation(NUL_REFUSED));
+        }
         let deserializer =
             serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
         serde_path_to_error::deserialize(deserializer)
@@ -85,6 +151,12 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let raw = axum::extract::RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::validation(format!("invalid path: {rejection}")))?;
+        if raw.iter().any(|(_, value)| value.contains('\0')) {
+            return Err(ApiError::validation(NUL_REFUSED));
+        }
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(value)| Path(value))
@@ -114,6 +186,25 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
 mod tests {
     use super::parse_json;
     use serde_json::Value;
+
+    #[test]
+    fn nul_is_refused_only_where_it_is_a_real_escape() {
+        for body in [
+            &br#"{"a":"x\u0000"}"#[..],
+            br#"{"a\u0000":1}"#,
+            br#"["\\\u0000"]"#,
+        ] {
+            let err = parse_json::<Value>(body).unwrap_err();
+            assert!(err.contains("U+0000"), "{err}");
+        }
+        let named = parse_json::<Value>(br#"{"stdio":{"env":{"BAD":"a\u0000b"}}}"#).unwrap_err();
+        assert!(
+            named.contains("`stdio.env.BAD`") && !named.contains("a\u{0}b"),
+            "{named}"
+        );
+        let literal: Value = parse_json(br#"{"a":"\\u0000"}"#).unwrap();
+        assert_eq!(literal["a"], "\\u0000");
+    }
 
     #[test]
     fn exactly_one_value_is_accepted() {

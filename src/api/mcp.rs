@@ -181,6 +181,7 @@ async fn create_server(
         .create_mcp_server(&account.id, &config)
         .await?;
     state.runtime.mcp.upsert(created.clone()).await;
+    crate::runtime::cluster::announce_mcp_server(&state.runtime, &account.id, &created.id).await;
     tracing::info!(server = %created.id, name = ?created.config.name,
         transport = created.config.transport.as_str(), "MCP server created");
     Ok((
@@ -303,6 +304,7 @@ async fn delete_server(
         .delete_mcp_server(&account.id, &id)
         .await?;
     state.runtime.mcp.remove(&account.id, &id).await;
+    crate::runtime::cluster::announce_mcp_server(&state.runtime, &account.id, &id).await;
     tracing::info!(server = %id, "MCP server deleted");
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": id, "deleted": true }),
@@ -324,5 +326,6 @@ async fn save_change(
         .update_mcp_server(account_id, id, change)
         .await?;
     state.runtime.mcp.upsert(saved.clone()).await;
+    crate::runtime::cluster::announce_mcp_server(&state.runtime, account_id, id).await;
     Ok(saved)
 }

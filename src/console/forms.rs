@@ -26,6 +26,15 @@ impl Fields {
                 "a form may carry at most {MAX_FIELDS} fields"
             )));
         }
+        // As the API refuses it (src/api/extract.rs): PostgreSQL cannot store it.
+        if fields
+            .iter()
+            .any(|(key, value)| key.contains('\0') || value.contains('\0'))
+        {
+            return Err(Error::validation(
+                "form fields must not contain U+0000 (NUL): the database cannot store it",
+            ));
+        }
         Ok(Self(fields))
     }
 

@@ -124,10 +124,10 @@ impl<'t> Assembler<'t> {
             + function.arguments.as_ref().map_or(0, String::len);
         self.grow(added)?;
         let call = self.calls.entry(index).or_default();
-        if call.id.is_empty() {
-            if let Some(id) = delta.id {
-                call.id = id;
-            }
+        if call.id.is_empty()
+            && let Some(id) = delta.id
+        {
+            call.id = id;
         }
         // Some servers repeat the whole name in every chunk of a call, others
         // could split it: a repeat is dropped, a new piece appended.

@@ -12,7 +12,7 @@ use super::ToolRuntime;
 use crate::call::{JobInvocation, ToolOutcome, settle};
 use crate::catalog::CallContext;
 use crate::domain::tool::SideEffectLevel;
-use crate::ids::{new_id, now_ms};
+use crate::ids::now_ms;
 use crate::reason::ReasonCode;
 use crate::store::RuntimeJob;
 
@@ -68,7 +68,9 @@ impl Drop for AliveGuard {
 /// Runs queued jobs until `shutdown` is cancelled.
 pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: CancellationToken) {
     let _alive = AliveGuard(runtime.jobs.clone());
-    let owner = new_id("worker");
+    // Leases are held by the instance, so that an instance known to be dead
+    // (the previous one on a data directory) can have its jobs ended at once.
+    let owner = runtime.store.instance_id().to_owned();
     let permits = Arc::new(Semaphore::new(concurrency.max(1)));
     tracing::info!(%owner, concurrency, "job worker started");
     // Leases run out in LEASE, so looking for lost ones once per heartbeat is
@@ -77,7 +79,7 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
     loop {
         if last_lease_check.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
             last_lease_check = Some(tokio::time::Instant::now());
-            match runtime.store.expire_lost_jobs(false).await {
+            match runtime.store.expire_lost_jobs(false, None).await {
                 Ok(lost) if !lost.is_empty() => {
                     tracing::warn!(executions = ?lost, "jobs lost their lease and are now uncertain")
                 }
@@ -165,7 +167,7 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
     match outcome {
         Some(outcome) => finish(runtime, owner, &job, &invocation.call_id, level, outcome).await,
         None => {
-            if let Err(err) = runtime.store.expire_lost_jobs(false).await {
+            if let Err(err) = runtime.store.expire_lost_jobs(false, None).await {
                 tracing::error!(error = %err, "marking a lost job uncertain failed");
             }
         }

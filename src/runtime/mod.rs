@@ -3,6 +3,7 @@
 //! (`dispatch`) owns what is common to every provider; the providers are
 //! registered in `ToolRuntime::new`, one line each.
 
+pub mod cluster;
 mod conversation;
 mod detach;
 mod dispatch;
@@ -163,14 +164,17 @@ impl ToolRuntime {
         write: BoxFuture<'_, Result<T>>,
         change: impl FnOnce(&T) -> CatalogChange + Send,
     ) -> Result<T> {
-        let (written, results) = mutate_with(self, async move {
+        let ((written, changes), results) = mutate_with(self, async move {
             let outcome = write.await;
-            let changes = outcome.as_ref().map(change).into_iter().collect();
-            (outcome, changes)
+            let changes: Vec<CatalogChange> = outcome.as_ref().map(change).into_iter().collect();
+            ((outcome, changes.clone()), changes)
         })
         .await;
         for error in results.into_iter().filter_map(std::result::Result::err) {
             tracing::warn!(%error, "a live model session refused the changed catalog");
+        }
+        for change in &changes {
+            cluster::announce_catalog_change(self, change).await;
         }
         written
     }

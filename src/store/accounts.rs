@@ -4,14 +4,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::Store;
+use super::backend::{Record, sql};
+use crate::error::{Error, Result};
+use crate::ids::{new_id, now_ms};
 use rand::Rng;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use sqlx::Row;
-
-use super::Store;
-use crate::error::{Error, Result};
-use crate::ids::{new_id, now_ms};
 
 /// A tenant. Its API key is never stored, only its hash.
 #[derive(Debug, Clone, Serialize)]
@@ -64,6 +63,11 @@ impl KeyCache {
         (at.elapsed() < Self::TTL).then(|| account.clone())
     }
 
+    /// Forgets every cached key (another instance changed accounts).
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
+
     fn insert(&self, hash: String, account: Account) {
         let mut entries = self.lock();
         if entries.len() >= Self::MAX_ENTRIES {
@@ -76,11 +80,11 @@ impl KeyCache {
     }
 }
 
-fn account_from_row(row: &sqlx::sqlite::SqliteRow) -> Account {
+fn account_from_row(row: &impl Record) -> Account {
     Account {
         id: row.get("id"),
         name: row.get("name"),
-        is_admin: row.get::<i64, _>("is_admin") != 0,
+        is_admin: row.get::<i64>("is_admin") != 0,
         created_at: row.get("created_at"),
     }
 }
@@ -104,7 +108,7 @@ impl Store {
             is_admin,
             created_at: now_ms(),
         };
-        let result = sqlx::query(
+        let result = sql!(self.conn().await?, c => query(
             "INSERT INTO accounts (id, name, api_key_hash, is_admin, created_at) VALUES (?, ?, ?, ?, ?)",
         )
         .bind(&account.id)
@@ -112,8 +116,9 @@ impl Store {
         .bind(hash_key(&api_key))
         .bind(is_admin as i64)
         .bind(account.created_at)
-        .execute(&mut *self.conn().await?)
-        .await;
+        .execute(c)
+        .await
+        .map(|_| ()));
         match result {
             Ok(_) => Ok(NewAccount { account, api_key }),
             Err(err) if super::is_unique_violation(&err) => Err(Error::Refused {
@@ -132,13 +137,14 @@ impl Store {
         if let Some(account) = self.api_keys.get(&hash) {
             return Ok(Some(account));
         }
-        let row = sqlx::query(
+        let account = sql!(self.conn().await?, c => query(
             "SELECT id, name, is_admin, created_at FROM accounts WHERE api_key_hash = ?",
         )
         .bind(&hash)
-        .fetch_optional(&mut *self.conn().await?)
-        .await?;
-        let account = row.as_ref().map(account_from_row);
+        .fetch_optional(c)
+        .await?
+        .as_ref()
+        .map(account_from_row));
         if let Some(account) = &account {
             self.api_keys.insert(hash, account.clone());
         }
@@ -146,18 +152,21 @@ impl Store {
     }
 
     pub async fn count_accounts(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM accounts")
-            .fetch_one(&mut *self.conn().await?)
-            .await?)
+        Ok(
+            sql!(self.conn().await?, c => query_scalar("SELECT COUNT(*) FROM accounts")
+            .fetch_one(c)
+            .await?),
+        )
     }
 
     /// The admin account created at first start.
     pub async fn admin_account(&self) -> Result<Option<Account>> {
-        let row = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT id, name, is_admin, created_at FROM accounts WHERE is_admin = 1 ORDER BY created_at LIMIT 1",
         )
-        .fetch_optional(&mut *self.conn().await?)
-        .await?;
-        Ok(row.as_ref().map(account_from_row))
+        .fetch_optional(c)
+        .await?
+        .as_ref()
+        .map(account_from_row)))
     }
 }

@@ -1,9 +1,8 @@
 //! The console's activity figures: the account's calls since a moment, only
 //! the three columns the charts need, bounded.
 
-use sqlx::Row;
-
 use super::Store;
+use super::backend::{Record, sql};
 use crate::error::Result;
 
 /// Most calls one activity read returns (the newest are kept).
@@ -17,18 +16,23 @@ impl Store {
         account_id: &str,
         since_ms: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
-        let rows = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT provider_id, started_at, duration_ms FROM tool_execution_record \
              WHERE account_id = ? AND started_at >= ? ORDER BY started_at DESC LIMIT ?",
         )
         .bind(account_id)
         .bind(since_ms)
         .bind(MAX_ACTIVITY_SAMPLES)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect())
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(|row| {
+            (
+                row.get::<String>("provider_id"),
+                row.get::<i64>("started_at"),
+                row.get::<i64>("duration_ms"),
+            )
+        })
+        .collect::<Vec<_>>()))
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! Every write to the cached tables goes through `Store` and invalidates. A
 //! generation counter keeps a read that raced a write from storing what it read
-//! before the write. The embedded database has a single server process; a
-//! multi-instance backend must add cross-process invalidation.
+//! before the write. Instances sharing a PostgreSQL database invalidate each
+//! other's caches through `store::cluster` (LISTEN/NOTIFY).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -3,10 +3,10 @@
 use serde::Serialize;
 use std::sync::Arc;
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{Record, sql};
 use crate::domain::{CharacterName, Page, PageRequest};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
@@ -51,7 +51,7 @@ fn slots_from_column(raw: Option<String>) -> Vec<crate::domain::tool::Slot> {
     crate::domain::model_overrides::normalize_slots(&slots)
 }
 
-fn from_row(row: &SqliteRow) -> Character {
+fn from_row(row: &impl Record) -> Character {
     Character {
         id: row.get("id"),
         account_id: row.get("account_id"),
@@ -95,7 +95,7 @@ impl Store {
             created_at: now,
             updated_at: now,
         };
-        let result = sqlx::query(
+        let result = sql!(self.conn().await?, c => query(
             "INSERT INTO characters (id, account_id, name, description, persona, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&character.id)
@@ -105,9 +105,10 @@ impl Store {
         .bind(&character.persona)
         .bind(now)
         .bind(now)
-        .execute(&mut *self.conn().await?)
-        .await;
-        self.character_cache.invalidate_all();
+        .execute(c)
+        .await
+        .map(|_| ()));
+        self.characters_changed().await;
         match result {
             Ok(_) => Ok(character),
             Err(err) if super::is_unique_violation(&err) => Err(name_conflict(name.as_str())),
@@ -118,13 +119,14 @@ impl Store {
     /// The account's character of that name; another account's is "not found".
     pub async fn character(&self, account_id: &str, name: &str) -> Result<Character> {
         let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ? AND account_id = ?");
-        sqlx::query(AssertSqlSafe(sql))
+        sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(name)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("character {name:?}")))
+            .as_ref()
+            .map(from_row))
+        .ok_or_else(|| Error::not_found(format!("character {name:?}")))
     }
 
     /// A character by name regardless of owner: for the loopback-only
@@ -148,10 +150,13 @@ impl Store {
         }
         let generation = self.character_cache.generation();
         let sql = format!("SELECT {COLUMNS} FROM characters ORDER BY name");
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        let all: Arc<Vec<Character>> = Arc::new(rows.iter().map(from_row).collect());
+        let all = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Vec<_>>());
+        let all: Arc<Vec<Character>> = Arc::new(all);
         self.character_cache.put(KEY, generation, all.clone());
         Ok(all)
     }
@@ -161,10 +166,12 @@ impl Store {
         account_id: &str,
         page: PageRequest,
     ) -> Result<Page<Character>> {
-        let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM characters WHERE account_id = ?")
-            .bind(account_id)
-            .fetch_one(&mut *self.conn().await?)
-            .await?;
+        let total = sql!(self.conn().await?, c => query_scalar::<i64>(
+            "SELECT COUNT(*) FROM characters WHERE account_id = ?",
+        )
+        .bind(account_id)
+        .fetch_one(c)
+        .await?);
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let sql = format!(
             "SELECT {COLUMNS} FROM characters WHERE account_id = ? ORDER BY {} {}, id {} LIMIT ? OFFSET ?",
@@ -172,13 +179,16 @@ impl Store {
             page.sort_order.sql(),
             page.sort_order.sql()
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let characters = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(account_id)
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Vec<_>>());
+        Ok(Page::new(characters, total, page))
     }
 
     pub async fn update_character(
@@ -189,16 +199,16 @@ impl Store {
     ) -> Result<Character> {
         // Read, merge and write in one write transaction: two PATCHes of
         // different fields never lose each other's change.
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let sql = format!("SELECT {COLUMNS} FROM characters WHERE name = ? AND account_id = ?");
-        let mut character = sqlx::query(AssertSqlSafe(sql))
+        let mut character = sql!(tx, c => query(AssertSqlSafe(sql))
             .bind(name)
             .bind(account_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("character {name:?}")))?;
+            .as_ref()
+            .map(from_row))
+        .ok_or_else(|| Error::not_found(format!("character {name:?}")))?;
         if let Some(new_name) = patch.name {
             character.name = new_name.as_str().to_owned();
         }
@@ -224,7 +234,7 @@ impl Store {
         let slots = (!overrides.slots.is_empty())
             .then(|| serde_json::to_string(&overrides.slots).unwrap_or_else(|_| "[]".into()));
         character.updated_at = now_ms();
-        let result = sqlx::query(
+        let result = sql!(tx, c => query(
             "UPDATE characters SET name = ?, description = ?, persona = ?, model = ?, temperature = ?, system_prompt = ?, slots = ?, updated_at = ? WHERE id = ?",
         )
         .bind(&character.name)
@@ -236,14 +246,15 @@ impl Store {
         .bind(slots)
         .bind(character.updated_at)
         .bind(&character.id)
-        .execute(&mut *tx)
-        .await;
+        .execute(c)
+        .await
+        .map(|_| ()));
         let result = match result {
-            Ok(done) => tx.commit().await.map(|()| done),
+            Ok(()) => tx.commit().await,
             Err(err) => Err(err),
         };
-        self.sessions_changed();
-        self.character_cache.invalidate_all();
+        self.sessions_changed().await;
+        self.characters_changed().await;
         match result {
             Ok(_) => Ok(character),
             Err(err) if super::is_unique_violation(&err) => Err(name_conflict(&character.name)),
@@ -254,12 +265,13 @@ impl Store {
     /// Deletes the character with its sessions (and everything under them).
     pub async fn delete_character(&self, account_id: &str, name: &str) -> Result<Character> {
         let character = self.character(account_id, name).await?;
-        let deleted = sqlx::query("DELETE FROM characters WHERE id = ?")
+        let deleted = sql!(self.conn().await?, c => query("DELETE FROM characters WHERE id = ?")
             .bind(&character.id)
-            .execute(&mut *self.conn().await?)
-            .await;
-        self.sessions_changed();
-        self.character_cache.invalidate_all();
+            .execute(c)
+            .await
+            .map(|_| ()));
+        self.sessions_changed().await;
+        self.characters_changed().await;
         deleted?;
         Ok(character)
     }

@@ -1,9 +1,9 @@
 //! Custom tool definitions, scoped to an account.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{Record, sql};
 use crate::domain::definition::{DefinitionSource, HandlerType, ScriptHandler, ToolDefinition};
 use crate::domain::tool::{SideEffectLevel, Slot};
 use crate::domain::{Page, PageRequest};
@@ -27,7 +27,7 @@ fn corrupt(column: &str, err: impl std::fmt::Display) -> Error {
     ))
 }
 
-fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
+fn from_row(row: &impl Record) -> Result<ToolDefinition> {
     let text = |column: &str| -> String { row.get(column) };
     let json = |column: &str| -> Result<serde_json::Value> {
         serde_json::from_str(&text(column)).map_err(|err| corrupt(column, err))
@@ -63,7 +63,7 @@ fn from_row(row: &SqliteRow) -> Result<ToolDefinition> {
         allowed_slots,
         source,
         source_id: row.get("source_id"),
-        enabled: row.get::<i64, _>("enabled") != 0,
+        enabled: row.get::<i64>("enabled") != 0,
         handler_type,
         handler,
         created_at: row.get("created_at"),
@@ -110,26 +110,23 @@ fn handler_json(definition: &ToolDefinition) -> Option<String> {
         .map(|handler| serde_json::json!(handler).to_string())
 }
 
-type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
-
 /// Binds the values of the conditions `list_definitions` put in its WHERE clause,
-/// in the same order.
-fn bind_filters<'q>(
-    query: SqliteQuery<'q>,
-    account_id: &str,
-    filter: &DefinitionFilter,
-) -> SqliteQuery<'q> {
-    let mut query = query.bind(account_id.to_owned());
-    if let Some(source) = filter.source {
-        query = query.bind(source.as_str());
-    }
-    if let Some(source_id) = &filter.source_id {
-        query = query.bind(source_id.clone());
-    }
-    if let Some(enabled) = filter.enabled {
-        query = query.bind(enabled);
-    }
-    query
+/// in the same order, on either backend's query.
+macro_rules! bind_filters {
+    ($query:expr, $account_id:expr, $filter:expr) => {{
+        let filter: &DefinitionFilter = $filter;
+        let mut query = $query.bind($account_id.to_owned());
+        if let Some(source) = filter.source {
+            query = query.bind(source.as_str());
+        }
+        if let Some(source_id) = &filter.source_id {
+            query = query.bind(source_id.clone());
+        }
+        if let Some(enabled) = filter.enabled {
+            query = query.bind(enabled as i64);
+        }
+        query
+    }};
 }
 
 impl Store {
@@ -144,7 +141,7 @@ impl Store {
         definition.account_id = account_id.to_owned();
         definition.created_at = now;
         definition.updated_at = now;
-        let result = sqlx::query(AssertSqlSafe(format!(
+        let result = sql!(self.conn().await?, c => query(AssertSqlSafe(format!(
             "INSERT INTO tool_definitions ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )))
         .bind(&definition.id)
@@ -156,14 +153,15 @@ impl Store {
         .bind(slots_json(&definition.allowed_slots))
         .bind(definition.source.as_str())
         .bind(&definition.source_id)
-        .bind(definition.enabled)
+        .bind(definition.enabled as i64)
         .bind(definition.handler_type.map(HandlerType::as_str))
         .bind(handler_json(&definition))
         .bind(definition.created_at)
         .bind(definition.updated_at)
-        .execute(&mut *self.conn().await?)
-        .await;
-        self.definition_cache.invalidate(account_id);
+        .execute(c)
+        .await
+        .map(|_| ()));
+        self.definitions_changed(account_id).await;
         match result {
             Ok(_) => Ok(definition),
             Err(err) if super::is_unique_violation(&err) => Err(conflict(&definition)),
@@ -174,15 +172,14 @@ impl Store {
     /// The account's definition with that id; another account's is "not found".
     pub async fn definition(&self, account_id: &str, id: &str) -> Result<ToolDefinition> {
         let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
-        match sqlx::query(AssertSqlSafe(sql))
+        sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-        {
-            Some(row) => from_row(&row),
-            None => Err(Error::not_found(format!("tool definition {id:?}"))),
-        }
+            .as_ref()
+            .map(from_row))
+        .unwrap_or_else(|| Err(Error::not_found(format!("tool definition {id:?}"))))
     }
 
     /// One page of the account's definitions matching `filter`.
@@ -205,26 +202,29 @@ impl Store {
         let where_clause = conditions.join(" AND ");
         let count_sql =
             format!("SELECT COUNT(*) AS total FROM tool_definitions WHERE {where_clause}");
-        let total: i64 = bind_filters(sqlx::query(AssertSqlSafe(count_sql)), account_id, filter)
-            .fetch_one(&mut *self.conn().await?)
-            .await?
-            .get("total");
+        let total = sql!(self.conn().await?, c => {
+            bind_filters!(query(AssertSqlSafe(count_sql)), account_id, filter)
+                .fetch_one(c)
+                .await?
+                .get::<i64>("total")
+        });
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let order = page.sort_order.sql();
         let sql = format!(
             "SELECT {COLUMNS} FROM tool_definitions WHERE {where_clause} ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
             page.sort_by
         );
-        let rows = bind_filters(sqlx::query(AssertSqlSafe(sql)), account_id, filter)
-            .bind(page.limit)
-            .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(Page::new(
-            rows.iter().map(from_row).collect::<Result<_>>()?,
-            total,
-            page,
-        ))
+        let definitions = sql!(self.conn().await?, c => {
+            bind_filters!(query(AssertSqlSafe(sql)), account_id, filter)
+                .bind(page.limit)
+                .bind(page.offset)
+                .fetch_all(c)
+                .await?
+                .iter()
+                .map(from_row)
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(Page::new(definitions, total, page))
     }
 
     /// Every enabled definition of the account, by name: what its sessions see.
@@ -239,12 +239,14 @@ impl Store {
         let sql = format!(
             "SELECT {COLUMNS} FROM tool_definitions WHERE account_id = ? AND enabled = 1 ORDER BY name, id"
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let definitions = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        let definitions =
-            std::sync::Arc::new(rows.iter().map(from_row).collect::<Result<Vec<_>>>()?);
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Result<Vec<_>>>())?;
+        let definitions = std::sync::Arc::new(definitions);
         self.definition_cache
             .put(account_id, generation, definitions.clone());
         Ok(definitions)
@@ -252,7 +254,7 @@ impl Store {
 
     /// Replaces the account's definition `id` with what `change` computes from the
     /// stored one, bumping `updated_at`, and returns what was stored. The
-    /// transaction takes the write lock before reading (`BEGIN IMMEDIATE`) and
+    /// transaction takes the write lock before reading (`begin_write`) and
     /// `change` cannot await, so two concurrent updates (a PATCH of one field and
     /// a toggle, say) cannot lose one another's change: the later one merges into
     /// what the earlier one wrote. `change` does the merging and every check; its
@@ -263,16 +265,17 @@ impl Store {
         id: &str,
         change: impl FnOnce(&ToolDefinition) -> Result<ToolDefinition>,
     ) -> Result<ToolDefinition> {
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
-        let existing = match sqlx::query(AssertSqlSafe(sql))
+        let existing = match sql!(tx, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(c)
             .await?
+            .as_ref()
+            .map(from_row))
         {
-            Some(row) => from_row(&row)?,
+            Some(read) => read?,
             None => return Err(Error::not_found(format!("tool definition {id:?}"))),
         };
         let mut definition = change(&existing)?;
@@ -282,7 +285,7 @@ impl Store {
         definition.created_at = existing.created_at;
         definition.updated_at = now_ms().max(existing.updated_at);
         // Holding the write lock since the read, the row is still there.
-        let result = sqlx::query(
+        let result = sql!(tx, c => query(
             "UPDATE tool_definitions SET name = ?, description = ?, parameters_json = ?, side_effect_level = ?, \
              allowed_slots_json = ?, source = ?, source_id = ?, enabled = ?, handler_type = ?, handler_json = ?, \
              updated_at = ? WHERE id = ? AND account_id = ?",
@@ -294,14 +297,15 @@ impl Store {
         .bind(slots_json(&definition.allowed_slots))
         .bind(definition.source.as_str())
         .bind(&definition.source_id)
-        .bind(definition.enabled)
+        .bind(definition.enabled as i64)
         .bind(definition.handler_type.map(HandlerType::as_str))
         .bind(handler_json(&definition))
         .bind(definition.updated_at)
         .bind(&definition.id)
         .bind(&definition.account_id)
-        .execute(&mut *tx)
-        .await;
+        .execute(c)
+        .await
+        .map(|_| ()));
         match result {
             Ok(_) => {}
             // Dropping `tx` rolls back; nothing changed, so the cache stays valid.
@@ -312,20 +316,23 @@ impl Store {
         // After the commit (even a failed one, whose outcome is unknown): a reader
         // that read the old rows before this point is refused by the generation
         // guard, and one that reads after it sees the new rows.
-        self.definition_cache.invalidate(account_id);
+        self.definitions_changed(account_id).await;
         committed?;
         Ok(definition)
     }
 
     /// Deletes the account's definition with that id.
     pub async fn delete_definition(&self, account_id: &str, id: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM tool_definitions WHERE id = ? AND account_id = ?")
-            .bind(id)
-            .bind(account_id)
-            .execute(&mut *self.conn().await?)
-            .await?;
-        self.definition_cache.invalidate(account_id);
-        if done.rows_affected() == 0 {
+        let deleted = sql!(self.conn().await?, c => query(
+            "DELETE FROM tool_definitions WHERE id = ? AND account_id = ?",
+        )
+        .bind(id)
+        .bind(account_id)
+        .execute(c)
+        .await?
+        .rows_affected());
+        self.definitions_changed(account_id).await;
+        if deleted == 0 {
             return Err(Error::not_found(format!("tool definition {id:?}")));
         }
         Ok(())
@@ -341,15 +348,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(None, dir.path()).await.unwrap();
         for account in ["acct_a", "acct_b"] {
-            sqlx::query(
+            sql!(store.conn().await.unwrap(), c => query(
                 "INSERT INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)",
             )
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(&mut *store.conn().await.unwrap())
+            .execute(c)
             .await
-            .unwrap();
+            .map(|_| ())
+            .unwrap());
         }
         (store, dir)
     }

@@ -1,9 +1,9 @@
 //! Floors (turns) and their pages (versions of the reply).
 
 use serde::Serialize;
-use sqlx::Row;
 
 use super::Store;
+use super::backend::{Record, sql};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 
@@ -55,23 +55,23 @@ impl Store {
         let session = self.session(account_id, session_id).await?;
         let id = new_id("floor");
         let now = now_ms();
-        // The sequence number is computed inside the INSERT so two concurrent appends
-        // cannot take the same one (the UNIQUE constraint backs this up).
-        sqlx::query(
+        // The sequence number is computed inside the INSERT, under the write
+        // lock, so two concurrent appends cannot take the same one (the UNIQUE
+        // constraint backs this up; PostgreSQL would run both subqueries at once).
+        let mut tx = self.begin_write().await?;
+        let seq = sql!(tx, c => query_scalar::<i64>(
             "INSERT INTO floors (id, session_id, seq, user_content, active_page_id, created_at) \
-             VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM floors WHERE session_id = ?), ?, NULL, ?)",
+             VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM floors WHERE session_id = ?), ?, NULL, ?) \
+             RETURNING seq",
         )
         .bind(&id)
         .bind(&session.id)
         .bind(&session.id)
         .bind(content)
         .bind(now)
-        .execute(&mut *self.conn().await?)
-        .await?;
-        let seq: i64 = sqlx::query_scalar("SELECT seq FROM floors WHERE id = ?")
-            .bind(&id)
-            .fetch_one(&mut *self.conn().await?)
-            .await?;
+        .fetch_one(c)
+        .await?);
+        tx.commit().await?;
         Ok(Floor {
             id,
             session_id: session.id,
@@ -85,20 +85,20 @@ impl Store {
 
     /// The account's floor (without its pages); another account's is "not found".
     pub async fn floor_ref(&self, account_id: &str, floor_id: &str) -> Result<FloorRef> {
-        let row = sqlx::query(
+        sql!(self.conn().await?, c => query(
             "SELECT f.id, f.session_id, f.active_page_id \
              FROM floors f JOIN sessions s ON s.id = f.session_id WHERE f.id = ? AND s.account_id = ?",
         )
         .bind(floor_id)
         .bind(account_id)
-        .fetch_optional(&mut *self.conn().await?)
+        .fetch_optional(c)
         .await?
-        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
-        Ok(FloorRef {
+        .map(|row| FloorRef {
             id: row.get("id"),
             session_id: row.get("session_id"),
             active_page_id: row.get("active_page_id"),
-        })
+        }))
+        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))
     }
 
     /// The account's floor with every page.
@@ -114,14 +114,16 @@ impl Store {
     /// Every floor of the account's session, oldest first, with pages.
     pub async fn list_floors(&self, account_id: &str, session_id: &str) -> Result<Vec<Floor>> {
         let session = self.session(account_id, session_id).await?;
-        let rows = sqlx::query(
+        let floors = sql!(self.conn().await?, c => query(
             "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors WHERE session_id = ? ORDER BY seq",
         )
         .bind(&session.id)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        self.attach_pages(rows.iter().map(floor_from_row).collect())
-            .await
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(floor_from_row)
+        .collect::<Vec<_>>());
+        self.attach_pages(floors).await
     }
 
     /// Fills in the pages of `floors` with one query.
@@ -129,24 +131,27 @@ impl Store {
         let Some(first) = floors.first() else {
             return Ok(floors);
         };
-        let rows = sqlx::query(
+        let pages = sql!(self.conn().await?, c => query(
             "SELECT p.floor_id, p.id, p.page_no, p.content, p.created_at FROM pages p \
              JOIN floors f ON f.id = p.floor_id WHERE f.session_id = ? ORDER BY p.floor_id, p.page_no",
         )
         .bind(&first.session_id)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(|row| {
+            let page = FloorPage {
+                id: row.get("id"),
+                page_no: row.get("page_no"),
+                content: row.get("content"),
+                created_at: row.get("created_at"),
+            };
+            (row.get::<String>("floor_id"), page)
+        })
+        .collect::<Vec<_>>());
         let mut by_floor: std::collections::HashMap<String, Vec<FloorPage>> = Default::default();
-        for row in &rows {
-            by_floor
-                .entry(row.get("floor_id"))
-                .or_default()
-                .push(FloorPage {
-                    id: row.get("id"),
-                    page_no: row.get("page_no"),
-                    content: row.get("content"),
-                    created_at: row.get("created_at"),
-                });
+        for (floor_id, page) in pages {
+            by_floor.entry(floor_id).or_default().push(page);
         }
         for floor in &mut floors {
             floor.pages = by_floor.remove(&floor.id).unwrap_or_default();
@@ -155,7 +160,7 @@ impl Store {
     }
 }
 
-fn floor_from_row(row: &sqlx::sqlite::SqliteRow) -> Floor {
+fn floor_from_row(row: &impl Record) -> Floor {
     Floor {
         id: row.get("id"),
         session_id: row.get("session_id"),

@@ -1,10 +1,10 @@
 //! Durable runtime jobs with leases, and the results they deliver to sessions.
 
 use serde::Serialize;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{AsHandle, Record, sql, storable_text};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 use crate::reason::ReasonCode;
@@ -55,9 +55,9 @@ pub struct Delivery {
 const COLUMNS: &str = "id, account_id, session_id, execution_id, run_id, tool_name, state, invocation_json, \
     attempts, result_json, error_message, lease_expires_at, created_at, updated_at, started_at, finished_at";
 
-fn from_row(row: &SqliteRow) -> RuntimeJob {
+fn from_row(row: &impl Record) -> RuntimeJob {
     let json = |column: &str| {
-        row.get::<Option<String>, _>(column)
+        row.get::<Option<String>>(column)
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or(serde_json::Value::Null)
     };
@@ -105,13 +105,13 @@ impl Store {
         row: &super::NewExecution,
         job: &NewJob,
     ) -> Result<super::Admitted> {
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let admitted = super::journal::insert_execution_with(&mut tx, row).await?;
+        let mut tx = self.begin_write().await?;
+        let admitted =
+            super::journal::insert_execution_with(&mut tx, row, self.instance_id()).await?;
         if admitted != super::Admitted::Yes {
             return Ok(admitted);
         }
-        insert_job_with(&mut *tx, job).await?;
+        insert_job_with(&mut tx, job).await?;
         tx.commit().await?;
         Ok(admitted)
     }
@@ -119,55 +119,72 @@ impl Store {
     /// The account's job.
     pub async fn job(&self, account_id: &str, id: &str) -> Result<RuntimeJob> {
         let sql = format!("SELECT {COLUMNS} FROM runtime_jobs WHERE id = ? AND account_id = ?");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
+        sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("runtime job {id:?}")))
+            .as_ref()
+            .map(from_row))
+        .ok_or_else(|| Error::not_found(format!("runtime job {id:?}")))
     }
 
     /// Claims the oldest queued job for `owner` with a lease until `lease_until`.
     pub async fn claim_job(&self, owner: &str, lease_until: i64) -> Result<Option<RuntimeJob>> {
         let now = now_ms();
-        let sql = format!(
-            "UPDATE runtime_jobs SET state = 'running', lease_owner = ?, lease_expires_at = ?, \
-             attempts = attempts + 1, started_at = ?, updated_at = ? \
-             WHERE id = (SELECT id FROM runtime_jobs WHERE state = 'queued' ORDER BY created_at, id LIMIT 1) \
-             AND state = 'queued' RETURNING {COLUMNS}"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(owner)
-            .bind(lease_until)
-            .bind(now)
-            .bind(now)
-            .fetch_optional(&mut *self.conn().await?)
-            .await?;
-        let Some(job) = row.map(|row| from_row(&row)) else {
+        let mut conn = self.conn().await?;
+        let job = sql!(conn, c => {
+            // SQLite runs one write at a time, so two claims never pick the same
+            // job. PostgreSQL runs them side by side: the pick locks its row and
+            // skips rows another claim has locked, so concurrent claims (of any
+            // instance) take different jobs instead of one waiting on the other's
+            // row and then finding it no longer queued.
+            let pick = if POSTGRES {
+                "SELECT id FROM runtime_jobs WHERE state = 'queued' ORDER BY created_at, id LIMIT 1 \
+                 FOR UPDATE SKIP LOCKED"
+            } else {
+                "SELECT id FROM runtime_jobs WHERE state = 'queued' ORDER BY created_at, id LIMIT 1"
+            };
+            let sql = format!(
+                "UPDATE runtime_jobs SET state = 'running', lease_owner = ?, lease_expires_at = ?, \
+                 attempts = attempts + 1, started_at = ?, updated_at = ? \
+                 WHERE id = ({pick}) AND state = 'queued' RETURNING {COLUMNS}"
+            );
+            query(AssertSqlSafe(sql))
+                .bind(owner)
+                .bind(lease_until)
+                .bind(now)
+                .bind(now)
+                .fetch_optional(c)
+                .await?
+                .as_ref()
+                .map(from_row)
+        });
+        let Some(job) = job else {
             return Ok(None);
         };
-        sqlx::query(
+        sql!(conn, c => query(
             "UPDATE tool_execution_record SET status = 'running' WHERE id = ? AND lifecycle_state = 'opened'",
         )
         .bind(&job.execution_id)
-        .execute(&mut *self.conn().await?)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ())?);
         Ok(Some(job))
     }
 
     /// Extends the lease; false when the lease is no longer ours.
     pub async fn heartbeat_job(&self, id: &str, owner: &str, lease_until: i64) -> Result<bool> {
-        let changed = sqlx::query(
+        let changed = sql!(self.conn().await?, c => query(
             "UPDATE runtime_jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND lease_owner = ? AND state = 'running'",
         )
         .bind(lease_until)
         .bind(now_ms())
         .bind(id)
         .bind(owner)
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
         Ok(changed == 1)
     }
 
@@ -182,43 +199,33 @@ impl Store {
     ) -> Result<Option<Delivery>> {
         let (output, is_error) = (&settled.output, settled.is_error);
         let now = now_ms();
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let job_state = if is_error { "failed" } else { "succeeded" };
         let error_message = is_error.then(|| output.as_str().unwrap_or_default().to_owned());
-        let changed = sqlx::query(
+        let changed = sql!(tx, c => query(
             "UPDATE runtime_jobs SET state = ?, result_json = ?, error_message = ?, finished_at = ?, updated_at = ?, \
              lease_expires_at = NULL WHERE id = ? AND lease_owner = ? AND state = 'running'",
         )
         .bind(job_state)
         .bind(output.to_string())
-        .bind(&error_message)
+        .bind(error_message.as_deref().map(storable_text))
         .bind(now)
         .bind(now)
         .bind(&job.id)
         .bind(owner)
-        .execute(&mut *tx)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
         if changed == 0 {
             return Ok(None);
         }
-        let reason_code = settled.reason_code.map(ReasonCode::as_str);
-        sqlx::query(
-            "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, execution_reason_code = ?, \
-             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), provider_started = ?, \
-             commit_outcome = CASE WHEN ? = 'uncertain' THEN 'uncertain' ELSE commit_outcome END WHERE id = ?",
+        finish_job_execution(
+            &mut tx,
+            &job.execution_id,
+            settled,
+            error_message.as_deref(),
+            now,
         )
-        .bind(settled.status.as_str())
-        .bind((!is_error).then(|| output.to_string()))
-        .bind(&error_message)
-        .bind(reason_code)
-        .bind(now)
-        .bind(now)
-        .bind(settled.provider_started)
-        .bind(settled.status.as_str())
-        .bind(&job.execution_id)
-        .execute(&mut *tx)
         .await?;
         let delivery = Delivery {
             id: new_id("delivery"),
@@ -232,56 +239,46 @@ impl Store {
             execution_reason_code: settled.reason_code,
             created_at: now,
         };
-        sqlx::query(
-            "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-             execution_reason_code, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&delivery.id)
-        .bind(&delivery.session_id)
-        .bind(&delivery.execution_id)
-        .bind(&delivery.runtime_job_id)
-        .bind(&delivery.call_id)
-        .bind(&delivery.tool_name)
-        .bind(delivery.output.to_string())
-        .bind(is_error as i64)
-        .bind(reason_code)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        insert_delivery(&mut tx, &delivery).await?;
         tx.commit().await?;
         Ok(Some(delivery))
     }
 
     /// Jobs whose lease ran out (or, with `all_running`, every running job: the
     /// embedded database has one instance, so at start-up every running job was
-    /// lost) become `uncertain` and are never re-run. Returns their ids.
-    pub async fn expire_lost_jobs(&self, all_running: bool) -> Result<Vec<String>> {
+    /// lost; or whose lease `dead_owner` holds, an instance known to be dead)
+    /// become `uncertain` and are never re-run. Returns their ids.
+    pub async fn expire_lost_jobs(
+        &self,
+        all_running: bool,
+        dead_owner: Option<&str>,
+    ) -> Result<Vec<String>> {
         let now = now_ms();
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?, finished_at = ?, \
+        let mut tx = self.begin_write().await?;
+        let ids = sql!(tx, c => query_scalar::<String>(
+            "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?1, finished_at = ?1, \
              error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
-             WHERE state = 'running' AND (? OR lease_expires_at < ?) RETURNING execution_id",
+             WHERE state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3) \
+             RETURNING execution_id",
         )
         .bind(now)
-        .bind(now)
-        .bind(all_running)
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
+        .bind(all_running as i64)
+        .bind(dead_owner)
+        .fetch_all(c)
+        .await?);
         for execution_id in &ids {
-            sqlx::query(
-                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?, \
-                 duration_ms = MAX(0, ? - started_at), error_message = 'the job running this call lost its lease; its outcome is unknown', \
-                 execution_reason_code = ? WHERE id = ?",
+            sql!(tx, c => query(
+                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
+                 duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
+                 error_message = 'the job running this call lost its lease; its outcome is unknown', \
+                 execution_reason_code = ?2 WHERE id = ?3",
             )
-            .bind(now)
             .bind(now)
             .bind(ReasonCode::JobLeaseLost.as_str())
             .bind(execution_id)
-            .execute(&mut *tx)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         }
         tx.commit().await?;
         Ok(ids)
@@ -304,14 +301,16 @@ impl Store {
     /// Marks deliveries as given to the model.
     pub async fn consume_deliveries(&self, ids: &[String]) -> Result<()> {
         let now = now_ms();
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         for id in ids {
-            sqlx::query("UPDATE session_deliveries SET consumed_at = ? WHERE id = ? AND consumed_at IS NULL")
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            sql!(tx, c => query(
+                "UPDATE session_deliveries SET consumed_at = ? WHERE id = ? AND consumed_at IS NULL",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(c)
+            .await
+            .map(|_| ())?);
         }
         tx.commit().await?;
         Ok(())
@@ -324,40 +323,93 @@ impl Store {
         unconsumed_only: bool,
     ) -> Result<Vec<Delivery>> {
         let session = self.session(account_id, session_id).await?;
-        let rows = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
              execution_reason_code, created_at FROM session_deliveries \
              WHERE session_id = ? AND (? = 0 OR consumed_at IS NULL) ORDER BY created_at, id",
         )
         .bind(&session.id)
-        .bind(unconsumed_only)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Delivery {
-                id: row.get("id"),
-                session_id: row.get("session_id"),
-                execution_id: row.get("execution_id"),
-                runtime_job_id: row.get("runtime_job_id"),
-                call_id: row.get("call_id"),
-                tool_name: row.get("tool_name"),
-                output: serde_json::from_str(&row.get::<String, _>("output_json"))
-                    .unwrap_or(serde_json::Value::Null),
-                is_error: row.get::<i64, _>("is_error") != 0,
-                execution_reason_code: row
-                    .get::<Option<String>, _>("execution_reason_code")
-                    .as_deref()
-                    .and_then(ReasonCode::parse),
-                created_at: row.get("created_at"),
-            })
-            .collect())
+        .bind(unconsumed_only as i64)
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(delivery_from_row)
+        .collect()))
     }
 }
 
-async fn insert_job_with<'e>(executor: impl sqlx::SqliteExecutor<'e>, job: &NewJob) -> Result<()> {
+fn delivery_from_row(row: &impl Record) -> Delivery {
+    Delivery {
+        id: row.get("id"),
+        session_id: row.get("session_id"),
+        execution_id: row.get("execution_id"),
+        runtime_job_id: row.get("runtime_job_id"),
+        call_id: row.get("call_id"),
+        tool_name: row.get("tool_name"),
+        output: serde_json::from_str(&row.get::<String>("output_json"))
+            .unwrap_or(serde_json::Value::Null),
+        is_error: row.get::<i64>("is_error") != 0,
+        execution_reason_code: row
+            .get::<Option<String>>("execution_reason_code")
+            .as_deref()
+            .and_then(ReasonCode::parse),
+        created_at: row.get("created_at"),
+    }
+}
+
+/// Finishes the journal row of a completed job (in the completion's transaction).
+async fn finish_job_execution(
+    conn: &mut impl AsHandle,
+    execution_id: &str,
+    settled: &crate::call::Settled,
+    error_message: Option<&str>,
+    now: i64,
+) -> Result<()> {
+    let result = (!settled.is_error).then(|| settled.output.to_string());
+    sql!(*conn, c => query(
+        "UPDATE tool_execution_record SET status = ?1, result_json = ?2, error_message = ?3, execution_reason_code = ?4, \
+         lifecycle_state = 'finished', finished_at = ?5, \
+         duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, provider_started = ?6, \
+         commit_outcome = CASE WHEN ?1 = 'uncertain' THEN 'uncertain' ELSE commit_outcome END WHERE id = ?7",
+    )
+    .bind(settled.status.as_str())
+    .bind(&result)
+    .bind(error_message.map(storable_text))
+    .bind(settled.reason_code.map(ReasonCode::as_str))
+    .bind(now)
+    .bind(settled.provider_started as i64)
+    .bind(execution_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
+}
+
+/// Writes a job's delivery to its session (in the completion's transaction).
+async fn insert_delivery(conn: &mut impl AsHandle, delivery: &Delivery) -> Result<()> {
+    sql!(*conn, c => query(
+        "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
+         execution_reason_code, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&delivery.id)
+    .bind(&delivery.session_id)
+    .bind(&delivery.execution_id)
+    .bind(&delivery.runtime_job_id)
+    .bind(&delivery.call_id)
+    .bind(&delivery.tool_name)
+    .bind(delivery.output.to_string())
+    .bind(delivery.is_error as i64)
+    .bind(delivery.execution_reason_code.map(ReasonCode::as_str))
+    .bind(delivery.created_at)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
+}
+
+async fn insert_job_with(conn: &mut impl AsHandle, job: &NewJob) -> Result<()> {
     let now = now_ms();
-    sqlx::query(
+    sql!(*conn, c => query(
         "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
          invocation_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
@@ -371,8 +423,9 @@ async fn insert_job_with<'e>(executor: impl sqlx::SqliteExecutor<'e>, job: &NewJ
     .bind(job.invocation.to_string())
     .bind(now)
     .bind(now)
-    .execute(executor)
-    .await?;
+    .execute(c)
+    .await
+    .map(|_| ())?);
     Ok(())
 }
 
@@ -380,12 +433,13 @@ impl Store {
     /// Runtime jobs by state, and the queue age (ms) of the oldest claimable
     /// job: what `/metrics` shows about the job queue.
     pub async fn job_queue_stats(&self) -> Result<(Vec<(String, u64)>, Option<i64>)> {
-        queue_stats(&mut *self.conn().await?).await
+        queue_stats(&mut self.conn().await?).await
     }
 
     /// Open and idle connections of the pool.
     pub fn pool_stats(&self) -> (u64, u64) {
-        (self.pool.size() as u64, self.pool.num_idle() as u64)
+        let (open, idle) = self.pool.sizes();
+        (u64::from(open), idle as u64)
     }
 
     /// Whether the database takes a write within `limit`: every call writes
@@ -393,9 +447,9 @@ impl Store {
     /// read-only, gone) is not ready. The probe writes nothing.
     pub async fn answers_within(&self, limit: std::time::Duration) -> bool {
         let probe = async {
-            let mut conn = self.conn().await?;
-            let tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-            tx.rollback().await
+            // Dropping the transaction rolls it back.
+            drop(self.begin_write().await?);
+            Ok::<(), sqlx::Error>(())
         };
         matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(())))
     }
@@ -403,18 +457,20 @@ impl Store {
 
 /// Runtime jobs by state, and the queue age (ms) of the oldest claimable job.
 pub(super) async fn queue_stats(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut impl AsHandle,
 ) -> Result<(Vec<(String, u64)>, Option<i64>)> {
-    let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state")
-        .fetch_all(&mut *conn)
-        .await?;
-    let by_state = rows
-        .iter()
-        .map(|row| (row.get::<String, _>("state"), row.get::<i64, _>("n") as u64))
-        .collect();
-    let oldest: Option<i64> =
-        sqlx::query_scalar("SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'")
-            .fetch_one(&mut *conn)
-            .await?;
+    let by_state = sql!(*conn, c => query(
+        "SELECT state, COUNT(*) AS n FROM runtime_jobs GROUP BY state",
+    )
+    .fetch_all(c)
+    .await?
+    .iter()
+    .map(|row| (row.get::<String>("state"), row.get::<i64>("n") as u64))
+    .collect::<Vec<_>>());
+    let oldest = sql!(*conn, c => query_scalar::<Option<i64>>(
+        "SELECT MIN(updated_at) FROM runtime_jobs WHERE state = 'queued'",
+    )
+    .fetch_one(c)
+    .await?);
     Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
 }

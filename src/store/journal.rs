@@ -1,9 +1,9 @@
 //! Storage of the execution journal.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_writer::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
@@ -98,8 +98,8 @@ const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, calle
     delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, provider_started, \
     execution_reason_code, created_at";
 
-fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
-    let parse = |column: &str| row.get::<String, _>(column);
+fn record_from_row(row: &impl Record) -> ExecutionRecord {
+    let parse = |column: &str| row.get::<String>(column);
     ExecutionRecord {
         id: row.get("id"),
         session_id: row.get("session_id"),
@@ -123,13 +123,13 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         replay_safety: row.get("replay_safety"),
         error_message: row.get("error_message"),
         execution_reason_code: row
-            .get::<Option<String>, _>("execution_reason_code")
+            .get::<Option<String>>("execution_reason_code")
             .as_deref()
             .and_then(ReasonCode::parse),
         duration_ms: row.get("duration_ms"),
         started_at: row.get("started_at"),
         finished_at: row.get("finished_at"),
-        result_visibility: if row.get::<String, _>("delivery_mode") == "async_job" {
+        result_visibility: if row.get::<String>("delivery_mode") == "async_job" {
             "deferred_receipt".to_owned()
         } else {
             "immediate".to_owned()
@@ -138,7 +138,7 @@ fn record_from_row(row: &SqliteRow) -> ExecutionRecord {
         attempt_no: row.get("attempt_no"),
         runtime_job_id: row.get("runtime_job_id"),
         replay_parent_execution_id: row.get("replay_parent_execution_id"),
-        provider_started: row.get("provider_started"),
+        provider_started: row.get::<i64>("provider_started") != 0,
         created_at: row.get("created_at"),
     }
 }
@@ -165,7 +165,10 @@ impl Store {
     /// calls are written already finished.
     pub async fn insert_execution(&self, row: &NewExecution) -> Result<Admitted> {
         self.journal_writer
-            .write(JournalWrite::Insert(Box::new(row.clone())))
+            .write(JournalWrite::Insert {
+                row: Box::new(row.clone()),
+                instance_id: self.instance_id().to_owned(),
+            })
             .await
     }
 
@@ -185,19 +188,19 @@ impl Store {
     /// `uncertain` and finished. Queued async jobs are left for their worker.
     pub async fn recover_interrupted_executions(&self) -> Result<u64> {
         let now = now_ms();
-        let changed = sqlx::query(
+        let changed = sql!(self.conn().await?, c => query(
             "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
-             lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
+             lifecycle_state = 'finished', finished_at = ?1, \
+             duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown'), \
-             execution_reason_code = COALESCE(execution_reason_code, ?) \
+             execution_reason_code = COALESCE(execution_reason_code, ?2) \
              WHERE lifecycle_state = 'opened' AND status <> 'queued'",
         )
         .bind(now)
-        .bind(now)
         .bind(ReasonCode::InterruptedByRestart.as_str())
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
         Ok(changed)
     }
 
@@ -205,12 +208,13 @@ impl Store {
     pub async fn execution(&self, account_id: &str, id: &str) -> Result<Option<ExecutionRecord>> {
         let sql =
             format!("SELECT {COLUMNS} FROM tool_execution_record WHERE id = ? AND account_id = ?");
-        Ok(sqlx::query(AssertSqlSafe(sql))
+        Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| record_from_row(&row)))
+            .as_ref()
+            .map(record_from_row)))
     }
 
     /// The journal query of `GET /tool-executions`.
@@ -250,31 +254,35 @@ impl Store {
         // Column names below come from closed lists, never from input.
         let page = &query.page;
         let order = page.sort_order.sql();
+        let nulls = nulls_like_sqlite(page.sort_by, page.sort_order);
         let (keyset_sql, keyset_binds) = keyset_condition(&query);
         let sql = format!(
             "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
-             ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
+             ORDER BY {} {order}{nulls}, id {order} LIMIT ? OFFSET ?",
             page.sort_by
         );
-        let mut rows = sqlx::query(AssertSqlSafe(sql));
-        for bind in &binds {
-            rows = rows.bind(bind);
-        }
-        for bind in keyset_binds {
-            rows = match bind {
-                KeysetValue::Sort(value) => rows.bind(value),
-                KeysetValue::Id(id) => rows.bind(id),
-            };
-        }
         // One row past the page says whether another follows, whatever `total`.
-        let mut rows = rows
-            .bind(page.limit + 1)
-            .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        let more = rows.len() as i64 > page.limit;
-        rows.truncate(page.limit as usize);
-        let items: Vec<ExecutionRecord> = rows.iter().map(record_from_row).collect();
+        let mut items = sql!(self.conn().await?, c => {
+            let mut rows = query(AssertSqlSafe(sql));
+            for bind in &binds {
+                rows = rows.bind(bind);
+            }
+            for bind in &keyset_binds {
+                rows = match *bind {
+                    KeysetValue::Sort(value) => rows.bind(value),
+                    KeysetValue::Id(id) => rows.bind(id),
+                };
+            }
+            rows.bind(page.limit + 1)
+                .bind(page.offset)
+                .fetch_all(c)
+                .await?
+                .iter()
+                .map(record_from_row)
+                .collect::<Vec<ExecutionRecord>>()
+        });
+        let more = items.len() as i64 > page.limit;
+        items.truncate(page.limit as usize);
         let next_cursor = items
             .last()
             .filter(|_| more)
@@ -296,16 +304,15 @@ impl Store {
     ) -> Result<(i64, bool)> {
         let bound = TOTAL_EXACT_UP_TO.max(query.page.offset + query.page.limit);
         let sql = format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM tool_execution_record WHERE {where_sql} LIMIT ?)"
+            "SELECT COUNT(*) FROM (SELECT 1 FROM tool_execution_record WHERE {where_sql} LIMIT ?) AS matching"
         );
-        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
-        for bind in binds {
-            total = total.bind(bind);
-        }
-        let counted = total
-            .bind(bound + 1)
-            .fetch_one(&mut *self.conn().await?)
-            .await?;
+        let counted = sql!(self.conn().await?, c => {
+            let mut total = query_scalar::<i64>(AssertSqlSafe(sql));
+            for bind in binds {
+                total = total.bind(bind);
+            }
+            total.bind(bound + 1).fetch_one(c).await?
+        });
         Ok((counted, counted > bound))
     }
 
@@ -321,51 +328,68 @@ impl Store {
             binds,
             outer_binds,
         } = call_record_sql(account_id, &query);
-        let total_sql = format!("SELECT COUNT(*) FROM ({base}) {outer_sql}");
-        let mut total = sqlx::query_scalar::<_, i64>(AssertSqlSafe(total_sql));
-        for bind in binds.iter().chain(&outer_binds) {
-            total = total.bind(bind);
-        }
-        let total = total.fetch_one(&mut *self.conn().await?).await?;
+        let total_sql = format!("SELECT COUNT(*) FROM ({base}) AS records {outer_sql}");
+        let total = sql!(self.conn().await?, c => {
+            let mut total = query_scalar::<i64>(AssertSqlSafe(total_sql));
+            for bind in binds.iter().chain(&outer_binds) {
+                total = total.bind(bind);
+            }
+            total.fetch_one(c).await?
+        });
         let page = &query.page;
         let order = page.sort_order.sql();
+        // page_id is NULL for calls outside pages: first, as SQLite sorts NULL
+        // ascending (PostgreSQL would put them last).
         let sort = if page.sort_by == "seq" {
-            "page_id, seq"
+            format!("page_id ASC NULLS FIRST, seq {order}")
         } else {
-            "created_at"
+            format!("created_at {order}, id {order}")
         };
-        let sort = if page.sort_by == "seq" {
-            format!("{sort} {order}")
-        } else {
-            format!("{sort} {order}, id {order}")
-        };
-        let sql = format!("SELECT * FROM ({base}) {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?");
-        let mut rows = sqlx::query(AssertSqlSafe(sql));
-        for bind in binds.iter().chain(&outer_binds) {
-            rows = rows.bind(bind);
-        }
-        let rows = rows
-            .bind(page.limit)
-            .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        let items = rows
-            .iter()
-            .map(|row| CallRecord {
-                id: row.get("id"),
-                page_id: row.get("page_id"),
-                seq: row.get("seq"),
-                caller_slot: row.get("caller_slot"),
-                tool_name: row.get("tool_name"),
-                args: StoredJson::from_text(row.get("args_json")),
-                result: StoredJson::from_text(row.get("result_json")),
-                status: LegacyStatus::parse("status", &row.get::<String, _>("legacy_status"))
-                    .unwrap_or(LegacyStatus::Error),
-                duration_ms: row.get("duration_ms"),
-                created_at: row.get("created_at"),
-            })
-            .collect();
+        let sql = format!(
+            "SELECT * FROM ({base}) AS records {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?"
+        );
+        let items = sql!(self.conn().await?, c => {
+            let mut rows = query(AssertSqlSafe(sql));
+            for bind in binds.iter().chain(&outer_binds) {
+                rows = rows.bind(bind);
+            }
+            rows.bind(page.limit)
+                .bind(page.offset)
+                .fetch_all(c)
+                .await?
+                .iter()
+                .map(call_record_from_row)
+                .collect::<Vec<CallRecord>>()
+        });
         Ok(Page::new(items, total, query.page))
+    }
+}
+
+fn call_record_from_row(row: &impl Record) -> CallRecord {
+    CallRecord {
+        id: row.get("id"),
+        page_id: row.get("page_id"),
+        seq: row.get("seq"),
+        caller_slot: row.get("caller_slot"),
+        tool_name: row.get("tool_name"),
+        args: StoredJson::from_text(row.get("args_json")),
+        result: StoredJson::from_text(row.get("result_json")),
+        status: LegacyStatus::parse("status", &row.get::<String>("legacy_status"))
+            .unwrap_or(LegacyStatus::Error),
+        duration_ms: row.get("duration_ms"),
+        created_at: row.get("created_at"),
+    }
+}
+
+/// The NULLS clause that makes a nullable sort column order as SQLite orders
+/// it on both backends (NULL first ascending, last descending; PostgreSQL's
+/// default is the reverse). Empty for columns that are never NULL, so their
+/// ORDER BY still matches their indexes on PostgreSQL.
+fn nulls_like_sqlite(column: &str, order: crate::domain::SortOrder) -> &'static str {
+    match (column, order) {
+        ("finished_at", crate::domain::SortOrder::Asc) => " NULLS FIRST",
+        ("finished_at", crate::domain::SortOrder::Desc) => " NULLS LAST",
+        _ => "",
     }
 }
 
@@ -442,9 +466,9 @@ const INSERT_COLUMNS: &str = "INSERT INTO tool_execution_record (id, account_id,
     floor_id, page_id, call_id, caller_slot, provider_id, provider_type, tool_name, args_json, args_canonical, \
     result_json, status, lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, \
     duration_ms, started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, \
-    created_at, step_key, provider_started, execution_reason_code)";
+    created_at, step_key, provider_started, execution_reason_code, instance_id)";
 const INSERT_VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-    ?18, ?19, ?20, 0, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?32";
+    ?18, ?19, ?20, 0, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?32, ?33";
 
 /// A row's insert under its admission conditions.
 static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -458,54 +482,57 @@ static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 static PLAIN_INSERT: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{INSERT_COLUMNS} VALUES ({INSERT_VALUES})"));
 
-/// Binds a row's values as `?1` … `?32` (the numbering of the statements above).
-fn bind_row<'q>(
-    query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
-    row: &'q NewExecution,
-    now: i64,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    let finished = row.lifecycle_state == LifecycleState::Finished;
-    query
-        .bind(&row.id)
-        .bind(&row.account_id)
-        .bind(&row.session_id)
-        .bind(&row.run_id)
-        .bind(&row.floor_id)
-        .bind(&row.page_id)
-        .bind(&row.call_id)
-        .bind(&row.caller_slot)
-        .bind(&row.provider_id)
-        .bind(&row.provider_type)
-        .bind(&row.tool_name)
-        .bind(row.args.to_string())
-        .bind(&row.args_canonical)
-        .bind(row.result.as_ref().map(|r| r.to_string()))
-        .bind(row.status.as_str())
-        .bind(row.lifecycle_state.as_str())
-        .bind(row.commit_outcome.as_str())
-        .bind(&row.side_effect_level)
-        .bind(&row.replay_safety)
-        .bind(&row.error_message)
-        .bind(row.started_at)
-        .bind(finished.then_some(now))
-        .bind(&row.delivery_mode)
-        .bind(row.attempt_no)
-        .bind(&row.runtime_job_id)
-        .bind(&row.replay_parent_execution_id)
-        .bind(now)
-        .bind(&row.step_key)
-        .bind(row.provider_started)
-        .bind(row.admission.step_limit.map(i64::from))
-        .bind(row.admission.call_limit.map(i64::from))
-        .bind(row.reason_code.map(ReasonCode::as_str))
+/// Binds a row's values as `?1` … `?33` (the numbering of the statements
+/// above; `?33` is the instance writing it) to a query of either backend.
+macro_rules! bind_row {
+    ($query:expr, $row:expr, $now:expr, $instance:expr) => {{
+        let row: &NewExecution = $row;
+        let now: i64 = $now;
+        let finished = row.lifecycle_state == LifecycleState::Finished;
+        $query
+            .bind(&row.id)
+            .bind(&row.account_id)
+            .bind(&row.session_id)
+            .bind(&row.run_id)
+            .bind(&row.floor_id)
+            .bind(&row.page_id)
+            .bind(&row.call_id)
+            .bind(&row.caller_slot)
+            .bind(&row.provider_id)
+            .bind(&row.provider_type)
+            .bind(&row.tool_name)
+            .bind(row.args.to_string())
+            .bind(&row.args_canonical)
+            .bind(row.result.as_ref().map(|r| r.to_string()))
+            .bind(row.status.as_str())
+            .bind(row.lifecycle_state.as_str())
+            .bind(row.commit_outcome.as_str())
+            .bind(&row.side_effect_level)
+            .bind(&row.replay_safety)
+            .bind(row.error_message.as_deref().map(storable_text))
+            .bind(row.started_at)
+            .bind(finished.then_some(now))
+            .bind(&row.delivery_mode)
+            .bind(row.attempt_no)
+            .bind(&row.runtime_job_id)
+            .bind(&row.replay_parent_execution_id)
+            .bind(now)
+            .bind(&row.step_key)
+            .bind(row.provider_started as i64)
+            .bind(row.admission.step_limit.map(i64::from))
+            .bind(row.admission.call_limit.map(i64::from))
+            .bind(row.reason_code.map(ReasonCode::as_str))
+            .bind($instance)
+    }};
 }
 
-/// Inserts a journal row on `conn` (the writer's connection or a transaction)
-/// when its run is open and it fits its admission limits; otherwise says which
-/// condition refused it.
+/// Inserts a journal row on `conn` (the writer's connection or a transaction),
+/// owned by the instance `instance_id`, when its run is open and it fits its
+/// admission limits; otherwise says which condition refused it.
 pub(super) async fn insert_execution_with(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut impl AsHandle,
     row: &NewExecution,
+    instance_id: &str,
 ) -> Result<Admitted> {
     let now = now_ms();
     // A row with no run and no limits has nothing to check: the plain insert
@@ -518,10 +545,10 @@ pub(super) async fn insert_execution_with(
     } else {
         &PLAIN_INSERT
     };
-    let inserted = bind_row(sqlx::query(AssertSqlSafe(sql)), row, now)
-        .execute(&mut *conn)
+    let inserted = sql!(*conn, c => bind_row!(query(AssertSqlSafe(sql)), row, now, instance_id)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
     if inserted > 0 {
         return Ok(Admitted::Yes);
     }
@@ -533,48 +560,54 @@ pub(super) async fn insert_execution_with(
         "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_STEP} AS step_ok, \
          {ADMISSION_CALLS} AS calls_ok"
     );
-    let verdict = bind_row(sqlx::query(AssertSqlSafe(sql)), row, now)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(if !verdict.get::<bool, _>("run_open") {
+    let (run_open, step_ok) = sql!(*conn, c => {
+        let verdict = bind_row!(query(AssertSqlSafe(sql)), row, now, instance_id)
+            .fetch_one(c)
+            .await?;
+        (verdict.get::<bool>("run_open"), verdict.get::<bool>("step_ok"))
+    });
+    Ok(if !run_open {
         Admitted::RunNotOpen
-    } else if !verdict.get::<bool, _>("step_ok") {
+    } else if !step_ok {
         Admitted::StepLimit
     } else {
         Admitted::CallLimit
     })
 }
 
-/// Finishes an opened row at `now` through any executor.
-pub(super) async fn finish_execution_with<'e>(
-    executor: impl sqlx::SqliteExecutor<'e>,
+/// Finishes an opened row at `now` on any connection or transaction.
+pub(super) async fn finish_execution_with(
+    conn: &mut impl AsHandle,
     id: &str,
     finish: &ExecutionFinish,
     now: i64,
 ) -> Result<()> {
-    sqlx::query(
-        "UPDATE tool_execution_record SET status = ?, result_json = ?, error_message = ?, \
-         execution_reason_code = ?, \
-         lifecycle_state = 'finished', finished_at = ?, duration_ms = MAX(0, ? - started_at), \
-         commit_outcome = COALESCE(?, commit_outcome), provider_started = ? WHERE id = ?",
+    sql!(*conn, c => query(
+        "UPDATE tool_execution_record SET status = ?1, result_json = ?2, error_message = ?3, \
+         execution_reason_code = ?4, \
+         lifecycle_state = 'finished', finished_at = ?5, \
+         duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, \
+         commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 WHERE id = ?8",
     )
     .bind(finish.status.as_str())
     .bind(finish.result.to_string())
-    .bind(&finish.error_message)
+    .bind(finish.error_message.as_deref().map(storable_text))
     .bind(finish.reason_code.map(ReasonCode::as_str))
     .bind(now)
-    .bind(now)
     .bind(finish.commit_outcome.map(CommitOutcome::as_str))
-    .bind(finish.provider_started)
+    .bind(finish.provider_started as i64)
     .bind(id)
-    .execute(executor)
-    .await?;
+    .execute(c)
+    .await
+    .map(|_| ())?);
     Ok(())
 }
 
 /// The condition that starts a keyset page after the cursor's row, in the
 /// query's order (SQLite sorts NULL first ascending, last descending: only
-/// `finished_at` can be NULL), and the values it binds, in order.
+/// `finished_at` can be NULL, and the page's ORDER BY spells that order out
+/// with [`nulls_like_sqlite`] so PostgreSQL sorts the same), and the values it
+/// binds, in order.
 fn keyset_condition(query: &ExecutionQuery) -> (String, Vec<KeysetValue<'_>>) {
     let Some(cursor) = &query.cursor else {
         return (String::new(), Vec::new());

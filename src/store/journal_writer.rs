@@ -4,10 +4,16 @@
 //! queued to one task that commits whatever has gathered in a single
 //! transaction; each caller is answered only after that commit, so a row a
 //! caller was told about is as durable as with its own transaction.
+//!
+//! On PostgreSQL every commit of the writer takes the write lock first (see
+//! [`super::backend`]): the guarded insert's admission checks count other rows,
+//! and only that lock serialises them with every other writer, of this instance
+//! or another; SQLite's one writer gives the same for free.
 
-use sqlx::SqlitePool;
+use sqlx::postgres::PgConnection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::backend::{self, Conn, Handle};
 use super::journal::{
     Admitted, ExecutionFinish, NewExecution, finish_execution_with, insert_execution_with,
 };
@@ -21,7 +27,11 @@ const QUEUE: usize = 4096;
 /// One journal write.
 #[derive(Debug)]
 pub(super) enum JournalWrite {
-    Insert(Box<NewExecution>),
+    /// A new row, owned by the instance writing it.
+    Insert {
+        row: Box<NewExecution>,
+        instance_id: String,
+    },
     Finish {
         id: String,
         finish: ExecutionFinish,
@@ -56,7 +66,7 @@ impl std::fmt::Debug for Request {
 
 impl JournalWriter {
     /// Starts the writer task; it ends when every handle is dropped.
-    pub(super) fn spawn(pool: SqlitePool) -> Self {
+    pub(super) fn spawn(pool: backend::Pool) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE);
         tokio::spawn(run(pool, receiver));
         Self { queue }
@@ -88,10 +98,10 @@ fn writer_gone() -> Error {
     Error::Internal(anyhow::anyhow!("the journal writer has stopped"))
 }
 
-async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
+async fn run(pool: backend::Pool, mut receiver: mpsc::Receiver<Message>) {
     // The writer keeps one connection while writes keep coming, instead of taking
     // one from the pool for every batch.
-    let mut connection: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>> = None;
+    let mut connection: Option<Conn> = None;
     let mut closing = None;
     while let Some(message) = receiver.recv().await {
         let first = match message {
@@ -113,7 +123,7 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
             }
         }
         if connection.is_none() {
-            connection = super::acquire::acquire(&pool).await.ok();
+            connection = pool.acquire().await.ok();
         }
         let Some(conn) = connection.as_mut() else {
             for request in batch {
@@ -150,8 +160,8 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
                 // so every caller gets its own answer.
                 tracing::warn!(error = %err, writes = batch.len(), "journal batch failed; retrying one by one");
                 for request in batch {
-                    let result = match super::acquire::acquire(&pool).await {
-                        Ok(mut conn) => apply(&mut conn, &request.write).await,
+                    let result = match pool.acquire().await {
+                        Ok(mut conn) => apply_alone(&mut conn, &request.write).await,
                         Err(err) => Err(err.into()),
                     };
                     let _ = request.done.send(result);
@@ -168,29 +178,69 @@ async fn run(pool: SqlitePool, mut receiver: mpsc::Receiver<Message>) {
     }
 }
 
-async fn commit_batch(
-    conn: &mut sqlx::SqliteConnection,
-    batch: &[Request],
-) -> Result<Vec<Admitted>> {
-    // A lone write commits by itself: an explicit transaction would add two
-    // round trips (BEGIN, COMMIT) to the connection's thread for nothing.
+async fn commit_batch(conn: &mut Conn, batch: &[Request]) -> Result<Vec<Admitted>> {
     if let [single] = batch {
-        return Ok(vec![apply(conn, &single.write).await?]);
+        return Ok(vec![apply_alone(conn, &single.write).await?]);
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    match conn {
+        Conn::Sqlite(conn) => {
+            let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+            let admitted = apply_all(&mut Handle::Sqlite(&mut tx), batch).await?;
+            tx.commit().await?;
+            Ok(admitted)
+        }
+        Conn::Postgres(conn) => {
+            let mut tx = begin_locked(conn).await?;
+            let admitted = apply_all(&mut Handle::Postgres(&mut tx), batch).await?;
+            tx.commit().await?;
+            Ok(admitted)
+        }
+    }
+}
+
+/// Commits one write by itself. On SQLite without an explicit transaction: it
+/// would add two round trips (BEGIN, COMMIT) to the connection's thread for
+/// nothing. On PostgreSQL in a transaction, for the write lock.
+async fn apply_alone(conn: &mut Conn, write: &JournalWrite) -> Result<Admitted> {
+    match conn {
+        Conn::Sqlite(conn) => apply(&mut Handle::Sqlite(conn), write).await,
+        Conn::Postgres(conn) => {
+            let mut tx = begin_locked(conn).await?;
+            let admitted = apply(&mut Handle::Postgres(&mut tx), write).await?;
+            tx.commit().await?;
+            Ok(admitted)
+        }
+    }
+}
+
+/// A PostgreSQL transaction holding the write lock [`backend::Pool::begin_write`]
+/// takes, so the writer's commits are serialised with every other write.
+async fn begin_locked(
+    conn: &mut PgConnection,
+) -> std::result::Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(backend::WRITE_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+async fn apply_all(conn: &mut Handle<'_>, batch: &[Request]) -> Result<Vec<Admitted>> {
     let mut admitted = Vec::with_capacity(batch.len());
     for request in batch {
-        admitted.push(apply(&mut tx, &request.write).await?);
+        admitted.push(apply(conn, &request.write).await?);
     }
-    tx.commit().await?;
     Ok(admitted)
 }
 
-async fn apply(conn: &mut sqlx::SqliteConnection, write: &JournalWrite) -> Result<Admitted> {
+async fn apply(conn: &mut Handle<'_>, write: &JournalWrite) -> Result<Admitted> {
     match write {
-        JournalWrite::Insert(row) => insert_execution_with(conn, row).await,
+        JournalWrite::Insert { row, instance_id } => {
+            insert_execution_with(conn, row, instance_id).await
+        }
         JournalWrite::Finish { id, finish, at } => {
-            finish_execution_with(&mut *conn, id, finish, *at).await?;
+            finish_execution_with(conn, id, finish, *at).await?;
             Ok(Admitted::Yes)
         }
     }

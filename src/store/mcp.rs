@@ -6,10 +6,10 @@
 //! with the map empty and `secrets_error` set, and its ciphertext stays as it
 //! is until new secrets are written, so restoring the key restores them.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{Record, sql};
 use crate::domain::mcp::{McpServer, McpServerConfig};
 use crate::domain::{Page, PageRequest};
 use crate::error::{Error, ErrorCode, Result};
@@ -58,14 +58,14 @@ struct StoredServer {
 }
 
 impl Store {
-    fn server_from_row(&self, row: &SqliteRow) -> Result<StoredServer> {
+    fn server_from_row(&self, row: &impl Record) -> Result<StoredServer> {
         let id: String = row.get("id");
         let raw: String = row.get("config_json");
         let mut config: McpServerConfig =
             serde_json::from_str(&raw).map_err(|err| corrupt("config_json", err))?;
         // The columns are what uniqueness and filters use: they win.
         config.name = row.get("name");
-        config.enabled = row.get::<i64, _>("enabled") != 0;
+        config.enabled = row.get::<i64>("enabled") != 0;
         let sealed: Option<Vec<u8>> = row.get("secrets");
         let mut secrets_error = None;
         if let Some(sealed) = &sealed {
@@ -90,7 +90,7 @@ impl Store {
         })
     }
 
-    fn servers_from_rows(&self, rows: &[SqliteRow]) -> Result<Vec<McpServer>> {
+    fn servers_from_rows(&self, rows: &[impl Record]) -> Result<Vec<McpServer>> {
         rows.iter()
             .map(|row| self.server_from_row(row).map(|read| read.server))
             .collect()
@@ -125,19 +125,20 @@ impl Store {
         let sealed = self.seal_secrets(&server.id, config)?;
         let public = serde_json::to_string(&config.without_secrets())
             .map_err(|err| Error::Internal(err.into()))?;
-        let result = sqlx::query(AssertSqlSafe(format!(
+        let result = sql!(self.conn().await?, c => query(AssertSqlSafe(format!(
             "INSERT INTO mcp_servers ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )))
         .bind(&server.id)
         .bind(account_id)
         .bind(&config.name)
-        .bind(config.enabled)
+        .bind(config.enabled as i64)
         .bind(public)
         .bind(sealed)
         .bind(now)
         .bind(now)
-        .execute(&mut *self.conn().await?)
-        .await;
+        .execute(c)
+        .await
+        .map(|_| ()));
         match result {
             Ok(_) => Ok(server),
             Err(err) if super::is_unique_violation(&err) => Err(conflict(&config.name)),
@@ -148,13 +149,15 @@ impl Store {
     /// The account's server with that id; another account's is "not found".
     pub async fn mcp_server(&self, account_id: &str, id: &str) -> Result<McpServer> {
         let sql = format!("SELECT {COLUMNS} FROM mcp_servers WHERE id = ? AND account_id = ?");
-        match sqlx::query(AssertSqlSafe(sql))
+        match sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
+            .as_ref()
+            .map(|row| self.server_from_row(row)))
         {
-            Some(row) => Ok(self.server_from_row(&row)?.server),
+            Some(read) => Ok(read?.server),
             None => Err(not_found(id)),
         }
     }
@@ -172,14 +175,13 @@ impl Store {
             None => "account_id = ?",
         };
         let count_sql = format!("SELECT COUNT(*) AS total FROM mcp_servers WHERE {where_clause}");
-        let mut count = sqlx::query(AssertSqlSafe(count_sql)).bind(account_id);
-        if let Some(enabled) = filter.enabled {
-            count = count.bind(enabled);
-        }
-        let total: i64 = count
-            .fetch_one(&mut *self.conn().await?)
-            .await?
-            .get("total");
+        let total = sql!(self.conn().await?, c => {
+            let mut count = query(AssertSqlSafe(count_sql)).bind(account_id);
+            if let Some(enabled) = filter.enabled {
+                count = count.bind(enabled as i64);
+            }
+            count.fetch_one(c).await?.get::<i64>("total")
+        });
         // Both come from closed lists (PageRequest and SortOrder), never from input.
         let sort = match page.sort_by {
             "name" => "name",
@@ -190,31 +192,33 @@ impl Store {
             "SELECT {COLUMNS} FROM mcp_servers WHERE {where_clause} \
              ORDER BY {sort} {order}, id {order} LIMIT ? OFFSET ?"
         );
-        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(account_id);
-        if let Some(enabled) = filter.enabled {
-            query = query.bind(enabled);
-        }
-        let rows = query
-            .bind(page.limit)
-            .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(Page::new(self.servers_from_rows(&rows)?, total, page))
+        let servers = sql!(self.conn().await?, c => {
+            let mut select = query(AssertSqlSafe(sql)).bind(account_id);
+            if let Some(enabled) = filter.enabled {
+                select = select.bind(enabled as i64);
+            }
+            let rows = select
+                .bind(page.limit)
+                .bind(page.offset)
+                .fetch_all(c)
+                .await?;
+            self.servers_from_rows(&rows)?
+        });
+        Ok(Page::new(servers, total, page))
     }
 
     /// Every enabled server of every account, oldest first: what start-up connects.
     pub async fn enabled_mcp_servers(&self) -> Result<Vec<McpServer>> {
         let sql =
             format!("SELECT {COLUMNS} FROM mcp_servers WHERE enabled = 1 ORDER BY created_at, id");
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        self.servers_from_rows(&rows)
+        sql!(self.conn().await?, c => self.servers_from_rows(
+            &query(AssertSqlSafe(sql)).fetch_all(c).await?,
+        ))
     }
 
     /// Replaces the account's server `id` with what `change` computes from the
     /// stored one, bumping `updated_at`, and returns what was stored. The
-    /// transaction takes the write lock before reading (`BEGIN IMMEDIATE`) and
+    /// transaction takes the write lock before reading (`begin_write`) and
     /// `change` cannot await, so a PATCH and a toggle racing each other merge
     /// into one another's result instead of losing a change. `change` does the
     /// merging and every check; its error writes nothing.
@@ -228,16 +232,17 @@ impl Store {
         id: &str,
         change: impl FnOnce(&McpServer) -> Result<McpServer>,
     ) -> Result<McpServer> {
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let sql = format!("SELECT {COLUMNS} FROM mcp_servers WHERE id = ? AND account_id = ?");
-        let existing = match sqlx::query(AssertSqlSafe(sql))
+        let existing = match sql!(tx, c => query(AssertSqlSafe(sql))
             .bind(id)
             .bind(account_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(c)
             .await?
+            .as_ref()
+            .map(|row| self.server_from_row(row)))
         {
-            Some(row) => self.server_from_row(&row)?,
+            Some(read) => read?,
             None => return Err(not_found(id)),
         };
         let mut server = change(&existing.server)?;
@@ -256,19 +261,20 @@ impl Store {
         }
         let public = serde_json::to_string(&server.config.without_secrets())
             .map_err(|err| Error::Internal(err.into()))?;
-        let result = sqlx::query(
+        let result = sql!(tx, c => query(
             "UPDATE mcp_servers SET name = ?, enabled = ?, config_json = ?, secrets = ?, \
              updated_at = ? WHERE id = ? AND account_id = ?",
         )
         .bind(&server.config.name)
-        .bind(server.config.enabled)
+        .bind(server.config.enabled as i64)
         .bind(public)
         .bind(sealed)
         .bind(server.updated_at)
         .bind(&server.id)
         .bind(&server.account_id)
-        .execute(&mut *tx)
-        .await;
+        .execute(c)
+        .await
+        .map(|_| ()));
         match result {
             Ok(_) => {}
             // Dropping `tx` rolls back.
@@ -283,12 +289,15 @@ impl Store {
 
     /// Deletes the account's server with that id, and its snapshot with it.
     pub async fn delete_mcp_server(&self, account_id: &str, id: &str) -> Result<()> {
-        let done = sqlx::query("DELETE FROM mcp_servers WHERE id = ? AND account_id = ?")
-            .bind(id)
-            .bind(account_id)
-            .execute(&mut *self.conn().await?)
-            .await?;
-        if done.rows_affected() == 0 {
+        let deleted = sql!(self.conn().await?, c => query(
+            "DELETE FROM mcp_servers WHERE id = ? AND account_id = ?",
+        )
+        .bind(id)
+        .bind(account_id)
+        .execute(c)
+        .await?
+        .rows_affected());
+        if deleted == 0 {
             return Err(not_found(id));
         }
         Ok(())
@@ -302,7 +311,7 @@ impl Store {
         tools: &serde_json::Value,
         snapshot_at: i64,
     ) -> Result<()> {
-        sqlx::query(
+        sql!(self.conn().await?, c => query(
             "INSERT INTO mcp_tool_snapshots (server_id, tools_json, snapshot_at) \
              SELECT id, ?, ? FROM mcp_servers WHERE id = ? \
              ON CONFLICT (server_id) DO UPDATE SET tools_json = excluded.tools_json, \
@@ -311,30 +320,33 @@ impl Store {
         .bind(tools.to_string())
         .bind(snapshot_at)
         .bind(server_id)
-        .execute(&mut *self.conn().await?)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ()))?;
         Ok(())
     }
 
     /// Every stored snapshot (read at start-up, so a server that does not
     /// answer still offers its last tools).
     pub async fn mcp_snapshots(&self) -> Result<Vec<McpSnapshot>> {
-        let rows = sqlx::query(
+        sql!(self.conn().await?, c => query(
             "SELECT server_id, tools_json, snapshot_at FROM mcp_tool_snapshots ORDER BY server_id",
         )
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let raw: String = row.get("tools_json");
-                Ok(McpSnapshot {
-                    server_id: row.get("server_id"),
-                    tools: serde_json::from_str(&raw).map_err(|err| corrupt("tools_json", err))?,
-                    snapshot_at: row.get("snapshot_at"),
-                })
-            })
-            .collect()
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(snapshot_from_row)
+        .collect::<Result<Vec<_>>>())
     }
+}
+
+fn snapshot_from_row(row: &impl Record) -> Result<McpSnapshot> {
+    let raw: String = row.get("tools_json");
+    Ok(McpSnapshot {
+        server_id: row.get("server_id"),
+        tools: serde_json::from_str(&raw).map_err(|err| corrupt("tools_json", err))?,
+        snapshot_at: row.get("snapshot_at"),
+    })
 }
 
 #[cfg(test)]
@@ -348,15 +360,17 @@ mod tests {
             .await
             .unwrap();
         for account in ["acct_a", "acct_b"] {
-            sqlx::query(
-                "INSERT OR IGNORE INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0)",
+            sql!(store.conn().await.unwrap(), c => query(
+                "INSERT INTO accounts (id, name, api_key_hash, created_at) VALUES (?, ?, ?, 0) \
+                 ON CONFLICT DO NOTHING",
             )
             .bind(account)
             .bind(account)
             .bind(format!("hash_{account}"))
-            .execute(&mut *store.conn().await.unwrap())
+            .execute(c)
             .await
-            .unwrap();
+            .map(|_| ())
+            .unwrap());
         }
         store
     }

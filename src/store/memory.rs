@@ -1,11 +1,12 @@
-//! Session memory: stored memories, and full-text search (SQLite FTS5, bm25) over
-//! a session's floors, active reply pages and memories. The index is kept in sync
-//! by triggers (migration 0002), so every write path is covered.
+//! Session memory: stored memories, and full-text search (SQLite FTS5, bm25;
+//! PostgreSQL a `tsvector` column, ts_rank) over a session's floors, active reply
+//! pages and memories. The index is kept in sync by triggers (migration 0002), so
+//! every write path is covered.
 
 use serde::Serialize;
-use sqlx::Row;
 
 use super::Store;
+use super::backend::{Backend, Record, sql};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 
@@ -41,29 +42,83 @@ pub struct MemoryHit {
     pub content: String,
     /// The matching passage with matched words in [brackets].
     pub snippet: String,
-    /// Relevance: higher is better (the negated bm25 rank).
+    /// Relevance: higher is better (the negated bm25 rank; on PostgreSQL, ts_rank).
     pub score: f64,
+}
+
+/// The distinct words of `text`, lowercased, in order, at most
+/// [`MAX_QUERY_TERMS`]: a word is a run of alphanumeric characters.
+fn query_words(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        if word.is_empty() {
+            continue;
+        }
+        let word = word.to_lowercase();
+        if !words.contains(&word) {
+            words.push(word);
+        }
+        if words.len() == MAX_QUERY_TERMS {
+            break;
+        }
+    }
+    words
 }
 
 /// Turns free text into an FTS5 query: every word quoted (so FTS5 operators in
 /// the input are plain words) and joined by OR, so bm25 ranks texts matching more
 /// and rarer words higher. `None` when the text has no word.
 pub fn fts_query(text: &str) -> Option<String> {
-    let mut terms: Vec<String> = Vec::new();
-    for word in text.split(|c: char| !c.is_alphanumeric()) {
-        if word.is_empty() {
-            continue;
-        }
-        let quoted = format!("\"{}\"", word.to_lowercase());
-        if !terms.contains(&quoted) {
-            terms.push(quoted);
-        }
-        if terms.len() == MAX_QUERY_TERMS {
-            break;
-        }
-    }
+    let terms: Vec<String> = query_words(text)
+        .iter()
+        .map(|word| format!("\"{word}\""))
+        .collect();
     (!terms.is_empty()).then(|| terms.join(" OR "))
 }
+
+/// The same words as [`fts_query`], as the text of a PostgreSQL tsquery for
+/// `to_tsquery('english', ...)`: every word a quoted lexeme, joined by `|` (OR),
+/// so ts_rank ranks texts matching more of them higher. Words are alphanumeric,
+/// so they hold no tsquery syntax; the quoting (quotes and backslashes doubled)
+/// keeps it so should the word rule ever change. `None` when the text has no word.
+pub fn tsquery(text: &str) -> Option<String> {
+    let terms: Vec<String> = query_words(text)
+        .iter()
+        .map(|word| format!("'{}'", word.replace('\\', "\\\\").replace('\'', "''")))
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" | "))
+}
+
+/// The search of `search_session_text` on SQLite: FTS5's own ranking and
+/// snippets. Binds the FTS5 query, the session twice and the limit.
+const SQLITE_SEARCH: &str = "SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, t.content, \
+        snippet(session_texts_fts, 0, '[', ']', '…', 24) AS snippet, \
+        bm25(session_texts_fts) AS rank \
+    FROM session_texts_fts \
+    JOIN session_texts t ON t.id = session_texts_fts.rowid \
+    LEFT JOIN floors f ON f.id = t.floor_id \
+    WHERE session_texts_fts MATCH ? AND t.session_id = ? \
+      AND (t.source <> 'page' OR t.ref_id IN \
+           (SELECT active_page_id FROM floors WHERE session_id = ? AND active_page_id IS NOT NULL)) \
+    ORDER BY rank, t.id DESC LIMIT ?";
+
+/// The same search on PostgreSQL, over `session_texts.content_tsv` (there is no
+/// FTS5 table): ts_rank negated, so that, like bm25, lower ranks first.
+/// `'english'` is the configuration `content_tsv` is made with
+/// (migrations/postgres/0015_schema.sql, stemming like the FTS5 index's porter
+/// tokenizer): the query and the headline must use the same one, or a stemmed
+/// word never matches. Binds the tsquery text, the session twice and the limit.
+const POSTGRES_SEARCH: &str = "SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, t.content, \
+        ts_headline('english', t.content, q.query, \
+            'StartSel=[, StopSel=], MaxWords=24, MinWords=5, HighlightAll=false') AS snippet, \
+        CAST(-ts_rank(t.content_tsv, q.query) AS DOUBLE PRECISION) AS rank \
+    FROM session_texts t \
+    CROSS JOIN (SELECT to_tsquery('english', ?) AS query) AS q \
+    LEFT JOIN floors f ON f.id = t.floor_id \
+    WHERE t.content_tsv @@ q.query AND t.session_id = ? \
+      AND (t.source <> 'page' OR t.ref_id IN \
+           (SELECT active_page_id FROM floors WHERE session_id = ? AND active_page_id IS NOT NULL)) \
+    ORDER BY rank, t.id DESC LIMIT ?";
 
 fn truncate_chars(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -92,7 +147,10 @@ impl Store {
             content: content.to_owned(),
             created_at: now_ms(),
         };
-        let written = sqlx::query(
+        // Checked and written under the write lock, so concurrent adds cannot
+        // overshoot the limit (PostgreSQL would run two counts side by side).
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(
             "INSERT INTO session_memories (id, session_id, content, created_at) SELECT ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM session_memories WHERE session_id = ?) < ?",
         )
@@ -102,9 +160,10 @@ impl Store {
         .bind(memory.created_at)
         .bind(&memory.session_id)
         .bind(MAX_MEMORIES_PER_SESSION)
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
+        tx.commit().await?;
         if written == 0 {
             return Err(Error::validation(format!(
                 "the session already holds the maximum of {MAX_MEMORIES_PER_SESSION} memories"
@@ -116,22 +175,21 @@ impl Store {
     /// The account's session's memories, oldest first.
     pub async fn list_memories(&self, account_id: &str, session_id: &str) -> Result<Vec<Memory>> {
         let session = self.session(account_id, session_id).await?;
-        let rows = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT id, session_id, content, created_at FROM session_memories \
              WHERE session_id = ? ORDER BY created_at, id",
         )
         .bind(&session.id)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| Memory {
-                id: row.get("id"),
-                session_id: row.get("session_id"),
-                content: row.get("content"),
-                created_at: row.get("created_at"),
-            })
-            .collect())
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(|row| Memory {
+            id: row.get("id"),
+            session_id: row.get("session_id"),
+            content: row.get("content"),
+            created_at: row.get("created_at"),
+        })
+        .collect::<Vec<_>>()))
     }
 
     /// Full-text search over one session's text, best match first. Reply pages
@@ -142,42 +200,39 @@ impl Store {
         text: &str,
         limit: i64,
     ) -> Result<Vec<MemoryHit>> {
-        let query = fts_query(text)
-            .ok_or_else(|| Error::validation("the query contains no word to search for"))?;
-        let rows = sqlx::query(
-            "SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, t.content, \
-                    snippet(session_texts_fts, 0, '[', ']', '…', 24) AS snippet, \
-                    bm25(session_texts_fts) AS rank \
-             FROM session_texts_fts \
-             JOIN session_texts t ON t.id = session_texts_fts.rowid \
-             LEFT JOIN floors f ON f.id = t.floor_id \
-             WHERE session_texts_fts MATCH ? AND t.session_id = ? \
-               AND (t.source <> 'page' OR t.ref_id IN \
-                    (SELECT active_page_id FROM floors WHERE session_id = ? AND active_page_id IS NOT NULL)) \
-             ORDER BY rank, t.id DESC LIMIT ?",
-        )
-        .bind(&query)
-        .bind(session_id)
-        .bind(session_id)
-        .bind(limit)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let content: String = row.get("content");
-                let rank: f64 = row.get("rank");
-                MemoryHit {
-                    source: row.get("source"),
-                    id: row.get("ref_id"),
-                    floor_id: row.get("floor_id"),
-                    floor_seq: row.get("floor_seq"),
-                    content: truncate_chars(&content, MAX_HIT_CHARS),
-                    snippet: row.get("snippet"),
-                    score: -rank,
-                }
-            })
-            .collect())
+        let words = if self.backend() == Backend::Postgres {
+            tsquery(text)
+        } else {
+            fts_query(text)
+        }
+        .ok_or_else(|| Error::validation("the query contains no word to search for"))?;
+        let hits = sql!(self.conn().await?, c => {
+            query(if POSTGRES { POSTGRES_SEARCH } else { SQLITE_SEARCH })
+                .bind(&words)
+                .bind(session_id)
+                .bind(session_id)
+                .bind(limit)
+                .fetch_all(c)
+                .await?
+                .iter()
+                .map(hit_from_row)
+                .collect::<Vec<_>>()
+        });
+        Ok(hits)
+    }
+}
+
+fn hit_from_row(row: &impl Record) -> MemoryHit {
+    let content: String = row.get("content");
+    let rank: f64 = row.get("rank");
+    MemoryHit {
+        source: row.get("source"),
+        id: row.get("ref_id"),
+        floor_id: row.get("floor_id"),
+        floor_seq: row.get("floor_seq"),
+        content: truncate_chars(&content, MAX_HIT_CHARS),
+        snippet: row.get("snippet"),
+        score: -rank,
     }
 }
 
@@ -199,6 +254,30 @@ mod tests {
         assert_eq!(fts_query("Dragon dragon").as_deref(), Some("\"dragon\""));
     }
 
+    #[test]
+    fn tsqueries_quote_every_word_as_a_lexeme() {
+        assert_eq!(
+            tsquery("the dragon's cave?").as_deref(),
+            Some("'the' | 'dragon' | 's' | 'cave'")
+        );
+        // tsquery operators in the input are separators, never operators.
+        assert_eq!(
+            tsquery("!a & (b | c:*) <-> 'd'").as_deref(),
+            Some("'a' | 'b' | 'c' | 'd'")
+        );
+        assert_eq!(tsquery(" ,.;!? "), None);
+        assert_eq!(tsquery("Dragon dragon").as_deref(), Some("'dragon'"));
+        assert_eq!(
+            tsquery("好感度 Ünïcode").as_deref(),
+            Some("'好感度' | 'ünïcode'")
+        );
+        let many: String = (0..40).map(|n| format!("w{n} ")).collect();
+        assert_eq!(
+            tsquery(&many).map(|q| q.split(" | ").count()),
+            Some(MAX_QUERY_TERMS)
+        );
+    }
+
     async fn store_with_session() -> (tempfile::TempDir, Store, String, String) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(None, dir.path()).await.unwrap();
@@ -215,16 +294,21 @@ mod tests {
     /// Rows of the index's content table, after FTS5 has checked that its index
     /// matches them exactly (a stale index entry fails the integrity check).
     async fn indexed_rows(store: &Store) -> i64 {
-        sqlx::query(
-            "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
-        )
-        .execute(&mut *store.conn().await.unwrap())
-        .await
-        .expect("the full-text index matches its content");
-        sqlx::query_scalar("SELECT COUNT(*) FROM session_texts")
-            .fetch_one(&mut *store.conn().await.unwrap())
-            .await
-            .unwrap()
+        sql!(store.conn().await.unwrap(), c => {
+            // PostgreSQL's index is a generated column: nothing to go stale.
+            if !POSTGRES {
+                query(
+                    "INSERT INTO session_texts_fts (session_texts_fts, rank) VALUES ('integrity-check', 1)",
+                )
+                .execute(&mut *c)
+                .await
+                .expect("the full-text index matches its content");
+            }
+            query_scalar::<i64>("SELECT COUNT(*) FROM session_texts")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap()
+        })
     }
 
     #[tokio::test]
@@ -238,14 +322,17 @@ mod tests {
             ("page_a", 1, "a story about a griffin"),
             ("page_b", 2, "a story about a kraken"),
         ] {
-            sqlx::query("INSERT INTO pages (id, floor_id, page_no, content, created_at) VALUES (?, ?, ?, ?, 0)")
-                .bind(id)
-                .bind(&floor.id)
-                .bind(no)
-                .bind(text)
-                .execute(&mut *store.conn().await.unwrap())
-                .await
-                .unwrap();
+            sql!(store.conn().await.unwrap(), c => query(
+                "INSERT INTO pages (id, floor_id, page_no, content, created_at) VALUES (?, ?, ?, ?, 0)",
+            )
+            .bind(id)
+            .bind(&floor.id)
+            .bind(no as i64)
+            .bind(text)
+            .execute(c)
+            .await
+            .map(|_| ())
+            .unwrap());
         }
         let search = |word: &'static str| {
             let store = store.clone();
@@ -261,18 +348,24 @@ mod tests {
             }
         };
         assert!(search("griffin").await.is_empty(), "no page is active yet");
-        sqlx::query("UPDATE floors SET active_page_id = 'page_b' WHERE id = ?")
-            .bind(&floor.id)
-            .execute(&mut *store.conn().await.unwrap())
-            .await
-            .unwrap();
+        sql!(store.conn().await.unwrap(), c => query(
+            "UPDATE floors SET active_page_id = 'page_b' WHERE id = ?",
+        )
+        .bind(&floor.id)
+        .execute(c)
+        .await
+        .map(|_| ())
+        .unwrap());
         assert_eq!(search("kraken").await, ["page_b"]);
         assert!(search("griffin").await.is_empty());
         // Edits are re-indexed.
-        sqlx::query("UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'")
-            .execute(&mut *store.conn().await.unwrap())
-            .await
-            .unwrap();
+        sql!(store.conn().await.unwrap(), c => query(
+            "UPDATE pages SET content = 'a story about a phoenix' WHERE id = 'page_b'",
+        )
+        .execute(c)
+        .await
+        .map(|_| ())
+        .unwrap());
         assert!(search("kraken").await.is_empty());
         assert_eq!(search("phoenix").await, ["page_b"]);
         store

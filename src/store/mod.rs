@@ -2,12 +2,14 @@
 //! that a second backend (PostgreSQL) only has to reimplement what is here.
 
 mod accounts;
-mod acquire;
 mod activity;
+pub mod backend;
 mod cache;
 mod characters;
+mod cluster;
 mod definitions;
 mod floors;
+mod instance_file;
 mod jobs;
 mod journal;
 mod journal_writer;
@@ -26,10 +28,10 @@ pub mod variables;
 use std::path::Path;
 use std::sync::Arc;
 
-use sqlx::sqlite::SqlitePool;
-
 pub use accounts::{Account, NewAccount};
+pub use backend::Backend;
 pub use characters::{Character, CharacterPatch};
+pub use cluster::{ClusterEvent, STALE_AFTER_MS};
 pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, NewJob, RuntimeJob};
@@ -47,7 +49,7 @@ use crate::secrets::SecretsKey;
 /// Handle to the database; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: backend::Pool,
     /// Accounts by API-key hash, so that authenticating a request costs no query.
     api_keys: Arc<accounts::KeyCache>,
     /// Group-commits journal writes. SQLite admits one writer at a time, and a
@@ -65,6 +67,8 @@ pub struct Store {
     character_cache: Arc<cache::GenerationCache<Arc<Vec<Character>>>>,
     /// Seals and opens stored secrets (MCP servers' env and headers).
     secrets: SecretsKey,
+    /// This instance among the others on the database (PostgreSQL).
+    cluster: Arc<cluster::Cluster>,
 }
 
 impl Store {
@@ -83,13 +87,15 @@ impl Store {
         data_dir: &Path,
         secrets: SecretsKey,
     ) -> anyhow::Result<Self> {
+        // Before the database: a second process on this directory stops here.
+        let cluster = Arc::new(cluster::Cluster::new(data_dir)?);
         let location = schema::Location::of(database_url, data_dir)?;
         let pool = schema::connect(&location, true).await?;
         let applied = schema::migrate(&pool).await?;
         if !applied.is_empty() {
             tracing::info!(?applied, "database migrations applied");
         }
-        Ok(Self {
+        let store = Self {
             journal_writer: journal_writer::JournalWriter::spawn(pool.clone()),
             pool,
             api_keys: Arc::default(),
@@ -97,14 +103,35 @@ impl Store {
             session_cache: Arc::default(),
             character_cache: Arc::default(),
             secrets,
-        })
+            cluster,
+        };
+        store.register_instance().await?;
+        store.start_cluster();
+        Ok(store)
     }
 
     /// Closes every connection, checkpointing the write-ahead log.
     pub async fn close(&self) {
+        self.cluster.stop();
+        self.deregister_instance().await;
         // The journal writer holds a connection; the pool waits for it.
         self.journal_writer.close().await;
         self.pool.close().await;
+    }
+
+    /// Which backend the database is on.
+    pub fn backend(&self) -> backend::Backend {
+        self.pool.backend()
+    }
+
+    /// A connection for one statement or a few; dropping it gives it back.
+    pub(crate) async fn conn(&self) -> Result<backend::Conn, sqlx::Error> {
+        self.pool.acquire().await
+    }
+
+    /// A write transaction, serialised with every other (see [`backend`]).
+    pub(crate) async fn begin_write(&self) -> Result<backend::Tx, sqlx::Error> {
+        self.pool.begin_write().await
     }
 }
 

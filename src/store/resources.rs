@@ -1,9 +1,10 @@
 //! Session resources: named text or JSON documents a session's tools manage.
 
 use serde_json::Value;
-use sqlx::Row;
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{Record, sql};
 use super::state_names::check_state_name;
 use crate::error::{Error, Result};
 use crate::ids::now_ms;
@@ -68,14 +69,20 @@ pub struct Resource {
 impl Store {
     /// Every resource of the session, by name.
     pub async fn list_resources(&self, session_id: &str) -> Result<Vec<ResourceSummary>> {
-        let rows = sqlx::query(
-            "SELECT name, kind, length(CAST(content AS BLOB)) AS bytes, created_at, updated_at \
-             FROM session_resources WHERE session_id = ? ORDER BY name",
-        )
-        .bind(session_id)
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
+        Ok(sql!(self.conn().await?, c => {
+            // PostgreSQL has no BLOB to cast to, SQLite no octet_length before 3.43.
+            let bytes = if POSTGRES {
+                "CAST(octet_length(content) AS BIGINT)"
+            } else {
+                "length(CAST(content AS BLOB))"
+            };
+            query(AssertSqlSafe(format!(
+                "SELECT name, kind, {bytes} AS bytes, created_at, updated_at \
+                 FROM session_resources WHERE session_id = ? ORDER BY name"
+            )))
+            .bind(session_id)
+            .fetch_all(c)
+            .await?
             .iter()
             .map(|row| ResourceSummary {
                 name: row.get("name"),
@@ -84,34 +91,37 @@ impl Store {
                 created_at: row.get("created_at"),
                 updated_at: row.get("updated_at"),
             })
-            .collect())
+            .collect::<Vec<_>>()
+        }))
     }
 
     /// One resource of the session, if it exists.
     pub async fn resource(&self, session_id: &str, name: &str) -> Result<Option<Resource>> {
         check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
-        let row = sqlx::query(
+        let read = sql!(self.conn().await?, c => query(
             "SELECT name, kind, content, created_at, updated_at FROM session_resources \
              WHERE session_id = ? AND name = ?",
         )
         .bind(session_id)
         .bind(name)
-        .fetch_optional(&mut *self.conn().await?)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let kind: String = row.get("kind");
-        let raw: String = row.get("content");
-        let content = decode_resource(name, &kind, &raw)?;
-        Ok(Some(Resource {
-            summary: ResourceSummary {
+        .fetch_optional(c)
+        .await?
+        .map(|row| {
+            let summary = ResourceSummary {
                 name: row.get("name"),
-                kind,
-                bytes: raw.len() as i64,
+                kind: row.get("kind"),
+                bytes: 0,
                 created_at: row.get("created_at"),
                 updated_at: row.get("updated_at"),
-            },
-            content,
-        }))
+            };
+            (summary, row.get::<String>("content"))
+        }));
+        let Some((mut summary, raw)) = read else {
+            return Ok(None);
+        };
+        let content = decode_resource(name, &summary.kind, &raw)?;
+        summary.bytes = raw.len() as i64;
+        Ok(Some(Resource { summary, content }))
     }
 
     /// Creates or replaces a resource; returns whether it was created.
@@ -123,17 +133,19 @@ impl Store {
     ) -> Result<bool> {
         let stored = checked_resource(name, content)?;
         // Informational only: a concurrent writer may create it in between.
-        let existed: bool = sqlx::query_scalar(
+        let existed = sql!(self.conn().await?, c => query_scalar::<bool>(
             "SELECT EXISTS (SELECT 1 FROM session_resources WHERE session_id = ? AND name = ?)",
         )
         .bind(session_id)
         .bind(name)
-        .fetch_one(&mut *self.conn().await?)
-        .await?;
+        .fetch_one(c)
+        .await?);
         let now = now_ms();
-        // One statement checks the per-session count and writes, so concurrent
-        // writers cannot overshoot the limit (SQLite serializes writes).
-        let written = sqlx::query(
+        // One statement checks the per-session count and writes, under the
+        // write lock: concurrent writers cannot overshoot the limit (SQLite
+        // serializes writes anyway; PostgreSQL would run two counts side by side).
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(
             "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
              SELECT ?, ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM session_resources WHERE session_id = ?) < ? \
@@ -151,9 +163,10 @@ impl Store {
         .bind(MAX_RESOURCES_PER_SESSION)
         .bind(session_id)
         .bind(name)
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
+        tx.commit().await?;
         if written == 0 {
             return Err(too_many_resources());
         }
@@ -163,13 +176,14 @@ impl Store {
     /// Deletes a resource; returns whether it existed.
     pub async fn delete_resource(&self, session_id: &str, name: &str) -> Result<bool> {
         check_state_name("resource", name, MAX_RESOURCE_NAME_CHARS)?;
-        let deleted =
-            sqlx::query("DELETE FROM session_resources WHERE session_id = ? AND name = ?")
-                .bind(session_id)
-                .bind(name)
-                .execute(&mut *self.conn().await?)
-                .await?
-                .rows_affected();
+        let deleted = sql!(self.conn().await?, c => query(
+            "DELETE FROM session_resources WHERE session_id = ? AND name = ?",
+        )
+        .bind(session_id)
+        .bind(name)
+        .execute(c)
+        .await?
+        .rows_affected());
         Ok(deleted > 0)
     }
 }

@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqliteConnection};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{AsHandle, Record, sql};
 use super::resources::{
     MAX_RESOURCE_NAME_CHARS, MAX_RESOURCES_PER_SESSION, checked_resource, decode_resource,
     too_many_resources,
@@ -84,11 +84,11 @@ struct SetPayload {
     bytes: i64,
 }
 
-fn effect_from_row(row: &SqliteRow, with_payload: bool) -> Effect {
+fn effect_from_row(row: &impl Record, with_payload: bool) -> Effect {
     let op: String = row.get("op");
     let set = (op == "set").then(|| SetPayload {
         payload: if with_payload {
-            row.get::<Option<String>, _>("payload").unwrap_or_default()
+            row.get::<Option<String>>("payload").unwrap_or_default()
         } else {
             String::new()
         },
@@ -217,7 +217,10 @@ impl Store {
         if !self.run_resource_exists(scope, name).await? {
             return Ok(false);
         }
-        let written = sqlx::query(
+        // In a write transaction: on PostgreSQL only its lock makes the checks
+        // and the insert one step against every other writer (see `buffer_set`).
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(
             "INSERT INTO run_effects (run_id, seq, session_id, kind, name, op, payload, content_kind, created_at) \
              SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_effects WHERE run_id = ?1), ?2, 'resource', ?3, 'delete', NULL, NULL, ?4 \
              WHERE EXISTS (SELECT 1 FROM floor_runs WHERE id = ?1 AND session_id = ?2 AND state = 'open') \
@@ -228,12 +231,14 @@ impl Store {
         .bind(name)
         .bind(now_ms())
         .bind(MAX_EFFECTS_PER_RUN)
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
         if written == 0 {
+            drop(tx);
             return Err(self.refusal(scope, Kind::Resource).await);
         }
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -256,29 +261,43 @@ impl Store {
         name: Option<&str>,
         with_payload: bool,
     ) -> Result<Vec<Effect>> {
-        let payload = if with_payload { "payload" } else { "NULL" };
-        let sql = format!(
-            "SELECT name, op, {payload} AS payload, content_kind, created_at, \
-             COALESCE(length(CAST(payload AS BLOB)), 0) AS bytes \
-             FROM run_effects WHERE run_id = ?1 AND kind = ?2 AND (?3 IS NULL OR name = ?3) ORDER BY seq"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(run_id)
-            .bind(kind.as_str())
-            .bind(name)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|row| effect_from_row(row, with_payload))
-            .collect())
+        let payload = if with_payload {
+            "payload"
+        } else {
+            "CAST(NULL AS TEXT)"
+        };
+        Ok(sql!(self.conn().await?, c => {
+            // The payload's size in bytes (UTF-8), as resource sizes are counted.
+            let bytes = if POSTGRES {
+                "CAST(octet_length(payload) AS BIGINT)"
+            } else {
+                "length(CAST(payload AS BLOB))"
+            };
+            let sql = format!(
+                "SELECT name, op, {payload} AS payload, content_kind, created_at, \
+                 COALESCE({bytes}, 0) AS bytes \
+                 FROM run_effects WHERE run_id = ?1 AND kind = ?2 AND (?3 IS NULL OR name = ?3) ORDER BY seq"
+            );
+            query(AssertSqlSafe(sql))
+                .bind(run_id)
+                .bind(kind.as_str())
+                .bind(name)
+                .fetch_all(c)
+                .await?
+                .iter()
+                .map(|row| effect_from_row(row, with_payload))
+                .collect()
+        }))
     }
 
     /// Appends a `set` to the run's overlay. One statement checks that the run is
     /// still open, the run's own cap, and the per-session count over the state as
     /// the run sees it (the session's names, minus those the run deleted, plus
     /// those it set), so concurrent calls cannot race past a limit and a write
-    /// racing the commit is either applied by it or refused.
+    /// racing the commit is either applied by it or refused. The statement runs
+    /// in a write transaction: SQLite would serialise it with the commit anyway,
+    /// PostgreSQL only under the write lock (else it reads the run as open
+    /// while the commit is applying and deleting the run's effects).
     async fn buffer_set(
         &self,
         scope: RunScope<'_>,
@@ -304,7 +323,8 @@ impl Store {
                AND (SELECT COUNT(*) FROM run_effects WHERE run_id = ?1) < ?8 \
                AND ((SELECT COUNT(*) FROM effective) < ?9 OR ?4 IN (SELECT name FROM effective))"
         );
-        let written = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(AssertSqlSafe(sql))
             .bind(scope.run_id)
             .bind(scope.session_id)
             .bind(kind.as_str())
@@ -314,12 +334,14 @@ impl Store {
             .bind(now_ms())
             .bind(MAX_EFFECTS_PER_RUN)
             .bind(kind.limit())
-            .execute(&mut *self.conn().await?)
+            .execute(c)
             .await?
-            .rows_affected();
+            .rows_affected());
         if written == 0 {
+            drop(tx);
             return Err(self.refusal(scope, kind).await);
         }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -330,12 +352,13 @@ impl Store {
             Ok(conn) => conn,
             Err(err) => return err.into(),
         };
-        let state: std::result::Result<Option<String>, _> =
-            sqlx::query_scalar("SELECT state FROM floor_runs WHERE id = ? AND session_id = ?")
-                .bind(scope.run_id)
-                .bind(scope.session_id)
-                .fetch_optional(&mut *conn)
-                .await;
+        let state: std::result::Result<Option<String>, _> = sql!(conn, c => query_scalar::<String>(
+            "SELECT state FROM floor_runs WHERE id = ? AND session_id = ?",
+        )
+        .bind(scope.run_id)
+        .bind(scope.session_id)
+        .fetch_optional(c)
+        .await);
         match state {
             Err(err) => return err.into(),
             Ok(None) => return Error::not_found(format!("run {:?}", scope.run_id)),
@@ -350,11 +373,12 @@ impl Store {
             }
             Ok(Some(_)) => {}
         }
-        let buffered: std::result::Result<i64, _> =
-            sqlx::query_scalar("SELECT COUNT(*) FROM run_effects WHERE run_id = ?")
-                .bind(scope.run_id)
-                .fetch_one(&mut *conn)
-                .await;
+        let buffered: std::result::Result<i64, _> = sql!(conn, c => query_scalar::<i64>(
+            "SELECT COUNT(*) FROM run_effects WHERE run_id = ?",
+        )
+        .bind(scope.run_id)
+        .fetch_one(c)
+        .await);
         match buffered {
             Err(err) => err.into(),
             Ok(count) if count >= MAX_EFFECTS_PER_RUN => Error::validation(format!(
@@ -368,92 +392,128 @@ impl Store {
     }
 }
 
+/// One buffered write as the commit applies it.
+struct Buffered {
+    session_id: String,
+    kind: String,
+    name: String,
+    op: String,
+    payload: Option<String>,
+    content_kind: Option<String>,
+    at: i64,
+}
+
+fn buffered_from_row(row: &impl Record) -> Buffered {
+    Buffered {
+        session_id: row.get("session_id"),
+        kind: row.get("kind"),
+        name: row.get("name"),
+        op: row.get("op"),
+        payload: row.get("payload"),
+        content_kind: row.get("content_kind"),
+        at: row.get("created_at"),
+    }
+}
+
 /// At commit, inside its transaction: applies the run's buffered writes to the
 /// session's state in the order they were made, then forgets them. Answers how
 /// many were applied. No limit is checked here: each write was checked when it
 /// was buffered.
-pub(super) async fn apply_state_effects(tx: &mut SqliteConnection, run_id: &str) -> Result<u64> {
-    let rows = sqlx::query(
+pub(super) async fn apply_state_effects(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
+    let effects = sql!(*tx, c => query(
         "SELECT session_id, kind, name, op, payload, content_kind, created_at \
          FROM run_effects WHERE run_id = ? ORDER BY seq",
     )
     .bind(run_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    for row in &rows {
-        let session_id: String = row.get("session_id");
-        let kind: String = row.get("kind");
-        let name: String = row.get("name");
-        let op: String = row.get("op");
-        let payload: Option<String> = row.get("payload");
-        let content_kind: Option<String> = row.get("content_kind");
-        let at: i64 = row.get("created_at");
-        match (kind.as_str(), op.as_str(), payload) {
-            ("variable", "set", Some(value)) => {
-                sqlx::query(
-                    "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
-                     VALUES (?, ?, ?, ?, ?) \
-                     ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, \
-                        updated_at = excluded.updated_at",
-                )
-                .bind(&session_id)
-                .bind(&name)
-                .bind(value)
-                .bind(at)
-                .bind(at)
-                .execute(&mut *tx)
-                .await?;
-            }
-            ("resource", "set", Some(content)) => {
-                sqlx::query(
-                    "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
-                     VALUES (?, ?, ?, ?, ?, ?) \
-                     ON CONFLICT (session_id, name) DO UPDATE SET kind = excluded.kind, \
-                        content = excluded.content, updated_at = excluded.updated_at",
-                )
-                .bind(&session_id)
-                .bind(&name)
-                .bind(content_kind.as_deref().unwrap_or("text"))
-                .bind(content)
-                .bind(at)
-                .bind(at)
-                .execute(&mut *tx)
-                .await?;
-            }
-            (kind @ ("variable" | "resource"), "delete", _) => {
-                let table = if kind == "variable" {
-                    Kind::Variable.table()
-                } else {
-                    Kind::Resource.table()
-                };
-                let sql = format!("DELETE FROM {table} WHERE session_id = ? AND name = ?");
-                sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .bind(&session_id)
-                    .bind(&name)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            (kind, op, _) => {
-                // The table's CHECK constraints make this unreachable; refusing
-                // the commit is better than applying half an overlay.
-                return Err(Error::Internal(anyhow::anyhow!(
-                    "run {run_id} holds a malformed buffered effect ({kind} {op} {name:?})"
-                )));
-            }
-        }
+    .fetch_all(c)
+    .await?
+    .iter()
+    .map(buffered_from_row)
+    .collect::<Vec<_>>());
+    for effect in &effects {
+        apply_state_effect(tx, run_id, effect).await?;
     }
     drop_state_effects(tx, run_id).await?;
-    Ok(rows.len() as u64)
+    Ok(effects.len() as u64)
+}
+
+/// Applies one buffered write to the session's state.
+async fn apply_state_effect(tx: &mut impl AsHandle, run_id: &str, effect: &Buffered) -> Result<()> {
+    let Buffered {
+        session_id,
+        name,
+        at,
+        ..
+    } = effect;
+    match (effect.kind.as_str(), effect.op.as_str(), &effect.payload) {
+        ("variable", "set", Some(value)) => {
+            sql!(*tx, c => query(
+                "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) \
+                 ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, \
+                    updated_at = excluded.updated_at",
+            )
+            .bind(session_id)
+            .bind(name)
+            .bind(value)
+            .bind(*at)
+            .bind(*at)
+            .execute(c)
+            .await
+            .map(|_| ())?);
+        }
+        ("resource", "set", Some(content)) => {
+            sql!(*tx, c => query(
+                "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
+                 VALUES (?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (session_id, name) DO UPDATE SET kind = excluded.kind, \
+                    content = excluded.content, updated_at = excluded.updated_at",
+            )
+            .bind(session_id)
+            .bind(name)
+            .bind(effect.content_kind.as_deref().unwrap_or("text"))
+            .bind(content)
+            .bind(*at)
+            .bind(*at)
+            .execute(c)
+            .await
+            .map(|_| ())?);
+        }
+        (kind @ ("variable" | "resource"), "delete", _) => {
+            let table = if kind == "variable" {
+                Kind::Variable.table()
+            } else {
+                Kind::Resource.table()
+            };
+            let sql = format!("DELETE FROM {table} WHERE session_id = ? AND name = ?");
+            sql!(*tx, c => query(AssertSqlSafe(sql))
+                .bind(session_id)
+                .bind(name)
+                .execute(c)
+                .await
+                .map(|_| ())?);
+        }
+        (kind, op, _) => {
+            // The table's CHECK constraints make this unreachable; refusing
+            // the commit is better than applying half an overlay.
+            return Err(Error::Internal(anyhow::anyhow!(
+                "run {run_id} holds a malformed buffered effect ({kind} {op} {name:?})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// At discard (and after applying): forgets the run's buffered writes. Answers
 /// how many there were.
-pub(super) async fn drop_state_effects(tx: &mut SqliteConnection, run_id: &str) -> Result<u64> {
-    Ok(sqlx::query("DELETE FROM run_effects WHERE run_id = ?")
+pub(super) async fn drop_state_effects(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
+    Ok(
+        sql!(*tx, c => query("DELETE FROM run_effects WHERE run_id = ?")
         .bind(run_id)
-        .execute(&mut *tx)
+        .execute(c)
         .await?
-        .rows_affected())
+        .rows_affected()),
+    )
 }
 
 #[cfg(test)]

@@ -3,9 +3,8 @@
 //! memories its memory slot wrote, which land in the session only when the
 //! run is committed.
 
-use sqlx::{Connection, Row};
-
 use super::Store;
+use super::backend::{AsHandle, Record, sql};
 use super::memory::{MAX_MEMORIES_PER_SESSION, MAX_MEMORY_BYTES};
 use super::runs::Run;
 use crate::error::{Error, Result};
@@ -36,11 +35,12 @@ impl GenerationState {
 impl Store {
     /// Records where the generation loop is with `run_id`.
     pub async fn set_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
-        sqlx::query("UPDATE floor_runs SET generation = ? WHERE id = ?")
+        sql!(self.conn().await?, c => query("UPDATE floor_runs SET generation = ? WHERE id = ?")
             .bind(state.as_str())
             .bind(run_id)
-            .execute(&mut *self.conn().await?)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         Ok(())
     }
 
@@ -51,14 +51,14 @@ impl Store {
         account_id: &str,
         session_id: &str,
     ) -> Result<Option<Run>> {
-        let id: Option<String> = sqlx::query_scalar(
+        let id = sql!(self.conn().await?, c => query_scalar::<String>(
             "SELECT id FROM floor_runs WHERE session_id = ? AND account_id = ? \
              AND generation = 'finished' AND state = 'open' ORDER BY created_at DESC, id DESC LIMIT 1",
         )
         .bind(session_id)
         .bind(account_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await?;
+        .fetch_optional(c)
+        .await?);
         match id {
             Some(id) => self.run(account_id, &id).await.map(Some),
             None => Ok(None),
@@ -68,15 +68,14 @@ impl Store {
     /// Runs the loop was driving when the previous process stopped (no
     /// process drives them now), as (account id, run id).
     pub async fn interrupted_generations(&self) -> Result<Vec<(String, String)>> {
-        let rows = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open'",
         )
-        .fetch_all(&mut *self.conn().await?)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|row| (row.get("account_id"), row.get("id")))
-            .collect())
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(|row| (row.get("account_id"), row.get("id")))
+        .collect()))
     }
 
     /// Buffers the memory slot's notes in the run; blank notes are skipped,
@@ -93,11 +92,10 @@ impl Store {
             .filter(|n| !n.trim().is_empty())
             .take(MAX_MEMORIES_PER_RUN)
             .collect();
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         let now = now_ms();
         for (seq, note) in notes.iter().enumerate() {
-            sqlx::query(
+            sql!(tx, c => query(
                 "INSERT INTO run_memories (run_id, seq, session_id, content, created_at) \
                  VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_memories WHERE run_id = ?), ?, ?, ?)",
             )
@@ -106,8 +104,9 @@ impl Store {
             .bind(&run.session_id)
             .bind(note.as_str())
             .bind(now + seq as i64)
-            .execute(&mut *tx)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         }
         tx.commit().await?;
         Ok(notes.len())
@@ -116,30 +115,31 @@ impl Store {
 
 /// At commit: the run's memories become the session's, as many as the
 /// session still has room for (the rest are logged and dropped).
-pub(super) async fn apply_run_memories(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    run: &Run,
-) -> Result<u64> {
-    let rows =
-        sqlx::query("SELECT content, created_at FROM run_memories WHERE run_id = ? ORDER BY seq")
-            .bind(&run.id)
-            .fetch_all(&mut **tx)
-            .await?;
+pub(super) async fn apply_run_memories(tx: &mut impl AsHandle, run: &Run) -> Result<u64> {
+    let rows = sql!(*tx, c => query(
+        "SELECT content, created_at FROM run_memories WHERE run_id = ? ORDER BY seq",
+    )
+    .bind(&run.id)
+    .fetch_all(c)
+    .await?
+    .iter()
+    .map(|row| (row.get::<String>("content"), row.get::<i64>("created_at")))
+    .collect::<Vec<_>>());
     let mut applied = 0;
-    for row in &rows {
-        let written = sqlx::query(
+    for (content, created_at) in &rows {
+        let written = sql!(*tx, c => query(
             "INSERT INTO session_memories (id, session_id, content, created_at) SELECT ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM session_memories WHERE session_id = ?) < ?",
         )
         .bind(new_id("mem"))
         .bind(&run.session_id)
-        .bind(row.get::<String, _>("content"))
-        .bind(row.get::<i64, _>("created_at"))
+        .bind(content)
+        .bind(*created_at)
         .bind(&run.session_id)
         .bind(MAX_MEMORIES_PER_SESSION)
-        .execute(&mut **tx)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
         applied += written;
     }
     if applied < rows.len() as u64 {
@@ -151,13 +151,11 @@ pub(super) async fn apply_run_memories(
 }
 
 /// At discard (and after commit): the run's buffered memories are forgotten.
-pub(super) async fn drop_run_memories(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    run: &Run,
-) -> Result<()> {
-    sqlx::query("DELETE FROM run_memories WHERE run_id = ?")
+pub(super) async fn drop_run_memories(tx: &mut impl AsHandle, run: &Run) -> Result<()> {
+    sql!(*tx, c => query("DELETE FROM run_memories WHERE run_id = ?")
         .bind(&run.id)
-        .execute(&mut **tx)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ())?);
     Ok(())
 }

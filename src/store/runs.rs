@@ -1,10 +1,10 @@
 //! Runs: one generation attempt on a floor, producing one page.
 
 use serde::Serialize;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{AsHandle, Record, Tx, sql};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 
@@ -43,7 +43,7 @@ pub struct ReplayParent {
 const COLUMNS: &str =
     "id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at, finished_at";
 
-fn from_row(row: &SqliteRow) -> Run {
+fn from_row(row: &impl Record) -> Run {
     let confirmed: String = row.get("confirmed_execution_ids");
     Run {
         id: row.get("id"),
@@ -64,25 +64,24 @@ impl Store {
         account_id: &str,
         floor_id: &str,
     ) -> Result<Vec<BlockingExecution>> {
-        let rows = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT id, tool_name, replay_safety, run_id, status FROM tool_execution_record \
              WHERE account_id = ? AND floor_id = ? AND run_id IS NOT NULL AND replay_safety <> 'safe' \
              AND provider_started = 1 ORDER BY created_at, id",
         )
-            .bind(account_id)
-            .bind(floor_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|row| BlockingExecution {
-                id: row.get("id"),
-                tool_name: row.get("tool_name"),
-                replay_safety: row.get("replay_safety"),
-                run_id: row.get("run_id"),
-                status: row.get("status"),
-            })
-            .collect())
+        .bind(account_id)
+        .bind(floor_id)
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(|row| BlockingExecution {
+            id: row.get("id"),
+            tool_name: row.get("tool_name"),
+            replay_safety: row.get("replay_safety"),
+            run_id: row.get("run_id"),
+            status: row.get("status"),
+        })
+        .collect()))
     }
 
     /// Opens a run and its (empty) page on the account's floor.
@@ -95,9 +94,8 @@ impl Store {
         let now = now_ms();
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(
+        let mut tx = self.begin_write().await?;
+        sql!(tx, c => query(
             "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
              VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
         )
@@ -105,9 +103,10 @@ impl Store {
         .bind(&floor.id)
         .bind(&floor.id)
         .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
+        .execute(c)
+        .await
+        .map(|_| ())?);
+        sql!(tx, c => query(
             "INSERT INTO floor_runs (id, account_id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at) \
              VALUES (?, ?, ?, ?, ?, 'open', ?, ?)",
         )
@@ -118,8 +117,9 @@ impl Store {
         .bind(&page_id)
         .bind(serde_json::to_string(confirmed).unwrap_or_else(|_| "[]".into()))
         .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ())?);
         tx.commit().await?;
         self.run(account_id, &run_id).await
     }
@@ -127,13 +127,14 @@ impl Store {
     /// The account's run.
     pub async fn run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let sql = format!("SELECT {COLUMNS} FROM floor_runs WHERE id = ? AND account_id = ?");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
+        sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(run_id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("run {run_id:?}")))
+            .as_ref()
+            .map(from_row))
+        .ok_or_else(|| Error::not_found(format!("run {run_id:?}")))
     }
 
     /// Commits an open run: its page becomes the floor's active page and its pending
@@ -146,21 +147,22 @@ impl Store {
         content: Option<&str>,
     ) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         close_run(&mut tx, &run, "committed").await?;
         if let Some(content) = content {
-            sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
+            sql!(tx, c => query("UPDATE pages SET content = ? WHERE id = ?")
                 .bind(content)
                 .bind(&run.page_id)
-                .execute(&mut *tx)
-                .await?;
+                .execute(c)
+                .await
+                .map(|_| ())?);
         }
-        sqlx::query("UPDATE floors SET active_page_id = ? WHERE id = ?")
+        sql!(tx, c => query("UPDATE floors SET active_page_id = ? WHERE id = ?")
             .bind(&run.page_id)
             .bind(&run.floor_id)
-            .execute(&mut *tx)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         self.apply_run_effects(&mut tx, &run).await?;
         tx.commit().await?;
         self.run(account_id, run_id).await
@@ -169,13 +171,14 @@ impl Store {
     /// The account's run that made page `page_id`.
     pub async fn run_of_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
         let sql = format!("SELECT {COLUMNS} FROM floor_runs WHERE page_id = ? AND account_id = ?");
-        sqlx::query(sqlx::AssertSqlSafe(sql))
+        sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(page_id)
             .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row))
-            .ok_or_else(|| Error::not_found(format!("page {page_id:?}")))
+            .as_ref()
+            .map(from_row))
+        .ok_or_else(|| Error::not_found(format!("page {page_id:?}")))
     }
 
     /// The runs of the account's floor that are still open, oldest first.
@@ -199,21 +202,24 @@ impl Store {
         let sql = format!(
             "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND account_id = ? {condition} ORDER BY created_at, id"
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(floor_id)
             .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(rows.iter().map(from_row).collect())
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect()))
     }
 
     /// Writes the text a run produced into its page (before the run is committed).
     pub async fn set_page_content(&self, page_id: &str, content: &str) -> Result<()> {
-        sqlx::query("UPDATE pages SET content = ? WHERE id = ?")
+        sql!(self.conn().await?, c => query("UPDATE pages SET content = ? WHERE id = ?")
             .bind(content)
             .bind(page_id)
-            .execute(&mut *self.conn().await?)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         Ok(())
     }
 
@@ -221,13 +227,13 @@ impl Store {
     /// its buffered effects are dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
-        let mut conn = self.conn().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         close_run(&mut tx, &run, "discarded").await?;
-        sqlx::query("DELETE FROM pages WHERE id = ?")
+        sql!(tx, c => query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
-            .execute(&mut *tx)
-            .await?;
+            .execute(c)
+            .await
+            .map(|_| ())?);
         self.drop_run_effects(&mut tx, &run).await?;
         tx.commit().await?;
         self.run(account_id, run_id).await
@@ -242,58 +248,51 @@ impl Store {
         tool_name: &str,
         args_canonical: &str,
     ) -> Result<Option<ReplayParent>> {
-        let row = sqlx::query(
+        Ok(sql!(self.conn().await?, c => query(
             "SELECT id, attempt_no, replay_safety FROM tool_execution_record \
              WHERE floor_id = ? AND run_id IS NOT NULL AND run_id <> ? AND tool_name = ? AND args_canonical = ? \
              AND provider_started = 1 ORDER BY created_at DESC, id DESC LIMIT 1",
         )
-            .bind(floor_id)
-            .bind(run_id)
-            .bind(tool_name)
-            .bind(args_canonical)
-            .fetch_optional(&mut *self.conn().await?)
-            .await?;
-        Ok(row.map(|row| ReplayParent {
+        .bind(floor_id)
+        .bind(run_id)
+        .bind(tool_name)
+        .bind(args_canonical)
+        .fetch_optional(c)
+        .await?
+        .map(|row| ReplayParent {
             id: row.get("id"),
             attempt_no: row.get("attempt_no"),
             replay_safety: row.get("replay_safety"),
-        }))
+        })))
     }
 
     /// At commit: the run's staged jobs become claimable (the outbox is released
     /// in the same transaction as the commit, so a failed turn never starts one),
     /// and its buffered sandbox writes land in the session's state.
-    async fn apply_run_effects(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        run: &Run,
-    ) -> Result<()> {
+    async fn apply_run_effects(&self, tx: &mut Tx, run: &Run) -> Result<()> {
         let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
         let memories = super::run_generation::apply_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, applied, memories, "buffered session-state writes applied at commit");
-        sqlx::query(
+        sql!(*tx, c => query(
             "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
         )
         .bind(now_ms())
         .bind(&run.id)
-        .execute(&mut **tx)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ())?);
         Ok(())
     }
 
     /// At discard: the run's staged jobs are cancelled before they ever start,
     /// and their journal rows finish as blocked; its buffered sandbox writes are
     /// forgotten.
-    async fn drop_run_effects(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        run: &Run,
-    ) -> Result<()> {
+    async fn drop_run_effects(&self, tx: &mut Tx, run: &Run) -> Result<()> {
         let dropped = super::run_effects::drop_state_effects(tx, &run.id).await?;
         super::run_generation::drop_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
         let now = now_ms();
-        sqlx::query(
+        sql!(*tx, c => query(
             "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
              error_message = 'the run was discarded before this deferred call started; it never ran', \
              execution_reason_code = ? \
@@ -302,46 +301,45 @@ impl Store {
         .bind(now)
         .bind(crate::reason::ReasonCode::JobRunDiscarded.as_str())
         .bind(&run.id)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(
+        .execute(c)
+        .await
+        .map(|_| ())?);
+        sql!(*tx, c => query(
             "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ? WHERE run_id = ? AND state = 'staged'",
         )
         .bind(now)
         .bind(now)
         .bind(&run.id)
-        .execute(&mut **tx)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ())?);
         Ok(())
     }
 }
 
 /// Moves an open run to `outcome` (`committed` | `discarded`) together with its
 /// pending executions, or refuses when another request already closed it.
-async fn close_run(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-    run: &Run,
-    outcome: &'static str,
-) -> Result<()> {
-    let changed = sqlx::query(
+async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> Result<()> {
+    let changed = sql!(*tx, c => query(
         "UPDATE floor_runs SET state = ?, finished_at = ? WHERE id = ? AND state = 'open'",
     )
     .bind(outcome)
     .bind(now_ms())
     .bind(&run.id)
-    .execute(&mut **tx)
+    .execute(c)
     .await?
-    .rows_affected();
+    .rows_affected());
     if changed == 0 {
         return Err(run_not_open(run));
     }
-    sqlx::query(
+    sql!(*tx, c => query(
         "UPDATE tool_execution_record SET commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
     )
     .bind(outcome)
     .bind(&run.id)
-    .execute(&mut **tx)
-    .await?;
+    .execute(c)
+    .await
+    .map(|_| ())?);
     Ok(())
 }
 

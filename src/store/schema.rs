@@ -7,12 +7,28 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use sqlx::SqlitePool;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{MigrateDatabase, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-/// The migrations this binary applies, embedded at compile time.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+use super::backend::{Backend, Pool, sql};
+
+/// The SQLite migrations this binary applies, embedded at compile time.
+static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+/// The PostgreSQL migrations: the same schema in PostgreSQL's types.
+static POSTGRES_MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The migrations this binary knows for `backend`.
+pub fn migrator(backend: Backend) -> &'static Migrator {
+    match backend {
+        Backend::Sqlite => &SQLITE_MIGRATOR,
+        Backend::Postgres => &POSTGRES_MIGRATOR,
+    }
+}
+
+/// Connections one instance keeps to PostgreSQL: several instances share the
+/// server's `max_connections` (100 by default).
+const POSTGRES_MAX_CONNECTIONS: u32 = 16;
 
 /// Where the database is, as the settings name it.
 #[derive(Debug, Clone)]
@@ -21,47 +37,74 @@ pub enum Location {
     DataDir(PathBuf),
     /// A `sqlite:` URL from `TOOLGATE_DATABASE_URL`.
     Url(String),
+    /// A `postgres://` (or `postgresql://`) URL from `TOOLGATE_DATABASE_URL`.
+    Postgres(String),
 }
 
 impl Location {
     /// The location `database_url` (or, without one, `data_dir`) names.
     pub fn of(database_url: Option<&str>, data_dir: &Path) -> anyhow::Result<Self> {
         match database_url {
-            Some(url) if url.starts_with("postgres") => anyhow::bail!(
-                "PostgreSQL storage is not available in this build yet; unset TOOLGATE_DATABASE_URL to use the embedded SQLite database"
-            ),
-            Some(url) => Ok(Location::Url(url.to_owned())),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                PgConnectOptions::from_str(url).context(
+                    "invalid PostgreSQL URL in TOOLGATE_DATABASE_URL (postgres://user@host:port/database)",
+                )?;
+                Ok(Location::Postgres(url.to_owned()))
+            }
+            Some(url) if url.starts_with("sqlite:") => Ok(Location::Url(url.to_owned())),
+            Some(_) => anyhow::bail!("TOOLGATE_DATABASE_URL must be a sqlite: or postgres:// URL"),
             None => Ok(Location::DataDir(data_dir.to_owned())),
         }
     }
 
-    /// How the location reads in a report (a URL's password is never shown:
-    /// SQLite URLs carry none).
+    /// Which backend the location is on.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Location::Postgres(_) => Backend::Postgres,
+            _ => Backend::Sqlite,
+        }
+    }
+
+    /// How the location reads in a report and in logs: a URL's password is
+    /// never shown.
     pub fn describe(&self) -> String {
         match self {
             Location::DataDir(dir) => dir.join("toolgate.db").display().to_string(),
             Location::Url(url) => url.clone(),
+            Location::Postgres(url) => match url::Url::parse(url) {
+                Ok(mut parsed) => {
+                    if parsed.password().is_some() {
+                        let _ = parsed.set_password(Some("***"));
+                    }
+                    parsed.to_string()
+                }
+                Err(_) => "postgres://(unparseable URL)".to_owned(),
+            },
         }
     }
 
-    fn options(&self) -> anyhow::Result<SqliteConnectOptions> {
+    fn sqlite_options(&self) -> anyhow::Result<SqliteConnectOptions> {
         Ok(match self {
             Location::DataDir(dir) => SqliteConnectOptions::new().filename(dir.join("toolgate.db")),
             Location::Url(url) => SqliteConnectOptions::from_str(url)
                 .with_context(|| format!("invalid database URL {url:?}"))?,
+            Location::Postgres(_) => anyhow::bail!("not a SQLite location"),
         })
     }
 }
 
 /// Opens a pool on `location`; `create` makes the database (and the data
 /// directory) when missing, else a missing database is an error.
-pub async fn connect(location: &Location, create: bool) -> anyhow::Result<SqlitePool> {
+pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> {
+    if let Location::Postgres(url) = location {
+        return connect_postgres(location, url, create).await;
+    }
     if let (Location::DataDir(dir), true) = (location, create) {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating data directory {}", dir.display()))?;
     }
     let options = location
-        .options()?
+        .sqlite_options()?
         .create_if_missing(create)
         .journal_mode(SqliteJournalMode::Wal)
         // NORMAL in WAL mode is durable against process crashes; only an OS crash
@@ -77,7 +120,30 @@ pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Sqlite
         .test_before_acquire(false)
         .connect_with(options)
         .await
+        .map(Pool::Sqlite)
         .with_context(|| format!("opening the database {}", location.describe()))
+}
+
+async fn connect_postgres(location: &Location, url: &str, create: bool) -> anyhow::Result<Pool> {
+    let described = location.describe();
+    if create
+        && !sqlx::Postgres::database_exists(url)
+            .await
+            .with_context(|| format!("reaching the database server of {described}"))?
+    {
+        sqlx::Postgres::create_database(url)
+            .await
+            .with_context(|| format!("creating the database {described}"))?;
+        tracing::info!(database = %described, "created the PostgreSQL database");
+    }
+    let options = PgConnectOptions::from_str(url).context("invalid PostgreSQL URL")?;
+    PgPoolOptions::new()
+        .max_connections(POSTGRES_MAX_CONNECTIONS)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map(Pool::Postgres)
+        .with_context(|| format!("opening the database {described}"))
 }
 
 /// The database's migrations against this binary's.
@@ -116,21 +182,29 @@ impl SchemaStatus {
 }
 
 /// Reads which migrations the database has, changing nothing.
-pub async fn schema_status(pool: &SqlitePool) -> anyhow::Result<SchemaStatus> {
-    let table: Option<String> = sqlx::query_scalar(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
-    )
-    .fetch_optional(pool)
-    .await?;
-    let applied: Vec<(i64, bool)> = match table {
-        Some(_) => {
-            sqlx::query_as("SELECT version, success FROM _sqlx_migrations ORDER BY version")
-                .fetch_all(pool)
+pub async fn schema_status(pool: &Pool) -> anyhow::Result<SchemaStatus> {
+    let mut conn = pool.acquire().await?;
+    let applied: Vec<(i64, bool)> = sql!(conn, c => {
+        let table: bool = query_scalar(if POSTGRES {
+            "SELECT to_regclass('_sqlx_migrations') IS NOT NULL"
+        } else {
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')"
+        })
+        .fetch_one(&mut *c)
+        .await?;
+        if table {
+            query_as("SELECT version, success FROM _sqlx_migrations ORDER BY version")
+                .fetch_all(&mut *c)
                 .await?
+        } else {
+            Vec::new()
         }
-        None => Vec::new(),
-    };
-    let known: Vec<i64> = MIGRATOR.iter().map(|migration| migration.version).collect();
+    });
+    drop(conn);
+    let known: Vec<i64> = migrator(pool.backend())
+        .iter()
+        .map(|migration| migration.version)
+        .collect();
     let has = |version: i64| applied.iter().any(|(v, _)| *v == version);
     Ok(SchemaStatus {
         applied_version: applied.iter().map(|(v, _)| *v).max().unwrap_or(0),
@@ -151,15 +225,18 @@ pub async fn schema_status(pool: &SqlitePool) -> anyhow::Result<SchemaStatus> {
 
 /// Brings the schema up to date, refusing a database this binary must not
 /// use. Returns the versions it applied.
-pub async fn migrate(pool: &SqlitePool) -> anyhow::Result<Vec<i64>> {
+pub async fn migrate(pool: &Pool) -> anyhow::Result<Vec<i64>> {
     let before = schema_status(pool).await?;
     if let Some(refusal) = before.refusal() {
         anyhow::bail!(refusal);
     }
-    MIGRATOR
-        .run(pool)
-        .await
-        .context("applying database migrations")?;
+    // sqlx's PostgreSQL migrator takes an advisory lock of its own, so
+    // instances starting together apply each migration once.
+    match pool {
+        Pool::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await,
+        Pool::Postgres(pool) => POSTGRES_MIGRATOR.run(pool).await,
+    }
+    .context("applying database migrations")?;
     Ok(before.pending)
 }
 
@@ -181,13 +258,15 @@ pub struct Checkup {
 }
 
 /// Reads a checkup of `pool`, changing nothing.
-pub async fn checkup(location: &Location, pool: &SqlitePool) -> anyhow::Result<Checkup> {
+pub async fn checkup(location: &Location, pool: &Pool) -> anyhow::Result<Checkup> {
     let started = Instant::now();
-    sqlx::query("SELECT 1").execute(pool).await?;
+    let mut conn = pool.acquire().await?;
+    sql!(conn, c => query("SELECT 1").execute(c).await.map(|_| ()))?;
     let round_trip_ms = started.elapsed().as_secs_f64() * 1000.0;
+    drop(conn);
     let schema = schema_status(pool).await?;
     let mut checkup = Checkup {
-        backend: "sqlite",
+        backend: pool.backend().as_str(),
         database: location.describe(),
         round_trip_ms,
         jobs: Vec::new(),
@@ -198,13 +277,14 @@ pub async fn checkup(location: &Location, pool: &SqlitePool) -> anyhow::Result<C
     if checkup.schema.applied_version == 0 || checkup.schema.refusal().is_some() {
         return Ok(checkup);
     }
-    let (jobs, oldest) = super::jobs::queue_stats(&mut *pool.acquire().await?).await?;
+    let mut conn = pool.acquire().await?;
+    let (jobs, oldest) = super::jobs::queue_stats(&mut conn).await?;
     checkup.jobs = jobs.into_iter().map(|(s, n)| (s, n as i64)).collect();
     checkup.oldest_queued_age_s = oldest.map(|ms| ms as f64 / 1000.0);
-    checkup.interrupted_calls = sqlx::query_scalar(
+    checkup.interrupted_calls = sql!(conn, c => query_scalar(
         "SELECT COUNT(*) FROM tool_execution_record WHERE lifecycle_state = 'opened' AND status <> 'queued'",
     )
-    .fetch_one(pool)
-    .await?;
+    .fetch_one(c)
+    .await?);
     Ok(checkup)
 }

@@ -1,10 +1,10 @@
 //! Sessions: one chat between a user and a character.
 
 use serde::Serialize;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::AssertSqlSafe;
 
 use super::Store;
+use super::backend::{Record, sql};
 use crate::domain::{Page, PageRequest};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
@@ -29,7 +29,7 @@ pub struct Session {
 const SELECT: &str = "SELECT s.id, s.account_id, s.character_id, c.name AS character_name, s.title, \
     s.metadata_json, s.created_at, s.updated_at FROM sessions s JOIN characters c ON c.id = s.character_id";
 
-fn from_row(row: &SqliteRow) -> Session {
+fn from_row(row: &impl Record) -> Session {
     let metadata: String = row.get("metadata_json");
     Session {
         id: row.get("id"),
@@ -53,7 +53,7 @@ impl Store {
         let character = self.character(account_id, character_name).await?;
         let now = now_ms();
         let id = new_id("sess");
-        sqlx::query(
+        sql!(self.conn().await?, c => query(
             "INSERT INTO sessions (id, account_id, character_id, title, metadata_json, created_at, updated_at) VALUES (?, ?, ?, ?, '{}', ?, ?)",
         )
         .bind(&id)
@@ -62,14 +62,23 @@ impl Store {
         .bind(title)
         .bind(now)
         .bind(now)
-        .execute(&mut *self.conn().await?)
-        .await?;
+        .execute(c)
+        .await
+        .map(|_| ()))?;
         self.session(account_id, &id).await
     }
 
     /// The account's session; another account's is "not found".
+    /// On a shared database the session is read fresh every time: its
+    /// permissions decide the next call, and another instance may have changed
+    /// them a moment ago (its announcement may still be on its way).
     pub async fn session(&self, account_id: &str, id: &str) -> Result<Session> {
-        if let Some(session) = self.session_cache.get(id) {
+        let cached = if self.shared_database() {
+            None
+        } else {
+            self.session_cache.get(id)
+        };
+        if let Some(session) = cached {
             if session.account_id == account_id {
                 return Ok(session);
             }
@@ -77,11 +86,12 @@ impl Store {
         }
         let generation = self.session_cache.generation();
         let sql = format!("{SELECT} WHERE s.id = ?");
-        let session = sqlx::query(AssertSqlSafe(sql))
+        let session = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(id)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(c)
             .await?
-            .map(|row| from_row(&row));
+            .as_ref()
+            .map(from_row));
         match session {
             Some(session) => {
                 self.session_cache.put(id, generation, session.clone());
@@ -96,9 +106,11 @@ impl Store {
     }
 
     /// Forgets cached sessions after a write to sessions or characters (a
-    /// character's rename or deletion changes its sessions too).
-    pub(crate) fn sessions_changed(&self) {
+    /// character's rename or deletion changes its sessions too), here and on
+    /// the other instances sharing the database.
+    pub(crate) async fn sessions_changed(&self) {
         self.session_cache.invalidate_all();
+        self.announce("sessions", serde_json::Value::Null).await;
     }
 
     pub async fn list_sessions(
@@ -108,14 +120,14 @@ impl Store {
         page: PageRequest,
     ) -> Result<Page<Session>> {
         let filter = "s.account_id = ? AND (? IS NULL OR c.name = ?)";
-        let total: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        let total = sql!(self.conn().await?, c => query_scalar::<i64>(AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM sessions s JOIN characters c ON c.id = s.character_id WHERE {filter}"
         )))
         .bind(account_id)
         .bind(character)
         .bind(character)
-        .fetch_one(&mut *self.conn().await?)
-        .await?;
+        .fetch_one(c)
+        .await?);
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let sql = format!(
             "{SELECT} WHERE {filter} ORDER BY s.{} {}, s.id {} LIMIT ? OFFSET ?",
@@ -123,15 +135,18 @@ impl Store {
             page.sort_order.sql(),
             page.sort_order.sql()
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let sessions = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(account_id)
             .bind(character)
             .bind(character)
             .bind(page.limit)
             .bind(page.offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok(Page::new(rows.iter().map(from_row).collect(), total, page))
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Vec<_>>());
+        Ok(Page::new(sessions, total, page))
     }
 
     /// The account's sessions whose id, title or character name contains
@@ -143,40 +158,46 @@ impl Store {
         limit: i64,
         offset: i64,
     ) -> Result<(Vec<Session>, i64)> {
-        // LIKE's wildcards in the text match themselves.
+        // LIKE's wildcards in the text match themselves. LOWER on both sides
+        // keeps SQLite's case-insensitive LIKE on PostgreSQL, whose LIKE is not.
         let escaped = text
             .replace('\\', "\\\\")
             .replace('%', "\\%")
             .replace('_', "\\_");
         let pattern = format!("%{escaped}%");
-        let filter = "s.account_id = ? AND (s.id LIKE ?2 ESCAPE '\\' OR s.title LIKE ?2 ESCAPE '\\' OR c.name LIKE ?2 ESCAPE '\\')";
-        let total: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        let filter = "s.account_id = ? AND (LOWER(s.id) LIKE LOWER(?2) ESCAPE '\\' \
+            OR LOWER(s.title) LIKE LOWER(?2) ESCAPE '\\' OR LOWER(c.name) LIKE LOWER(?2) ESCAPE '\\')";
+        let total = sql!(self.conn().await?, c => query_scalar::<i64>(AssertSqlSafe(format!(
             "SELECT COUNT(*) FROM sessions s JOIN characters c ON c.id = s.character_id WHERE {filter}"
         )))
         .bind(account_id)
         .bind(&pattern)
-        .fetch_one(&mut *self.conn().await?)
-        .await?;
+        .fetch_one(c)
+        .await?);
         let sql = format!(
             "{SELECT} WHERE {filter} ORDER BY s.updated_at DESC, s.id DESC LIMIT ?3 OFFSET ?4"
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
+        let sessions = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
             .bind(account_id)
             .bind(&pattern)
             .bind(limit)
             .bind(offset)
-            .fetch_all(&mut *self.conn().await?)
-            .await?;
-        Ok((rows.iter().map(from_row).collect(), total))
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect::<Vec<_>>());
+        Ok((sessions, total))
     }
 
     pub async fn delete_session(&self, account_id: &str, id: &str) -> Result<Session> {
         let session = self.session(account_id, id).await?;
-        sqlx::query("DELETE FROM sessions WHERE id = ?")
+        sql!(self.conn().await?, c => query("DELETE FROM sessions WHERE id = ?")
             .bind(&session.id)
-            .execute(&mut *self.conn().await?)
-            .await?;
-        self.sessions_changed();
+            .execute(c)
+            .await
+            .map(|_| ()))?;
+        self.sessions_changed().await;
         Ok(session)
     }
 }

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use super::Store;
+use super::backend::sql;
 use super::state_names::check_state_name;
 use crate::error::{Error, Result};
 use crate::ids::now_ms;
@@ -18,13 +19,13 @@ impl Store {
     /// The value of a session variable, if it is set.
     pub async fn variable(&self, session_id: &str, name: &str) -> Result<Option<Value>> {
         check_state_name("variable", name, MAX_VARIABLE_NAME_CHARS)?;
-        let raw: Option<String> = sqlx::query_scalar(
+        let raw = sql!(self.conn().await?, c => query_scalar::<String>(
             "SELECT value_json FROM session_variables WHERE session_id = ? AND name = ?",
         )
         .bind(session_id)
         .bind(name)
-        .fetch_optional(&mut *self.conn().await?)
-        .await?;
+        .fetch_optional(c)
+        .await?);
         raw.map(|raw| decode_variable(name, &raw)).transpose()
     }
 
@@ -32,9 +33,11 @@ impl Store {
     pub async fn set_variable(&self, session_id: &str, name: &str, value: &Value) -> Result<()> {
         let serialized = checked_variable(name, value)?;
         let now = now_ms();
-        // One statement checks the per-session count and writes, so concurrent
-        // writers cannot overshoot the limit (SQLite serializes writes).
-        let written = sqlx::query(
+        // One statement checks the per-session count and writes, under the
+        // write lock: concurrent writers cannot overshoot the limit (SQLite
+        // serializes writes anyway; PostgreSQL would run two counts side by side).
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(
             "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
              SELECT ?, ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM session_variables WHERE session_id = ?) < ? \
@@ -50,9 +53,10 @@ impl Store {
         .bind(MAX_VARIABLES_PER_SESSION)
         .bind(session_id)
         .bind(name)
-        .execute(&mut *self.conn().await?)
+        .execute(c)
         .await?
-        .rows_affected();
+        .rows_affected());
+        tx.commit().await?;
         if written == 0 {
             return Err(too_many_variables());
         }

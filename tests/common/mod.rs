@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod database;
 pub mod events;
 pub mod mcp;
 pub mod metrics;
@@ -30,6 +31,9 @@ pub struct TestServer {
     pub metrics_url: Option<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
+    /// The server's own PostgreSQL database, when the suite runs on one;
+    /// declared after `child` so the server is killed before it is dropped.
+    database: Option<database::TestDatabase>,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -47,11 +51,26 @@ pub async fn spawn_app() -> TestServer {
     spawn_with(SpawnOptions::default()).await
 }
 
-pub async fn spawn_with(options: SpawnOptions) -> TestServer {
+pub async fn spawn_with(mut options: SpawnOptions) -> TestServer {
     let temp = tempfile::tempdir().expect("temp dir");
     let data_dir = temp.path().join("data");
+    let chosen = options
+        .env
+        .iter()
+        .any(|(key, _)| key == "TOOLGATE_DATABASE_URL");
+    let database = match database::postgres_server() {
+        Some(server) if !chosen => {
+            let database = database::TestDatabase::fresh(&server);
+            options
+                .env
+                .push(("TOOLGATE_DATABASE_URL".into(), database.url.clone()));
+            Some(database)
+        }
+        _ => None,
+    };
     let mut server = start(&data_dir, &options).await;
     server._temp = Some(temp);
+    server.database = database;
     server
 }
 
@@ -134,6 +153,7 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
         metrics_url,
         env: options.env.clone(),
         child: Some(child),
+        database: None,
         _temp: None,
     }
 }
@@ -254,6 +274,20 @@ impl TestServer {
         (floor, run)
     }
 
+    /// The `TOOLGATE_DATABASE_URL` the server runs on: its PostgreSQL
+    /// database, or the SQLite file in its data directory.
+    pub fn database_url(&self) -> String {
+        match &self.database {
+            Some(database) => database.url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("toolgate.db").display()),
+        }
+    }
+
+    /// True when the server runs on PostgreSQL.
+    pub fn on_postgres(&self) -> bool {
+        self.database.is_some()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().and_then(|c| c.id()).expect("running")
     }
@@ -291,8 +325,15 @@ impl TestServer {
         if self.child.is_some() {
             self.stop().await;
         }
+        let mut env = self.env.clone();
+        // The server's own PostgreSQL database stays its database.
+        if let Some(database) = &self.database
+            && !env.iter().any(|(key, _)| key == "TOOLGATE_DATABASE_URL")
+        {
+            env.push(("TOOLGATE_DATABASE_URL".into(), database.url.clone()));
+        }
         let options = SpawnOptions {
-            env: self.env.clone(),
+            env,
             ..Default::default()
         };
         let fresh = start(&self.data_dir, &options).await;

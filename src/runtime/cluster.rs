@@ -1,0 +1,96 @@
+//! Catalog changes made on other instances sharing the database reach this
+//! instance's live model sessions as `catalog_changed`, as if made here. The
+//! store has already dropped what it cached of the changed rows when the
+//! event arrives (the writer announced its rows before its catalog change).
+//! An MCP server created, changed or deleted on another instance is
+//! attached, re-attached or detached here too: every instance keeps its own
+//! connections to every stored server.
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+use super::ToolRuntime;
+use crate::catalog::{CatalogChange, CatalogEvents};
+
+/// The announcement topic of catalog changes.
+const TOPIC: &str = "catalog";
+/// The announcement topic of MCP server configuration changes.
+const MCP_TOPIC: &str = "mcp_servers";
+
+/// Tells the other instances about a catalog change made here.
+pub(super) async fn announce_catalog_change(runtime: &ToolRuntime, change: &CatalogChange) {
+    if !runtime.store.shared_database() {
+        return;
+    }
+    match serde_json::to_value(change) {
+        Ok(data) => runtime.store.announce(TOPIC, data).await,
+        Err(err) => {
+            tracing::warn!(error = %err, "could not encode a catalog change for the other instances")
+        }
+    }
+}
+
+/// Tells the other instances that the account's MCP server `server_id` was
+/// created, changed or deleted (they read which from the database).
+pub async fn announce_mcp_server(runtime: &ToolRuntime, account_id: &str, server_id: &str) {
+    if runtime.store.shared_database() {
+        let data = serde_json::json!({"account_id": account_id, "server_id": server_id});
+        runtime.store.announce(MCP_TOPIC, data).await;
+    }
+}
+
+/// Attaches the server as it is stored now, or detaches it if it is gone.
+async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
+    let (Some(account_id), Some(server_id)) =
+        (data["account_id"].as_str(), data["server_id"].as_str())
+    else {
+        tracing::warn!("ignoring an unreadable MCP server change of another instance");
+        return;
+    };
+    match runtime.store.mcp_server(account_id, server_id).await {
+        Ok(server) => runtime.mcp.upsert(server).await,
+        Err(crate::error::Error::NotFound(_)) => runtime.mcp.remove(account_id, server_id).await,
+        Err(err) => {
+            tracing::warn!(error = %err, server = %server_id, "could not read an MCP server another instance changed")
+        }
+    }
+}
+
+/// Offers other instances' catalog changes to this instance's live model
+/// sessions until `stop` is cancelled.
+pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToken) {
+    let mut events = runtime.store.cluster_events();
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.recv() => event,
+        };
+        let event = match event {
+            Ok(event) => event,
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "missed catalog changes of other instances");
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if event.topic == MCP_TOPIC {
+            follow_mcp_server(&runtime, &event.data).await;
+            continue;
+        }
+        if event.topic != TOPIC {
+            continue;
+        }
+        let change = match serde_json::from_value::<CatalogChange>(event.data) {
+            Ok(change) => change,
+            Err(err) => {
+                tracing::warn!(error = %err, "ignoring an unreadable catalog change of another instance");
+                continue;
+            }
+        };
+        tracing::debug!(scope = ?change.scope, "catalog change from another instance");
+        let results = runtime.mutate(Box::pin(async move { vec![change] })).await;
+        for error in results.into_iter().filter_map(Result::err) {
+            tracing::warn!(%error, "a live model session refused another instance's catalog change");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! Several toolgate instances on one PostgreSQL database. Each instance has a
+//! row in `toolgate_instances` it keeps alive with a heartbeat, and tells the
+//! others what it changed over `LISTEN/NOTIFY`, so that their caches and live
+//! model sessions follow within a second. On SQLite there is one instance:
+//! announcements go nowhere and nothing listens.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::Store;
+use super::backend::{Pool, sql};
+use super::instance_file::InstanceFile;
+use crate::error::Result;
+use crate::ids::now_ms;
+
+/// The notification channel every instance listens on.
+const CHANNEL: &str = "toolgate_changes";
+/// How often an instance renews its heartbeat and looks for dead ones.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+/// An instance whose heartbeat is older than this is dead: the rows it left
+/// `opened` become `uncertain`.
+pub const STALE_AFTER_MS: i64 = 10_000;
+/// PostgreSQL refuses payloads of 8,000 bytes or more.
+const MAX_PAYLOAD: usize = 7_900;
+/// Events kept for a slow subscriber before it starts missing them.
+const EVENT_BUFFER: usize = 1024;
+
+/// A change another instance announced (or `resync`: notifications may have
+/// been missed, so everything cached must be read again).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterEvent {
+    pub topic: String,
+    /// What changed; `null` when the announcement was too large to carry it
+    /// (the receiver then treats the whole topic as changed).
+    pub data: Value,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    from: String,
+    topic: String,
+    data: Value,
+}
+
+/// This instance's part in the cluster.
+#[derive(Debug)]
+pub(super) struct Cluster {
+    pub(super) instance_id: String,
+    /// The data directory, held while this process runs.
+    directory: InstanceFile,
+    events: broadcast::Sender<ClusterEvent>,
+    stop: CancellationToken,
+}
+
+impl Cluster {
+    /// A new instance on `data_dir`; refuses when another process runs on it.
+    pub(super) fn new(data_dir: &Path) -> anyhow::Result<Self> {
+        let instance_id = crate::ids::new_id("inst");
+        let directory = InstanceFile::claim(data_dir, &instance_id)?;
+        Ok(Self {
+            instance_id,
+            directory,
+            events: broadcast::channel(EVENT_BUFFER).0,
+            stop: CancellationToken::new(),
+        })
+    }
+
+    pub(super) fn stop(&self) {
+        self.stop.cancel();
+        self.directory.release();
+    }
+}
+
+impl Store {
+    /// This process's instance id: the owner of the journal rows it opens
+    /// and of the jobs it claims.
+    pub fn instance_id(&self) -> &str {
+        &self.cluster.instance_id
+    }
+
+    /// The instance that ran on this data directory before this one (dead:
+    /// its lock was free).
+    pub fn previous_instance(&self) -> Option<&str> {
+        self.cluster.directory.previous.as_deref()
+    }
+
+    /// Changes other instances announced, as they arrive.
+    pub fn cluster_events(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.cluster.events.subscribe()
+    }
+
+    /// Tells the other instances on the database that `topic` changed.
+    /// Failing to tell them is logged, not an error of the write that changed
+    /// it: the write stands, and their caches catch up at their next resync.
+    pub async fn announce(&self, topic: &str, data: Value) {
+        let Pool::Postgres(_) = &self.pool else {
+            return;
+        };
+        let mut envelope = Envelope {
+            from: self.cluster.instance_id.clone(),
+            topic: topic.to_owned(),
+            data,
+        };
+        let mut payload = serde_json::to_string(&envelope).unwrap_or_default();
+        if payload.len() > MAX_PAYLOAD {
+            envelope.data = Value::Null;
+            payload = serde_json::to_string(&envelope).unwrap_or_default();
+        }
+        let sent = async {
+            let mut conn = self.conn().await?;
+            sql!(conn, c => query("SELECT pg_notify(?, ?)")
+                .bind(CHANNEL)
+                .bind(&payload)
+                .execute(c)
+                .await
+                .map(|_| ()))
+        };
+        if let Err(err) = sent.await {
+            tracing::warn!(error = %err, topic, "could not tell the other instances about a change");
+        }
+    }
+
+    /// Records this instance as alive (at start-up, on either backend).
+    pub(super) async fn register_instance(&self) -> Result<()> {
+        let now = now_ms();
+        let host = hostname();
+        sql!(self.conn().await?, c => query(
+            "INSERT INTO toolgate_instances (id, host, pid, started_at, heartbeat_at) VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+        )
+        .bind(&self.cluster.instance_id)
+        .bind(&host)
+        .bind(i64::from(std::process::id()))
+        .bind(now)
+        .bind(now)
+        .execute(c)
+        .await
+        .map(|_| ()))?;
+        Ok(())
+    }
+
+    /// Renews this instance's heartbeat (re-registering it if another
+    /// instance took it for dead and removed it).
+    async fn beat(&self) -> Result<()> {
+        let renewed = sql!(self.conn().await?, c => query(
+            "UPDATE toolgate_instances SET heartbeat_at = ? WHERE id = ?",
+        )
+        .bind(now_ms())
+        .bind(&self.cluster.instance_id)
+        .execute(c)
+        .await?
+        .rows_affected());
+        if renewed == 0 {
+            tracing::warn!(instance = %self.cluster.instance_id, "this instance was taken for dead; registering again");
+            self.register_instance().await?;
+        }
+        Ok(())
+    }
+
+    /// Removes this instance's row at a clean stop.
+    pub(super) async fn deregister_instance(&self) {
+        let removed = async {
+            sql!(self.conn().await?, c => query("DELETE FROM toolgate_instances WHERE id = ?")
+                .bind(&self.cluster.instance_id)
+                .execute(c)
+                .await
+                .map(|_| ()))
+        };
+        if let Err(err) = removed.await {
+            tracing::warn!(error = %err, "could not remove this instance's row");
+        }
+    }
+
+    /// Starts the heartbeat, the sweep of dead instances and the listener
+    /// (PostgreSQL only); they stop at [`Store::close`].
+    pub(super) fn start_cluster(&self) {
+        let Pool::Postgres(pool) = &self.pool else {
+            return;
+        };
+        tokio::spawn(heartbeat(self.clone()));
+        tokio::spawn(listen(self.clone(), pool.clone()));
+    }
+
+    /// Forgets the account's cached definitions, here and on the other
+    /// instances.
+    pub(super) async fn definitions_changed(&self, account_id: &str) {
+        self.definition_cache.invalidate(account_id);
+        self.announce("definitions", Value::String(account_id.to_owned()))
+            .await;
+    }
+
+    /// Forgets the cached characters, here and on the other instances.
+    pub(super) async fn characters_changed(&self) {
+        self.character_cache.invalidate_all();
+        self.announce("characters", Value::Null).await;
+    }
+
+    /// Applies a change another instance announced to this one's caches.
+    fn apply_cluster_event(&self, event: &ClusterEvent) {
+        match (event.topic.as_str(), event.data.as_str()) {
+            ("definitions", Some(account_id)) => self.definition_cache.invalidate(account_id),
+            ("definitions", None) => self.definition_cache.invalidate_all(),
+            ("sessions", _) => self.session_cache.invalidate_all(),
+            ("characters", _) => self.character_cache.invalidate_all(),
+            ("accounts", _) => self.api_keys.clear(),
+            ("resync", _) => self.forget_cached(),
+            _ => {}
+        }
+    }
+
+    /// Drops every cached row: what was cached may have changed unseen.
+    fn forget_cached(&self) {
+        self.definition_cache.invalidate_all();
+        self.session_cache.invalidate_all();
+        self.character_cache.invalidate_all();
+        self.api_keys.clear();
+    }
+}
+
+async fn heartbeat(store: Store) {
+    let stop = store.cluster.stop.clone();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(HEARTBEAT) => {}
+        }
+        if let Err(err) = store.beat().await {
+            tracing::warn!(error = %err, "instance heartbeat failed");
+            continue;
+        }
+        match store.recover_dead_instances().await {
+            Ok(0) => {}
+            Ok(recovered) => tracing::warn!(
+                recovered,
+                "tool executions left open by a dead instance are now uncertain"
+            ),
+            Err(err) => tracing::warn!(error = %err, "sweeping dead instances failed"),
+        }
+    }
+}
+
+async fn listen(store: Store, pool: sqlx::PgPool) {
+    let stop = store.cluster.stop.clone();
+    let mut listener = loop {
+        let connected = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match connected.await {
+            Ok(listener) => break listener,
+            Err(err) => {
+                tracing::warn!(error = %err, "could not listen for other instances' changes; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(HEARTBEAT) => {}
+                }
+            }
+        }
+    };
+    loop {
+        let received = tokio::select! {
+            _ = stop.cancelled() => return,
+            received = listener.try_recv() => received,
+        };
+        let event = match received {
+            Ok(Some(notification)) => {
+                match serde_json::from_str::<Envelope>(notification.payload()) {
+                    Ok(envelope) if envelope.from == store.cluster.instance_id => continue,
+                    Ok(envelope) => ClusterEvent {
+                        topic: envelope.topic,
+                        data: envelope.data,
+                    },
+                    Err(err) => {
+                        tracing::warn!(error = %err, "ignoring an unreadable change notification");
+                        continue;
+                    }
+                }
+            }
+            // The connection dropped (sqlx reconnects on the next receive):
+            // what was announced meanwhile is lost.
+            Ok(None) => ClusterEvent {
+                topic: "resync".into(),
+                data: Value::Null,
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "listening for other instances' changes failed");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(HEARTBEAT) => {}
+                }
+                continue;
+            }
+        };
+        store.apply_cluster_event(&event);
+        // Nobody subscribed is fine: the caches were the point.
+        let _ = store.cluster.events.send(event);
+    }
+}
+
+/// This machine's name, for operators reading `toolgate_instances`.
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+impl Store {
+    /// Marks `uncertain` the rows left `opened` by instances that are dead
+    /// (the previous one on this data directory, and those with no heartbeat
+    /// for [`STALE_AFTER_MS`]) and forgets those instances. The rows of live
+    /// instances, this one's included, are left to them. One write
+    /// transaction, so two instances sweeping at once mark each row once.
+    pub(super) async fn recover_dead_instances(&self) -> Result<u64> {
+        let now = now_ms();
+        let stale_before = now - STALE_AFTER_MS;
+        let mut tx = self.begin_write().await?;
+        let changed = sql!(tx, c => query(
+            "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
+             lifecycle_state = 'finished', finished_at = ?1, \
+             duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
+             error_message = COALESCE(error_message, 'the instance running this call stopped; its outcome is unknown'), \
+             execution_reason_code = COALESCE(execution_reason_code, ?2) \
+             WHERE lifecycle_state = 'opened' AND status <> 'queued' \
+               AND (instance_id IS NULL OR instance_id = ?5 OR (instance_id <> ?3 AND instance_id NOT IN \
+                    (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?4)))",
+        )
+        .bind(now)
+        .bind(crate::reason::ReasonCode::InterruptedByRestart.as_str())
+        .bind(&self.cluster.instance_id)
+        .bind(stale_before)
+        .bind(self.previous_instance())
+        .execute(&mut *c)
+        .await?
+        .rows_affected());
+        sql!(tx, c => query(
+            "DELETE FROM toolgate_instances WHERE (heartbeat_at < ? OR id = ?) AND id <> ?",
+        )
+            .bind(stale_before)
+            .bind(self.previous_instance())
+            .bind(&self.cluster.instance_id)
+            .execute(c)
+            .await
+            .map(|_| ()))?;
+        tx.commit().await?;
+        Ok(changed)
+    }
+}
+
+impl Store {
+    /// At start-up, the rows a stopped process left `opened` become
+    /// `uncertain`. On SQLite there is one instance, so every such row is a
+    /// previous process's; on PostgreSQL only dead instances' rows are (a live
+    /// instance is still running its own).
+    pub async fn recover_interrupted_at_start(&self) -> Result<u64> {
+        match self.backend() {
+            super::backend::Backend::Sqlite => self.recover_interrupted_executions().await,
+            super::backend::Backend::Postgres => self.recover_dead_instances().await,
+        }
+    }
+
+    /// Whether other instances may share the database, so that start-up must
+    /// not take every running job for lost.
+    pub fn shared_database(&self) -> bool {
+        self.backend() == super::backend::Backend::Postgres
+    }
+}

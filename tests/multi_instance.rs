@@ -1,0 +1,536 @@
+//! Issue 19: several toolgate instances on one PostgreSQL database. Every test
+//! starts two real server processes on a fresh database of the machine's
+//! PostgreSQL (`TOOLGATE_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432`)
+//! and fails, loudly, when that server cannot be reached.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use common::database::TestDatabase;
+use common::events::Events;
+use common::{SpawnOptions, TestServer, spawn_with};
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::Row;
+use tokio::sync::Notify;
+
+const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// A fresh database on the suite's PostgreSQL server, which must answer.
+async fn shared_database() -> TestDatabase {
+    let server = common::database::postgres_server().unwrap_or_else(|| DEFAULT_POSTGRES.into());
+    let admin = format!("{server}/postgres");
+    sqlx::PgPool::connect(&admin)
+        .await
+        .unwrap_or_else(|err| panic!("the multi-instance tests need PostgreSQL at {server}: {err}"))
+        .close()
+        .await;
+    TestDatabase::fresh(&server)
+}
+
+/// One toolgate instance on `database`.
+async fn instance(database: &TestDatabase, env: &[(&str, &str)]) -> TestServer {
+    let mut all = vec![("TOOLGATE_DATABASE_URL".to_owned(), database.url.clone())];
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    spawn_with(SpawnOptions {
+        env: all,
+        ..Default::default()
+    })
+    .await
+}
+
+async fn pool(database: &TestDatabase) -> sqlx::PgPool {
+    sqlx::PgPool::connect(&database.url)
+        .await
+        .expect("connect to the test database")
+}
+
+/// A loopback callback server: counts calls per argument `n`; a call with
+/// `"hang": true` never answers.
+#[derive(Clone, Default)]
+struct Callbacks {
+    calls: Arc<Mutex<HashMap<i64, usize>>>,
+    hanging: Arc<Mutex<usize>>,
+    never: Arc<Notify>,
+}
+
+impl Callbacks {
+    fn total(&self) -> usize {
+        self.calls.lock().unwrap().values().sum()
+    }
+
+    fn hanging(&self) -> usize {
+        *self.hanging.lock().unwrap()
+    }
+}
+
+async fn start_callbacks() -> (String, Callbacks) {
+    let state = Callbacks::default();
+    let app = axum::Router::new()
+        .route(
+            "/work",
+            post(
+                |State(s): State<Callbacks>, Json(body): Json<Value>| async move {
+                    if body["arguments"]["hang"] == true {
+                        *s.hanging.lock().unwrap() += 1;
+                        s.never.notified().await;
+                    }
+                    let n = body["arguments"]["n"].as_i64().unwrap_or(-1);
+                    *s.calls.lock().unwrap().entry(n).or_default() += 1;
+                    Json(json!({"output": {"n": n}, "is_error": false}))
+                },
+            ),
+        )
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, state)
+}
+
+/// Registers the deferred `archive` tool with `server` (a plugin registers
+/// with the toolgate on its own host, so with each instance).
+async fn register_archive(server: &TestServer, base: &str) {
+    common::register_remote(
+        server,
+        json!({"name": "archive", "callback_url": format!("{base}/work"), "timeout_seconds": 300,
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+}
+
+async fn call(server: &TestServer, session: &str, body: Value) -> Value {
+    let reply = server
+        .post(&format!("/sessions/{session}/tool-calls"), body)
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+async fn job_state(server: &TestServer, job: &str) -> String {
+    server.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_deferred_jobs_run_once_each_across_two_instances() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let (base, callbacks) = start_callbacks().await;
+    register_archive(&a, &base).await;
+    register_archive(&b, &base).await;
+    let session = a.create_session().await;
+    const JOBS: i64 = 500;
+    let receipts: Vec<Value> = futures::stream::iter(0..JOBS)
+        .map(|n| {
+            let server = if n % 2 == 0 { &a } else { &b };
+            let session = session.clone();
+            async move {
+                call(
+                    server,
+                    &session,
+                    json!({"name": "archive", "arguments": {"n": n}}),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        receipts
+            .iter()
+            .all(|r| r["output"]["runtime_job_id"].is_string())
+    );
+    common::wait_until(Duration::from_secs(180), "every job's callback", || async {
+        callbacks.total() >= JOBS as usize
+    })
+    .await;
+    let db = pool(&database).await;
+    common::wait_until(Duration::from_secs(60), "every job to succeed", || async {
+        let done: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM runtime_jobs WHERE state = 'succeeded'")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        done == JOBS
+    })
+    .await;
+    let calls = callbacks.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), JOBS as usize, "every n was called");
+    let twice: Vec<_> = calls.iter().filter(|(_, count)| **count != 1).collect();
+    assert!(twice.is_empty(), "jobs run more than once: {twice:?}");
+    let owners =
+        sqlx::query("SELECT lease_owner, COUNT(*) AS n FROM runtime_jobs GROUP BY lease_owner")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    let owners: Vec<(Option<String>, i64)> = owners
+        .iter()
+        .map(|row| (row.get("lease_owner"), row.get("n")))
+        .collect();
+    assert_eq!(owners.len(), 2, "both instances ran jobs: {owners:?}");
+    let attempts: i64 =
+        sqlx::query_scalar("SELECT CAST(MAX(attempts) AS BIGINT) FROM runtime_jobs")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1, "no job was claimed twice");
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_the_rest() {
+    let database = shared_database().await;
+    // One worker slot: while A runs the hanging job it claims nothing else.
+    let mut a = instance(&database, &[("TOOLGATE_JOB_WORKERS", "1")]).await;
+    let (base, callbacks) = start_callbacks().await;
+    register_archive(&a, &base).await;
+    let session = a.create_session().await;
+    let hanging = call(
+        &a,
+        &session,
+        json!({"name": "archive", "arguments": {"n": 0, "hang": true}}),
+    )
+    .await;
+    let hanging_job = hanging["output"]["runtime_job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hanging_execution = hanging["output"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::wait_until(
+        Duration::from_secs(30),
+        "A to start the hanging job",
+        || async { callbacks.hanging() == 1 },
+    )
+    .await;
+    let b = instance(&database, &[]).await;
+    register_archive(&b, &base).await;
+    assert_eq!(
+        job_state(&b, &hanging_job).await,
+        "running",
+        "B's start-up left A's job alone"
+    );
+    let mut jobs = Vec::new();
+    for n in 1..=20 {
+        let receipt = call(
+            &b,
+            &session,
+            json!({"name": "archive", "arguments": {"n": n}}),
+        )
+        .await;
+        jobs.push(
+            receipt["output"]["runtime_job_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    a.kill().await;
+    let b = &b;
+    common::wait_until(
+        Duration::from_secs(60),
+        "B to finish the other jobs",
+        || {
+            let jobs = jobs.clone();
+            async move {
+                for job in &jobs {
+                    if job_state(b, job).await != "succeeded" {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+    )
+    .await;
+    // The dead instance's lease runs out (30 s); B's worker then ends the job.
+    common::wait_until(
+        Duration::from_secs(120),
+        "the hanging job to end",
+        || async { job_state(b, &hanging_job).await == "uncertain" },
+    )
+    .await;
+    let row = b
+        .get(&format!("/tool-executions/{hanging_execution}"))
+        .await;
+    assert_eq!(row.body["data"]["status"], "uncertain", "{row:?}");
+    assert_eq!(
+        row.body["data"]["execution_reason_code"], "job_lease_lost",
+        "{row:?}"
+    );
+    assert_eq!(callbacks.hanging(), 1, "the lost job was never run again");
+    for n in 1..=20 {
+        assert_eq!(callbacks.calls.lock().unwrap().get(&n), Some(&1), "job {n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_uncertain_once_it_dies()
+{
+    let database = shared_database().await;
+    let mut a = instance(&database, &[]).await;
+    let (base, callbacks) = start_callbacks().await;
+    common::register_remote(
+        &a,
+        json!({"name": "slow", "callback_url": format!("{base}/work"), "timeout_seconds": 300}),
+    )
+    .await;
+    let session = a.create_session().await;
+    let a_url = a.url(&format!("/sessions/{session}/tool-calls"));
+    let client = a.client.clone();
+    let token = a.token.clone();
+    tokio::spawn(async move {
+        let _ = client
+            .post(a_url)
+            .bearer_auth(token)
+            .json(&json!({"name": "slow", "arguments": {"n": 1, "hang": true}}))
+            .send()
+            .await;
+    });
+    common::wait_until(
+        Duration::from_secs(30),
+        "the call to reach its callback",
+        || async { callbacks.hanging() == 1 },
+    )
+    .await;
+    let b = instance(&database, &[]).await;
+    let rows = b
+        .get(&format!(
+            "/tool-executions?session_id={session}&tool_name=slow"
+        ))
+        .await;
+    assert_eq!(rows.status, StatusCode::OK, "{rows:?}");
+    let row = rows.body["data"][0].clone();
+    assert_eq!(
+        row["lifecycle_state"], "opened",
+        "B's start-up left A's open call alone: {row}"
+    );
+    let id = row["id"].as_str().unwrap().to_owned();
+    a.kill().await;
+    let b = &b;
+    common::wait_until(Duration::from_secs(60), "B to find A dead", || {
+        let id = id.clone();
+        async move {
+            let row = b.get(&format!("/tool-executions/{id}")).await;
+            row.body["data"]["status"] == "uncertain"
+        }
+    })
+    .await;
+    let row = b.get(&format!("/tool-executions/{id}")).await.body["data"].clone();
+    assert_eq!(row["lifecycle_state"], "finished", "{row}");
+    assert_eq!(
+        row["execution_reason_code"], "interrupted_by_restart",
+        "{row}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_change_on_one_instance_refuses_the_next_call_on_the_other() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let session = a.create_session().await;
+    let roll = json!({"name": "roll_dice", "arguments": {"sides": 6}});
+    assert_eq!(call(&b, &session, roll.clone()).await["status"], "success");
+    let reply = a
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["roll_dice"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let refused = call(&b, &session, roll).await;
+    assert_eq!(refused["status"], "denied", "{refused}");
+    assert_eq!(
+        refused["execution_reason_code"], "permission_slot_on_deny_list",
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_disabled_on_one_instance_leaves_the_others_catalog_and_live_sessions() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let session = a.create_session().await;
+    let created = a
+        .post(
+            "/tools/definitions",
+            json!({"name": "lore_lookup", "description": "lore"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    assert!(
+        catalog_names(&b, &session)
+            .await
+            .contains(&"lore_lookup".to_owned()),
+        "B lists A's definition"
+    );
+    let mut events = Events::open(&b, &session).await;
+    let toggled = a
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(toggled.status, StatusCode::OK, "{toggled:?}");
+    // B's live model session is told, as if the change had been made on B.
+    let changed = events
+        .next_of("catalog_changed", Duration::from_secs(10))
+        .await;
+    assert_eq!(changed["removed"], json!(["lore_lookup"]), "{changed}");
+    assert!(
+        !strings(&changed["tools"]).contains(&"lore_lookup".to_owned()),
+        "{changed}"
+    );
+    assert!(
+        !catalog_names(&b, &session)
+            .await
+            .contains(&"lore_lookup".to_owned()),
+        "B's catalog no longer lists it"
+    );
+}
+
+/// The names in the session's runtime catalog on `server`.
+async fn catalog_names(server: &TestServer, session: &str) -> Vec<String> {
+    let reply = server
+        .get(&format!("/sessions/{session}/tools/runtime"))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|tool| tool["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_permission_patches_from_both_instances_lose_nothing() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let session = a.create_session().await;
+    let path = format!("/sessions/{session}/tool-permissions");
+    for round in 1..=25u64 {
+        let tools = if round % 2 == 0 {
+            json!(["roll_dice"])
+        } else {
+            json!(["get_time"])
+        };
+        let (from_a, from_b) = tokio::join!(
+            a.patch(
+                &path,
+                json!({"slot_allow_list": {"director": tools.clone()}})
+            ),
+            b.patch(&path, json!({"max_calls_per_turn": round})),
+        );
+        assert_eq!(from_a.status, StatusCode::OK, "{from_a:?}");
+        assert_eq!(from_b.status, StatusCode::OK, "{from_b:?}");
+        let stored = a.get(&path).await.body["data"].clone();
+        assert_eq!(
+            stored["slot_allow_list"]["director"], tools,
+            "round {round}: {stored}"
+        );
+        assert_eq!(
+            stored["max_calls_per_turn"], round,
+            "round {round}: {stored}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_registrations_stay_with_their_instance() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let (base, _callbacks) = start_callbacks().await;
+    register_archive(&a, &base).await;
+    let session = a.create_session().await;
+    assert!(
+        catalog_names(&a, &session)
+            .await
+            .contains(&"archive".to_owned())
+    );
+    assert!(
+        !catalog_names(&b, &session)
+            .await
+            .contains(&"archive".to_owned()),
+        "B never lists A's loopback tool"
+    );
+    let refused = call(
+        &b,
+        &session,
+        json!({"name": "archive", "arguments": {"n": 1}}),
+    )
+    .await;
+    assert_eq!(refused["status"], "denied", "{refused}");
+    let listed = b.get("/api/tools").await;
+    assert!(!listed.text.contains("archive"), "{listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_other() {
+    let database = shared_database().await;
+    // MCP secrets are sealed with the secrets key: instances share one.
+    let key = "ab".repeat(32);
+    let a = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let b = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let session = a.create_session().await;
+    let server_id =
+        common::mcp::create_server(&a, common::mcp::stdio_body("lore", json!({}))).await;
+    let live =
+        common::mcp::wait_for_source(&b, &session, &server_id, "live", Duration::from_secs(30))
+            .await;
+    let listed: Vec<String> = strings(&Value::Array(
+        live["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tool| tool["name"].clone())
+            .collect(),
+    ));
+    assert!(
+        listed.iter().any(|name| name.contains("echo")),
+        "B offers the server's tools: {listed:?}"
+    );
+    let deleted = a.delete(&format!("/mcp/servers/{server_id}")).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+    let b = &b;
+    common::wait_until(
+        Duration::from_secs(10),
+        "B to detach the server",
+        || async {
+            common::mcp::server_entry(&common::mcp::catalog(b, &session).await, &server_id)
+                .is_none()
+        },
+    )
+    .await;
+}
