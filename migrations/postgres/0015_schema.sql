@@ -236,7 +236,9 @@ CREATE INDEX texec_page_created ON tool_execution_record(page_id, created_at);
 CREATE INDEX texec_open ON tool_execution_record(lifecycle_state) WHERE lifecycle_state = 'opened';
 CREATE INDEX texec_session_started ON tool_execution_record(session_id, account_id, started_at);
 CREATE INDEX texec_session_status ON tool_execution_record(session_id, account_id, status, started_at);
-CREATE INDEX texec_session_finished ON tool_execution_record(session_id, finished_at);
+-- NULLS FIRST: the journal orders finished_at as SQLite does (NULL first
+-- ascending, last descending: the same index read backwards).
+CREATE INDEX texec_session_finished ON tool_execution_record(session_id, finished_at NULLS FIRST);
 CREATE INDEX texec_session_tool ON tool_execution_record(session_id, account_id, tool_name, caller_slot, started_at);
 CREATE INDEX texec_run_started_steps ON tool_execution_record(run_id, provider_started, step_key)
     WHERE run_id IS NOT NULL;

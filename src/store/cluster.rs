@@ -362,7 +362,15 @@ impl Store {
     /// instance is still running its own).
     pub async fn recover_interrupted_at_start(&self) -> Result<u64> {
         match self.backend() {
-            super::backend::Backend::Sqlite => self.recover_interrupted_executions().await,
+            super::backend::Backend::Sqlite => {
+                // Every other instance row is a stopped process's.
+                sql!(self.conn().await?, c => query("DELETE FROM toolgate_instances WHERE id <> ?")
+                    .bind(&self.cluster.instance_id)
+                    .execute(c)
+                    .await
+                    .map(|_| ()))?;
+                self.recover_interrupted_executions().await
+            }
             super::backend::Backend::Postgres => self.recover_dead_instances().await,
         }
     }
