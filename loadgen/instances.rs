@@ -26,7 +26,7 @@ pub(crate) async fn instances_phase(
     let one = drive(
         args.concurrency,
         args.limit(),
-        caller(vec![first.clone()], path.clone()),
+        roll_dice(vec![first.clone()], path.clone()),
     )
     .await;
     one.check("builtin calls, one instance")?;
@@ -38,7 +38,7 @@ pub(crate) async fn instances_phase(
     let two = drive(
         args.concurrency,
         args.limit(),
-        caller(vec![first.clone(), other], path),
+        roll_dice(vec![first.clone(), other], path),
     )
     .await;
     second.stop().await?;
@@ -52,8 +52,9 @@ pub(crate) async fn instances_phase(
     Ok(())
 }
 
-/// Calls the builtin through `apis` in turn.
-fn caller(
+/// A `roll_dice` call on the session's `path`, through `apis` in turn (the
+/// `builtin` phase's call too, with one).
+pub(crate) fn roll_dice(
     apis: Vec<Api>,
     path: Arc<str>,
 ) -> impl Fn(u64) -> futures::future::BoxFuture<'static, anyhow::Result<()>>

@@ -932,26 +932,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 async fn builtin_phase(args: &Args, api: &Api, session: &str) -> anyhow::Result<()> {
     progress("builtin roll_dice calls, each journalled");
     let call_path: Arc<str> = format!("/sessions/{session}/tool-calls").into();
-    let call = {
-        let api = api.clone();
-        move |_i: u64| {
-            let request = api.post(
-                &call_path,
-                br#"{"name":"roll_dice","arguments":{"sides":20,"count":2}}"#,
-            );
-            async move {
-                let response = request.send().await?;
-                let status = response.status();
-                let bytes = response.bytes().await?;
-                ensure!(
-                    status.is_success() && contains(&bytes, br#""status":"success""#),
-                    "roll_dice: HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes)
-                );
-                Ok(())
-            }
-        }
-    };
+    let call = instances::roll_dice(vec![api.clone()], call_path);
     let seq = sequential(args.samples, Duration::from_secs(20), call.clone()).await;
     seq.check("builtin calls (sequential)")?;
     figure("builtin_call_unloaded_p50_ms", seq.percentile_ms(50.0));

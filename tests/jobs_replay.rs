@@ -302,13 +302,6 @@ async fn next_event(response: &mut reqwest::Response, buffer: &mut String, kind:
     .expect("event in time")
 }
 
-async fn job_state(server: &TestServer, job: &str) -> String {
-    server.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
-}
-
 #[tokio::test]
 async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     let server = spawn_app().await;
@@ -363,7 +356,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     assert_eq!(row["delivery_mode"], "async_job");
     assert_eq!(row["result_visibility"], "deferred_receipt");
     assert_eq!(row["runtime_job_id"], job.as_str());
-    assert_eq!(job_state(&server, &job).await, "staged");
+    assert_eq!(server.job_state(&job).await, "staged");
     assert_eq!(
         callbacks.hits.load(Ordering::SeqCst),
         0,
@@ -386,7 +379,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
         Value::Null,
         "{delivered}"
     );
-    assert_eq!(job_state(&server, &job).await, "succeeded");
+    assert_eq!(server.job_state(&job).await, "succeeded");
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "success");
     assert_eq!(row["execution_reason_code"], Value::Null, "{row}");
@@ -419,7 +412,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
             .status,
         StatusCode::OK
     );
-    assert_eq!(job_state(&server, &job2).await, "cancelled");
+    assert_eq!(server.job_state(&job2).await, "cancelled");
     let row2 = execution(
         &server,
         receipt2["output"]["execution_id"].as_str().unwrap(),
@@ -516,7 +509,7 @@ async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert_eq!(job_state(&server, &job).await, "queued");
+    assert_eq!(server.job_state(&job).await, "queued");
     server.kill().await;
 
     server.restart_with_env(Vec::new()).await;
@@ -524,7 +517,7 @@ async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
     common::wait_until(
         Duration::from_secs(30),
         "the queued job to finish",
-        || async { job_state(server, &job).await == "succeeded" },
+        || async { server.job_state(&job).await == "succeeded" },
     )
     .await;
     assert_eq!(callbacks.hits.load(Ordering::SeqCst), 1);
@@ -606,11 +599,11 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
         .unwrap()
         .to_owned();
     callbacks.wait_for_hanging_call().await;
-    assert_eq!(job_state(&server, &job).await, "running");
+    assert_eq!(server.job_state(&job).await, "running");
     server.kill().await;
 
     server.restart().await;
-    assert_eq!(job_state(&server, &job).await, "uncertain");
+    assert_eq!(server.job_state(&job).await, "uncertain");
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "uncertain", "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
@@ -632,7 +625,7 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
     common::wait_until(
         Duration::from_secs(30),
         "the later job to finish",
-        || async { job_state(server_ref, &later_job).await == "succeeded" },
+        || async { server_ref.job_state(&later_job).await == "succeeded" },
     )
     .await;
     assert_eq!(
@@ -640,6 +633,6 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
         1,
         "the lost job was re-run"
     );
-    assert_eq!(job_state(&server, &job).await, "uncertain");
+    assert_eq!(server.job_state(&job).await, "uncertain");
     callbacks.release.notify_waiters();
 }

@@ -106,21 +106,6 @@ async fn register_archive(server: &TestServer, base: &str) {
     .await;
 }
 
-async fn call(server: &TestServer, session: &str, body: Value) -> Value {
-    let reply = server
-        .post(&format!("/sessions/{session}/tool-calls"), body)
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    reply.body["data"].clone()
-}
-
-async fn job_state(server: &TestServer, job: &str) -> String {
-    server.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_deferred_jobs_run_once_each_across_two_instances() {
     let database = shared_database().await;
@@ -136,12 +121,9 @@ async fn five_hundred_deferred_jobs_run_once_each_across_two_instances() {
             let server = if n % 2 == 0 { &a } else { &b };
             let session = session.clone();
             async move {
-                call(
-                    server,
-                    &session,
-                    json!({"name": "archive", "arguments": {"n": n}}),
-                )
-                .await
+                server
+                    .tool_call(&session, json!({"name": "archive", "arguments": {"n": n}}))
+                    .await
             }
         })
         .buffer_unordered(16)
@@ -197,12 +179,12 @@ async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_t
     let (base, callbacks) = start_callbacks().await;
     register_archive(&a, &base).await;
     let session = a.create_session().await;
-    let hanging = call(
-        &a,
-        &session,
-        json!({"name": "archive", "arguments": {"n": 0, "hang": true}}),
-    )
-    .await;
+    let hanging = a
+        .tool_call(
+            &session,
+            json!({"name": "archive", "arguments": {"n": 0, "hang": true}}),
+        )
+        .await;
     let hanging_job = hanging["output"]["runtime_job_id"]
         .as_str()
         .unwrap()
@@ -220,18 +202,15 @@ async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_t
     let b = instance(&database, &[]).await;
     register_archive(&b, &base).await;
     assert_eq!(
-        job_state(&b, &hanging_job).await,
+        b.job_state(&hanging_job).await,
         "running",
         "B's start-up left A's job alone"
     );
     let mut jobs = Vec::new();
     for n in 1..=20 {
-        let receipt = call(
-            &b,
-            &session,
-            json!({"name": "archive", "arguments": {"n": n}}),
-        )
-        .await;
+        let receipt = b
+            .tool_call(&session, json!({"name": "archive", "arguments": {"n": n}}))
+            .await;
         jobs.push(
             receipt["output"]["runtime_job_id"]
                 .as_str()
@@ -248,7 +227,7 @@ async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_t
             let jobs = jobs.clone();
             async move {
                 for job in &jobs {
-                    if job_state(b, job).await != "succeeded" {
+                    if b.job_state(job).await != "succeeded" {
                         return false;
                     }
                 }
@@ -261,7 +240,7 @@ async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_t
     common::wait_until(
         Duration::from_secs(120),
         "the hanging job to end",
-        || async { job_state(b, &hanging_job).await == "uncertain" },
+        || async { b.job_state(&hanging_job).await == "uncertain" },
     )
     .await;
     let row = b
@@ -345,7 +324,10 @@ async fn a_permission_change_on_one_instance_refuses_the_next_call_on_the_other(
     let b = instance(&database, &[]).await;
     let session = a.create_session().await;
     let roll = json!({"name": "roll_dice", "arguments": {"sides": 6}});
-    assert_eq!(call(&b, &session, roll.clone()).await["status"], "success");
+    assert_eq!(
+        b.tool_call(&session, roll.clone()).await["status"],
+        "success"
+    );
     let reply = a
         .put(
             &format!("/sessions/{session}/tool-permissions"),
@@ -353,7 +335,7 @@ async fn a_permission_change_on_one_instance_refuses_the_next_call_on_the_other(
         )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    let refused = call(&b, &session, roll).await;
+    let refused = b.tool_call(&session, roll).await;
     assert_eq!(refused["status"], "denied", "{refused}");
     assert_eq!(
         refused["execution_reason_code"], "permission_slot_on_deny_list",
@@ -485,12 +467,9 @@ async fn loopback_registrations_stay_with_their_instance() {
             .contains(&"archive".to_owned()),
         "B never lists A's loopback tool"
     );
-    let refused = call(
-        &b,
-        &session,
-        json!({"name": "archive", "arguments": {"n": 1}}),
-    )
-    .await;
+    let refused = b
+        .tool_call(&session, json!({"name": "archive", "arguments": {"n": 1}}))
+        .await;
     assert_eq!(refused["status"], "denied", "{refused}");
     let listed = b.get("/api/tools").await;
     assert!(!listed.text.contains("archive"), "{listed:?}");

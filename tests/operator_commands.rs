@@ -266,4 +266,19 @@ async fn migrate_and_doctor_work_on_postgres_and_never_print_the_password() {
         refusal["checkup"]["schema"]["unknown"],
         serde_json::json!([9999])
     );
+    let serve = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data_dir)
+            .arg("--database-url")
+            .arg(&url)
+            .env("TOOLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
+            .output()
+            .expect("run serve")
+    })
+    .await
+    .unwrap();
+    assert!(!serve.status.success(), "serve must not start: {serve:?}");
+    let said = String::from_utf8_lossy(&serve.stderr);
+    assert!(said.contains("newer than this toolgate"), "{said}");
 }

@@ -136,10 +136,7 @@ impl Pool {
             )),
             Conn::Postgres(conn) => {
                 let mut tx = Transaction::begin(conn, None).await?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(WRITE_LOCK_KEY)
-                    .execute(&mut *tx)
-                    .await?;
+                take_write_lock(&mut tx).await?;
                 Ok(Tx::Postgres(tx))
             }
         }
@@ -160,6 +157,16 @@ impl Pool {
             Pool::Postgres(pool) => (pool.size(), pool.num_idle()),
         }
     }
+}
+
+/// Takes the write lock inside the PostgreSQL transaction open on `conn`; it
+/// is released at its commit or rollback.
+pub(crate) async fn take_write_lock(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(WRITE_LOCK_KEY)
+        .execute(conn)
+        .await
+        .map(drop)
 }
 
 impl Tx {

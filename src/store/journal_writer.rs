@@ -219,10 +219,7 @@ async fn begin_locked(
     conn: &mut PgConnection,
 ) -> std::result::Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(conn).await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(backend::WRITE_LOCK_KEY)
-        .execute(&mut *tx)
-        .await?;
+    backend::take_write_lock(&mut tx).await?;
     Ok(tx)
 }
 

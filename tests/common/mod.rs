@@ -274,6 +274,23 @@ impl TestServer {
         (floor, run)
     }
 
+    /// A tool call on the session, which must answer 200; its `data`.
+    pub async fn tool_call(&self, session: &str, body: Value) -> Value {
+        let reply = self
+            .post(&format!("/sessions/{session}/tool-calls"), body)
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        reply.body["data"].clone()
+    }
+
+    /// A runtime job's state ("" when it cannot be read), for condition waits.
+    pub async fn job_state(&self, job: &str) -> String {
+        self.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+
     /// The `TOOLGATE_DATABASE_URL` the server runs on: its PostgreSQL
     /// database, or the SQLite file in its data directory.
     pub fn database_url(&self) -> String {
