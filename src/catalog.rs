@@ -170,7 +170,9 @@ pub async fn mutate_with<T: Send>(
 /// One tool in a catalog.
 #[derive(Debug, Clone)]
 pub struct CatalogEntry {
-    pub spec: ToolSpec,
+    /// Shared with the provider's copy: a call's catalog is assembled per call
+    /// and must not copy every tool's strings and metadata.
+    pub spec: Arc<ToolSpec>,
     pub handler: Arc<dyn ToolHandler>,
     pub availability: Availability,
     pub availability_reason: Option<String>,
@@ -178,9 +180,9 @@ pub struct CatalogEntry {
 }
 
 impl CatalogEntry {
-    pub fn available(spec: ToolSpec, handler: Arc<dyn ToolHandler>) -> Self {
+    pub fn available(spec: impl Into<Arc<ToolSpec>>, handler: Arc<dyn ToolHandler>) -> Self {
         Self {
-            spec,
+            spec: spec.into(),
             handler,
             availability: Availability::Available,
             availability_reason: None,
@@ -296,17 +298,21 @@ impl Catalog {
 
     /// Builds a catalog from every provider's entries, marking shared names as conflicts.
     pub fn assemble(session_id: &str, mut entries: Vec<CatalogEntry>) -> Self {
-        let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        // Borrowed keys: this runs for every call, and conflicts are rare.
+        let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for entry in &entries {
             by_name
-                .entry(entry.spec.name.clone())
+                .entry(&entry.spec.name)
                 .or_default()
-                .push(entry.spec.provider_id.clone());
+                .push(&entry.spec.provider_id);
         }
         let conflicts: Vec<Conflict> = by_name
             .into_iter()
             .filter(|(_, providers)| providers.len() > 1)
-            .map(|(name, provider_ids)| Conflict { name, provider_ids })
+            .map(|(name, provider_ids)| Conflict {
+                name: name.to_owned(),
+                provider_ids: provider_ids.into_iter().map(str::to_owned).collect(),
+            })
             .collect();
         for entry in &mut entries {
             if let Some(conflict) = conflicts.iter().find(|c| c.name == entry.spec.name) {

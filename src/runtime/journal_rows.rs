@@ -353,7 +353,9 @@ impl CallJournal<'_> {
                 .then_some(CommitOutcome::Uncertain),
         };
         self.store.finish_execution(&execution_id, &finish).await?;
-        tracing::info!(
+        // The journal row is the record of the call; at `info` this line would
+        // be most of the log under load.
+        tracing::debug!(
             tool = ?self.call.name,
             execution_id,
             status = settled.status.as_str(),

@@ -1,10 +1,12 @@
 //! Storage of the execution journal.
 
+use std::borrow::Cow;
+
 use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
-use super::journal_writer::JournalWrite;
+use super::journal_queue::JournalWrite;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -482,97 +484,142 @@ static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 static PLAIN_INSERT: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{INSERT_COLUMNS} VALUES ({INSERT_VALUES})"));
 
-/// Binds a row's values as `?1` … `?33` (the numbering of the statements
-/// above; `?33` is the instance writing it) to a query of either backend.
-macro_rules! bind_row {
-    ($query:expr, $row:expr, $now:expr, $instance:expr) => {{
-        let row: &NewExecution = $row;
-        let now: i64 = $now;
-        let finished = row.lifecycle_state == LifecycleState::Finished;
-        $query
-            .bind(&row.id)
-            .bind(&row.account_id)
-            .bind(&row.session_id)
-            .bind(&row.run_id)
-            .bind(&row.floor_id)
-            .bind(&row.page_id)
-            .bind(&row.call_id)
-            .bind(&row.caller_slot)
-            .bind(&row.provider_id)
-            .bind(&row.provider_type)
-            .bind(&row.tool_name)
-            .bind(row.args.to_string())
-            .bind(&row.args_canonical)
-            .bind(row.result.as_ref().map(|r| r.to_string()))
-            .bind(row.status.as_str())
-            .bind(row.lifecycle_state.as_str())
-            .bind(row.commit_outcome.as_str())
-            .bind(&row.side_effect_level)
-            .bind(&row.replay_safety)
-            .bind(row.error_message.as_deref().map(storable_text))
-            .bind(row.started_at)
-            .bind(finished.then_some(now))
-            .bind(&row.delivery_mode)
-            .bind(row.attempt_no)
-            .bind(&row.runtime_job_id)
-            .bind(&row.replay_parent_execution_id)
-            .bind(now)
-            .bind(&row.step_key)
-            .bind(row.provider_started as i64)
-            .bind(row.admission.step_limit.map(i64::from))
-            .bind(row.admission.call_limit.map(i64::from))
-            .bind(row.reason_code.map(ReasonCode::as_str))
-            .bind($instance)
+/// One parameter of the journal's write statements, typed so that either
+/// driver (sqlx on both backends, rusqlite on the SQLite journal thread) binds
+/// it with its SQL type, NULLs included.
+#[derive(Debug, Clone)]
+pub(super) enum Param<'a> {
+    Text(Option<Cow<'a, str>>),
+    Int(Option<i64>),
+}
+
+fn text(value: &str) -> Param<'_> {
+    Param::Text(Some(Cow::Borrowed(value)))
+}
+
+fn text_opt(value: Option<&str>) -> Param<'_> {
+    Param::Text(value.map(Cow::Borrowed))
+}
+
+/// A row's values as `?1` … `?33` (the numbering of the statements above;
+/// `?33` is the instance writing it).
+pub(super) fn row_params<'a>(
+    row: &'a NewExecution,
+    now: i64,
+    instance: &'a str,
+) -> [Param<'a>; 33] {
+    let finished = row.lifecycle_state == LifecycleState::Finished;
+    [
+        text(&row.id),
+        text(&row.account_id),
+        text(&row.session_id),
+        text_opt(row.run_id.as_deref()),
+        text_opt(row.floor_id.as_deref()),
+        text_opt(row.page_id.as_deref()),
+        text(&row.call_id),
+        text(&row.caller_slot),
+        text(&row.provider_id),
+        text(&row.provider_type),
+        text(&row.tool_name),
+        Param::Text(Some(Cow::Owned(row.args.to_string()))),
+        text(&row.args_canonical),
+        Param::Text(row.result.as_ref().map(|r| Cow::Owned(r.to_string()))),
+        text(row.status.as_str()),
+        text(row.lifecycle_state.as_str()),
+        text(row.commit_outcome.as_str()),
+        text(&row.side_effect_level),
+        text(&row.replay_safety),
+        Param::Text(row.error_message.as_deref().map(storable_text)),
+        Param::Int(Some(row.started_at)),
+        Param::Int(finished.then_some(now)),
+        text(&row.delivery_mode),
+        Param::Int(Some(row.attempt_no)),
+        text_opt(row.runtime_job_id.as_deref()),
+        text_opt(row.replay_parent_execution_id.as_deref()),
+        Param::Int(Some(now)),
+        text_opt(row.step_key.as_deref()),
+        Param::Int(Some(row.provider_started as i64)),
+        Param::Int(row.admission.step_limit.map(i64::from)),
+        Param::Int(row.admission.call_limit.map(i64::from)),
+        text_opt(row.reason_code.map(ReasonCode::as_str)),
+        text(instance),
+    ]
+}
+
+/// Binds [`Param`]s in order to a sqlx query of either backend.
+macro_rules! bind_params {
+    ($query:expr, $params:expr) => {{
+        let mut query = $query;
+        for param in $params {
+            query = match param {
+                Param::Text(value) => query.bind(value),
+                Param::Int(value) => query.bind(value),
+            };
+        }
+        query
     }};
 }
 
-/// Inserts a journal row on `conn` (the writer's connection or a transaction),
-/// owned by the instance `instance_id`, when its run is open and it fits its
-/// admission limits; otherwise says which condition refused it.
+/// Which statement writes `row`: a row with no run and no limits has nothing
+/// to check, and the plain insert spares the statement its conditions.
+pub(super) fn insert_sql(row: &NewExecution) -> &'static str {
+    let checked = row.run_id.is_some()
+        || (row.provider_started
+            && (row.admission.step_limit.is_some() || row.admission.call_limit.is_some()));
+    if checked {
+        &GUARDED_INSERT
+    } else {
+        &PLAIN_INSERT
+    }
+}
+
+/// Which admission condition refused a row: evaluated with the row's
+/// parameters after its insert wrote nothing. Numbered parameters bind by
+/// number, so the row's other values are ignored.
+pub(super) static ADMISSION_VERDICT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_STEP} AS step_ok, \
+         {ADMISSION_CALLS} AS calls_ok"
+    )
+});
+
+/// What a refused row's verdict (run open, step within the limit) means.
+pub(super) fn refusal(run_open: bool, step_ok: bool) -> Admitted {
+    if !run_open {
+        Admitted::RunNotOpen
+    } else if !step_ok {
+        Admitted::StepLimit
+    } else {
+        Admitted::CallLimit
+    }
+}
+
+/// Writes a call's row on any connection or transaction, if it is admitted.
 pub(super) async fn insert_execution_with(
     conn: &mut impl AsHandle,
     row: &NewExecution,
     instance_id: &str,
 ) -> Result<Admitted> {
     let now = now_ms();
-    // A row with no run and no limits has nothing to check: the plain insert
-    // spares the statement its conditions.
-    let checked = row.run_id.is_some()
-        || (row.provider_started
-            && (row.admission.step_limit.is_some() || row.admission.call_limit.is_some()));
-    let sql: &'static str = if checked {
-        &GUARDED_INSERT
-    } else {
-        &PLAIN_INSERT
-    };
-    let inserted = sql!(*conn, c => bind_row!(query(AssertSqlSafe(sql)), row, now, instance_id)
+    let params = row_params(row, now, instance_id);
+    let sql = insert_sql(row);
+    let inserted = sql!(*conn, c => bind_params!(query(AssertSqlSafe(sql)), params.clone())
         .execute(c)
         .await?
         .rows_affected());
     if inserted > 0 {
         return Ok(Admitted::Yes);
     }
-    // Which condition refused it. Another connection may have changed the run in
-    // between (this is not always inside a transaction), but a run never
-    // reopens, so "not open" stays true; the counts only matter while it is open.
-    // Numbered parameters bind by number, so the row's other values are ignored.
-    let sql = format!(
-        "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_STEP} AS step_ok, \
-         {ADMISSION_CALLS} AS calls_ok"
-    );
+    // Another connection may have changed the run in between (this is not
+    // always inside a transaction), but a run never reopens, so "not open"
+    // stays true; the counts only matter while it is open.
     let (run_open, step_ok) = sql!(*conn, c => {
-        let verdict = bind_row!(query(AssertSqlSafe(sql)), row, now, instance_id)
+        let verdict = bind_params!(query(AssertSqlSafe(ADMISSION_VERDICT.as_str())), params)
             .fetch_one(c)
             .await?;
         (verdict.get::<bool>("run_open"), verdict.get::<bool>("step_ok"))
     });
-    Ok(if !run_open {
-        Admitted::RunNotOpen
-    } else if !step_ok {
-        Admitted::StepLimit
-    } else {
-        Admitted::CallLimit
-    })
+    Ok(refusal(run_open, step_ok))
 }
 
 /// Finishes an opened row at `now` on any connection or transaction.
@@ -582,25 +629,36 @@ pub(super) async fn finish_execution_with(
     finish: &ExecutionFinish,
     now: i64,
 ) -> Result<()> {
-    sql!(*conn, c => query(
-        "UPDATE tool_execution_record SET status = ?1, result_json = ?2, error_message = ?3, \
-         execution_reason_code = ?4, \
-         lifecycle_state = 'finished', finished_at = ?5, \
-         duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, \
-         commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 WHERE id = ?8",
-    )
-    .bind(finish.status.as_str())
-    .bind(finish.result.to_string())
-    .bind(finish.error_message.as_deref().map(storable_text))
-    .bind(finish.reason_code.map(ReasonCode::as_str))
-    .bind(now)
-    .bind(finish.commit_outcome.map(CommitOutcome::as_str))
-    .bind(finish.provider_started as i64)
-    .bind(id)
-    .execute(c)
-    .await
-    .map(|_| ())?);
+    let params = finish_params(id, finish, now);
+    sql!(*conn, c => bind_params!(query(FINISH_SQL), params)
+        .execute(c)
+        .await
+        .map(|_| ())?);
     Ok(())
+}
+
+/// Finishes an opened row: `finish_params` binds it.
+pub(super) const FINISH_SQL: &str = "UPDATE tool_execution_record SET status = ?1, result_json = ?2, \
+     error_message = ?3, execution_reason_code = ?4, lifecycle_state = 'finished', finished_at = ?5, \
+     duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, \
+     commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 WHERE id = ?8";
+
+/// The parameters of [`FINISH_SQL`].
+pub(super) fn finish_params<'a>(
+    id: &'a str,
+    finish: &'a ExecutionFinish,
+    now: i64,
+) -> [Param<'a>; 8] {
+    [
+        text(finish.status.as_str()),
+        Param::Text(Some(Cow::Owned(finish.result.to_string()))),
+        Param::Text(finish.error_message.as_deref().map(storable_text)),
+        text_opt(finish.reason_code.map(ReasonCode::as_str)),
+        Param::Int(Some(now)),
+        text_opt(finish.commit_outcome.map(CommitOutcome::as_str)),
+        Param::Int(Some(finish.provider_started as i64)),
+        text(id),
+    ]
 }
 
 /// The condition that starts a keyset page after the cursor's row, in the

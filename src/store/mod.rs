@@ -6,12 +6,16 @@ mod activity;
 pub mod backend;
 mod cache;
 mod characters;
+mod checkpointer;
 mod cluster;
 mod definitions;
 mod floors;
 mod instance_file;
 mod jobs;
 mod journal;
+mod journal_queue;
+mod journal_task;
+mod journal_thread;
 mod journal_writer;
 mod mcp;
 pub mod memory;
@@ -96,7 +100,7 @@ impl Store {
             tracing::info!(?applied, "database migrations applied");
         }
         let store = Self {
-            journal_writer: journal_writer::JournalWriter::spawn(pool.clone()),
+            journal_writer: journal_writer::JournalWriter::spawn(pool.clone())?,
             pool,
             api_keys: Arc::default(),
             definition_cache: Arc::default(),

@@ -111,6 +111,9 @@ pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> 
         // can lose the last transactions.
         .synchronous(SqliteSynchronous::Normal)
         .foreign_keys(true)
+        // Checkpoints run on a thread of their own, not inside whichever
+        // write passes the threshold (store/checkpointer.rs).
+        .pragma("wal_autocheckpoint", "0")
         .busy_timeout(Duration::from_secs(5));
     SqlitePoolOptions::new()
         .max_connections(8)

@@ -270,7 +270,7 @@ pub fn context_free_listing() -> Vec<Value> {
 
 /// The builtin provider: every builtin, in every session's catalog.
 pub struct BuiltinProvider {
-    handlers: Vec<(&'static ToolSpec, Arc<dyn ToolHandler>)>,
+    handlers: Vec<(Arc<ToolSpec>, Arc<dyn ToolHandler>)>,
 }
 
 impl BuiltinProvider {
@@ -283,7 +283,7 @@ impl BuiltinProvider {
                     tool,
                     store: store.clone(),
                 });
-                (&tool.spec, handler)
+                (Arc::new(tool.spec.clone()), handler)
             })
             .collect();
         Self { handlers }
@@ -299,7 +299,7 @@ impl ToolProvider for BuiltinProvider {
         let entries = self
             .handlers
             .iter()
-            .map(|(spec, handler)| CatalogEntry::available((*spec).clone(), handler.clone()))
+            .map(|(spec, handler)| CatalogEntry::available(spec.clone(), handler.clone()))
             .collect();
         Box::pin(std::future::ready(Ok(entries)))
     }

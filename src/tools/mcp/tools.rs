@@ -34,7 +34,8 @@ pub fn provider_id(server_id: &str) -> String {
 pub struct CatalogTool {
     /// The server's own name (what `tools/call` is sent with).
     pub remote_name: String,
-    pub spec: ToolSpec,
+    /// Shared with every catalog that offers it (one per call).
+    pub spec: Arc<ToolSpec>,
 }
 
 /// Why a listed tool is left out of the catalog.
@@ -95,7 +96,7 @@ fn catalog_tool(
     metadata.parameter_schema_basis = parameter_schema_basis;
     Ok(CatalogTool {
         remote_name: tool.name.to_string(),
-        spec: ToolSpec {
+        spec: Arc::new(ToolSpec {
             name,
             description,
             parameters: Arc::new(parameters),
@@ -104,7 +105,7 @@ fn catalog_tool(
             provider_type: ProviderType::Mcp,
             source: SOURCE.to_owned(),
             metadata,
-        },
+        }),
     })
 }
 

@@ -283,6 +283,10 @@ pub struct RemoteTool {
     /// it), so the listing is written once per registry change, not per
     /// request.
     pub listing: Arc<std::sync::OnceLock<Box<[u8]>>>,
+    /// This registration as a catalog entry's spec, built the first time a
+    /// catalog holds it (per call, every catalog holds every tool of the
+    /// character).
+    pub spec: Arc<std::sync::OnceLock<Arc<ToolSpec>>>,
 }
 
 impl RemoteTool {
@@ -295,6 +299,7 @@ impl RemoteTool {
             role: role.to_owned(),
             declaration: tool.declaration.clone(),
             listing: Arc::default(),
+            spec: Arc::default(),
         }
     }
 
@@ -323,7 +328,13 @@ impl RemoteTool {
         format!("remote:{}", self.source)
     }
 
-    pub fn spec(&self) -> ToolSpec {
+    pub fn spec(&self) -> Arc<ToolSpec> {
+        self.spec
+            .get_or_init(|| Arc::new(self.build_spec()))
+            .clone()
+    }
+
+    fn build_spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.name.clone(),
             description: self.declaration.description.clone(),

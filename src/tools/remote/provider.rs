@@ -74,6 +74,7 @@ impl ToolProvider for RemoteProvider {
             timeout_seconds,
             role: text("role")?,
             listing: Arc::default(),
+            spec: Arc::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),
@@ -219,6 +220,7 @@ mod tests {
             timeout_seconds: 2.0,
             role: "Lanlan".into(),
             listing: Arc::default(),
+            spec: Arc::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),

@@ -1,0 +1,183 @@
+//! The SQLite journal writer: one thread that owns its own connection to the
+//! database file and commits each gathered batch synchronously, with prepared
+//! statements kept between batches.
+//!
+//! Through sqlx every statement is a round trip from the writer task to the
+//! connection's worker thread (a futex wake-up and a context switch each way,
+//! about 90 µs on a loaded 2-core machine, where SQLite's own work is a few
+//! µs): a batch of N writes cost N + 2 of them, and the writer, not SQLite,
+//! bounded the journal's throughput (BENCHMARKS.md, issue 20). Here a batch
+//! costs one wake-up of this thread and one of each caller.
+//!
+//! What the journal promises is unchanged: a caller is answered only after its
+//! write is committed (WAL, `synchronous = NORMAL`, as the pool), and a batch
+//! that fails is retried one write at a time so each caller gets its own answer.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::types::{ToSqlOutput, Value as SqlValue};
+use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
+use tokio::sync::mpsc;
+
+use super::checkpointer::Checkpointer;
+use super::journal::{
+    ADMISSION_VERDICT, FINISH_SQL, Param, finish_params, insert_sql, refusal, row_params,
+};
+use super::journal_queue::{JournalWrite, Message, Request, answer, gather, observe_batch};
+use crate::error::{Error, Result};
+use crate::ids::now_ms;
+use crate::store::Admitted;
+
+/// How long a statement waits for the database's write lock held by another
+/// connection (the pool's own writers) before failing: the pool's setting.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the journal's connection to `path` and starts its thread, which ends
+/// when every sender is dropped or on [`Message::Close`].
+pub(super) fn spawn(path: &Path, receiver: mpsc::Receiver<Message>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let connection = open(path)
+        .with_context(|| format!("opening the journal's connection to {}", path.display()))?;
+    let checkpointer = Checkpointer::spawn(path)?;
+    std::thread::Builder::new()
+        .name("toolgate-journal".into())
+        .spawn(move || run(connection, checkpointer, receiver))
+        .context("starting the journal thread")?;
+    Ok(())
+}
+
+fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let connection = Connection::open_with_flags(
+        PathBuf::from(path),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    connection.busy_timeout(BUSY_TIMEOUT)?;
+    // The pool's settings (WAL is a property of the file, set when the pool
+    // opened it): NORMAL is durable against a process crash in WAL mode.
+    connection.pragma_update(None, "synchronous", "NORMAL")?;
+    connection.pragma_update(None, "foreign_keys", "ON")?;
+    // Checkpoints run on their own thread (see [`Checkpointer`]).
+    connection.pragma_update(None, "wal_autocheckpoint", 0)?;
+    // Four statements in all; keep every one prepared.
+    connection.set_prepared_statement_cache_capacity(8);
+    Ok(connection)
+}
+
+fn run(
+    mut connection: Connection,
+    mut checkpointer: Checkpointer,
+    mut receiver: mpsc::Receiver<Message>,
+) {
+    let mut closing = None;
+    while let Some(message) = receiver.blocking_recv() {
+        let (batch, close) = gather(message, &mut receiver);
+        if !batch.is_empty() {
+            commit_and_answer(&mut connection, batch);
+            checkpointer.committed();
+        }
+        if let Some(done) = close {
+            closing = Some(done);
+            break;
+        }
+    }
+    // Closing the connection here, before answering, lets the pool's close
+    // checkpoint the write-ahead log without this connection open.
+    drop(connection);
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}
+
+fn commit_and_answer(connection: &mut Connection, batch: Vec<Request>) {
+    let started = std::time::Instant::now();
+    let committed = commit_batch(connection, &batch);
+    observe_batch(batch.len(), started);
+    if let Some(batch) = answer(batch, committed) {
+        for request in batch {
+            let _ = request.done.send(apply(connection, &request.write));
+        }
+    }
+}
+
+/// Commits the batch in one transaction (a single write commits by itself: a
+/// transaction around it would add two statements for nothing).
+fn commit_batch(connection: &mut Connection, batch: &[Request]) -> Result<Vec<Admitted>> {
+    if let [single] = batch {
+        return Ok(vec![apply(connection, &single.write)?]);
+    }
+    let tx = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(database_error)?;
+    let admitted = batch
+        .iter()
+        .map(|request| apply(&tx, &request.write))
+        .collect::<Result<Vec<_>>>()?;
+    tx.commit().map_err(database_error)?;
+    Ok(admitted)
+}
+
+fn apply(connection: &Connection, write: &JournalWrite) -> Result<Admitted> {
+    match write {
+        JournalWrite::Insert { row, instance_id } => {
+            let params = row_params(row, now_ms(), instance_id);
+            let mut insert = prepared(connection, insert_sql(row))?;
+            if execute(&mut insert, &params)? > 0 {
+                return Ok(Admitted::Yes);
+            }
+            let mut verdict = prepared(connection, ADMISSION_VERDICT.as_str())?;
+            bind(&mut verdict, &params)?;
+            let mut rows = verdict.raw_query();
+            let row = rows.next().map_err(database_error)?.ok_or_else(|| {
+                Error::Internal(anyhow::anyhow!("admission verdict returned no row"))
+            })?;
+            let run_open: bool = row.get("run_open").map_err(database_error)?;
+            let step_ok: bool = row.get("step_ok").map_err(database_error)?;
+            Ok(refusal(run_open, step_ok))
+        }
+        JournalWrite::Finish { id, finish, at } => {
+            let mut update = prepared(connection, FINISH_SQL)?;
+            execute(&mut update, &finish_params(id, finish, *at))?;
+            Ok(Admitted::Yes)
+        }
+    }
+}
+
+fn prepared<'c>(connection: &'c Connection, sql: &str) -> Result<CachedStatement<'c>> {
+    connection.prepare_cached(sql).map_err(database_error)
+}
+
+/// Binds the parameters the statement numbers (`?N` up to its highest): the
+/// verdict uses only some of a row's.
+fn bind(statement: &mut CachedStatement<'_>, params: &[Param<'_>]) -> Result<()> {
+    for index in 1..=statement.parameter_count() {
+        let param = params.get(index - 1).ok_or_else(|| {
+            Error::Internal(anyhow::anyhow!(
+                "journal statement parameter ?{index} has no value"
+            ))
+        })?;
+        statement
+            .raw_bind_parameter(index, param)
+            .map_err(database_error)?;
+    }
+    Ok(())
+}
+
+fn execute(statement: &mut CachedStatement<'_>, params: &[Param<'_>]) -> Result<usize> {
+    bind(statement, params)?;
+    statement.raw_execute().map_err(database_error)
+}
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            Param::Text(Some(text)) => ToSqlOutput::from(text.as_ref()),
+            Param::Int(Some(value)) => ToSqlOutput::from(*value),
+            Param::Text(None) | Param::Int(None) => ToSqlOutput::Owned(SqlValue::Null),
+        })
+    }
+}
+
+fn database_error(err: rusqlite::Error) -> Error {
+    Error::Internal(anyhow::Error::new(err).context("journal write"))
+}
