@@ -8,3 +8,11 @@ DROP INDEX IF EXISTS texec_page_created;
 CREATE INDEX texec_floor_started ON tool_execution_record(floor_id, started_at) WHERE floor_id IS NOT NULL;
 CREATE INDEX texec_run_started ON tool_execution_record(run_id, started_at) WHERE run_id IS NOT NULL;
 CREATE INDEX texec_page_created ON tool_execution_record(page_id, created_at) WHERE page_id IS NOT NULL;
+
+-- Every journal list has `account_id = ?` beside its session: with the account
+-- in the created/finished indexes the filter is answered from the index, and an
+-- `offset` page skips its first rows without reading them from the table.
+DROP INDEX IF EXISTS texec_session_created;
+DROP INDEX IF EXISTS texec_session_finished;
+CREATE INDEX texec_session_created ON tool_execution_record(session_id, account_id, created_at);
+CREATE INDEX texec_session_finished ON tool_execution_record(session_id, account_id, finished_at);
