@@ -216,7 +216,7 @@ async fn sigkill_during_a_burst_leaves_every_started_call_as_exactly_one_row() {
 /// automatic threshold.
 #[tokio::test]
 async fn journal_rows_are_checkpointed_into_the_database_file() {
-    let server = spawn_app().await;
+    let mut server = spawn_app().await;
     if server.on_postgres() {
         eprintln!("SKIPPED on PostgreSQL: write-ahead-log checkpoints are SQLite's");
         return;
@@ -242,6 +242,15 @@ async fn journal_rows_are_checkpointed_into_the_database_file() {
         },
     )
     .await;
+    // A clean stop closes every connection, the journal's and the checkpoint
+    // thread's included: the last one checkpoints and removes the log.
+    assert!(server.stop().await.success());
+    let log = server.data_dir.join("toolgate.db-wal");
+    assert!(
+        !log.exists(),
+        "{} is left after a clean stop",
+        log.display()
+    );
 }
 
 /// Finished rows of `session` in the database file alone (`immutable=1` reads

@@ -26,6 +26,7 @@ const INTERVAL: Duration = Duration::from_secs(1);
 pub(super) struct Checkpointer {
     nudge: SyncSender<()>,
     commits: u32,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Checkpointer {
@@ -36,11 +37,24 @@ impl Checkpointer {
             .with_context(|| format!("opening the checkpoint connection to {}", path.display()))?;
         connection.busy_timeout(Duration::from_secs(5))?;
         let (nudge, nudges) = sync_channel(1);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("toolgate-checkpoint".into())
             .spawn(move || run(connection, nudges))
             .context("starting the checkpoint thread")?;
-        Ok(Self { nudge, commits: 0 })
+        Ok(Self {
+            nudge,
+            commits: 0,
+            thread,
+        })
+    }
+
+    /// Stops the thread and waits until its connection is closed, so that the
+    /// store's last connection, closing, checkpoints and removes the log.
+    pub(super) fn stop(self) {
+        drop(self.nudge);
+        if self.thread.join().is_err() {
+            tracing::error!("the checkpoint thread panicked");
+        }
     }
 
     /// Counts one commit of the journal writer; every

@@ -81,9 +81,10 @@ fn run(
             break;
         }
     }
-    // Closing the connection here, before answering, lets the pool's close
-    // checkpoint the write-ahead log without this connection open.
+    // Closing both connections here, before answering, lets the pool's close
+    // checkpoint the write-ahead log without them open.
     drop(connection);
+    checkpointer.stop();
     if let Some(done) = closing {
         let _ = done.send(());
     }
