@@ -35,7 +35,7 @@ impl Checkpointer {
         use anyhow::Context;
         let connection = Connection::open(path)
             .with_context(|| format!("opening the checkpoint connection to {}", path.display()))?;
-        connection.busy_timeout(Duration::from_secs(5))?;
+        super::journal_thread::apply_settings(&connection)?;
         let (nudge, nudges) = sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("toolgate-checkpoint".into())

@@ -546,14 +546,14 @@ pub(super) fn row_params<'a>(
     ]
 }
 
-/// Binds [`Param`]s in order to a sqlx query of either backend.
+/// Binds [`Param`]s in order, by reference, to a sqlx query of either backend.
 macro_rules! bind_params {
     ($query:expr, $params:expr) => {{
         let mut query = $query;
-        for param in $params {
+        for param in $params.iter() {
             query = match param {
-                Param::Text(value) => query.bind(value),
-                Param::Int(value) => query.bind(value),
+                Param::Text(value) => query.bind(value.as_deref()),
+                Param::Int(value) => query.bind(*value),
             };
         }
         query
@@ -603,7 +603,7 @@ pub(super) async fn insert_execution_with(
     let now = now_ms();
     let params = row_params(row, now, instance_id);
     let sql = insert_sql(row);
-    let inserted = sql!(*conn, c => bind_params!(query(AssertSqlSafe(sql)), params.clone())
+    let inserted = sql!(*conn, c => bind_params!(query(AssertSqlSafe(sql)), params)
         .execute(c)
         .await?
         .rows_affected());

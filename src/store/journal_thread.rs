@@ -13,11 +13,9 @@
 //! write is committed (WAL, `synchronous = NORMAL`, as the pool), and a batch
 //! that fails is retried one write at a time so each caller gets its own answer.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
+use std::path::{Path, PathBuf};
 use tokio::sync::mpsc;
 
 use super::checkpointer::Checkpointer;
@@ -25,13 +23,10 @@ use super::journal::{
     ADMISSION_VERDICT, FINISH_SQL, Param, finish_params, insert_sql, refusal, row_params,
 };
 use super::journal_queue::{JournalWrite, Message, Request, answer, gather, observe_batch};
+use super::schema::{CONNECTION_PRAGMAS, SQLITE_BUSY_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::ids::now_ms;
 use crate::store::Admitted;
-
-/// How long a statement waits for the database's write lock held by another
-/// connection (the pool's own writers) before failing: the pool's setting.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens the journal's connection to `path` and starts its thread, which ends
 /// when every sender is dropped or on [`Message::Close`].
@@ -52,16 +47,20 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
         PathBuf::from(path),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    connection.busy_timeout(BUSY_TIMEOUT)?;
-    // The pool's settings (WAL is a property of the file, set when the pool
-    // opened it): NORMAL is durable against a process crash in WAL mode.
-    connection.pragma_update(None, "synchronous", "NORMAL")?;
-    connection.pragma_update(None, "foreign_keys", "ON")?;
-    // Checkpoints run on their own thread (see [`Checkpointer`]).
-    connection.pragma_update(None, "wal_autocheckpoint", 0)?;
+    apply_settings(&connection)?;
     // Four statements in all; keep every one prepared.
     connection.set_prepared_statement_cache_capacity(8);
     Ok(connection)
+}
+
+/// The pool's connection settings ([`CONNECTION_PRAGMAS`]) on a rusqlite
+/// connection.
+pub(super) fn apply_settings(connection: &Connection) -> rusqlite::Result<()> {
+    connection.busy_timeout(SQLITE_BUSY_TIMEOUT)?;
+    for (name, value) in CONNECTION_PRAGMAS {
+        connection.pragma_update(None, name, value)?;
+    }
+    Ok(())
 }
 
 fn run(

@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 use super::backend::{Backend, Pool, sql};
 
@@ -93,6 +93,23 @@ impl Location {
     }
 }
 
+/// The settings of every SQLite connection of the store: the pool's, and the
+/// journal and checkpoint threads' own (WAL is a property of the file, set when
+/// the pool opens it).
+pub(super) const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
+    // NORMAL in WAL mode is durable against process crashes; only an OS crash
+    // can lose the last transactions.
+    ("synchronous", "NORMAL"),
+    ("foreign_keys", "ON"),
+    // Checkpoints run on a thread of their own, not inside whichever write
+    // passes the threshold (store/checkpointer.rs).
+    ("wal_autocheckpoint", "0"),
+];
+
+/// How long a SQLite statement waits for the write lock another connection
+/// holds before failing.
+pub(super) const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Opens a pool on `location`; `create` makes the database (and the data
 /// directory) when missing, else a missing database is an error.
 pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> {
@@ -103,18 +120,14 @@ pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> 
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating data directory {}", dir.display()))?;
     }
-    let options = location
-        .sqlite_options()?
-        .create_if_missing(create)
-        .journal_mode(SqliteJournalMode::Wal)
-        // NORMAL in WAL mode is durable against process crashes; only an OS crash
-        // can lose the last transactions.
-        .synchronous(SqliteSynchronous::Normal)
-        .foreign_keys(true)
-        // Checkpoints run on a thread of their own, not inside whichever
-        // write passes the threshold (store/checkpointer.rs).
-        .pragma("wal_autocheckpoint", "0")
-        .busy_timeout(Duration::from_secs(5));
+    let options = CONNECTION_PRAGMAS.iter().fold(
+        location
+            .sqlite_options()?
+            .create_if_missing(create)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(SQLITE_BUSY_TIMEOUT),
+        |options, (name, value)| options.pragma(*name, *value),
+    );
     SqlitePoolOptions::new()
         .max_connections(8)
         // The default pings every connection it hands out: one more round trip
