@@ -114,9 +114,7 @@ impl App {
                 "generations interrupted by the previous stop were discarded"
             );
         }
-        if !lost.is_empty() {
-            tracing::warn!(executions = ?lost, "jobs interrupted by the previous stop are now uncertain");
-        }
+        crate::runtime::jobs::report_lost_jobs(&runtime, &lost);
         // Servers connect in the background: start-up never waits on one.
         runtime
             .start_mcp()

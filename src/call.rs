@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::tool::{SideEffectLevel, Slot};
+use crate::domain::tool::{ReplaySafety, SideEffectLevel, Slot};
 use crate::journal::ExecutionStatus;
 use crate::reason::ReasonCode;
 
@@ -207,6 +207,19 @@ pub fn settle(outcome: ToolOutcome, side_effect_level: SideEffectLevel) -> Settl
     }
 }
 
+/// One hand-over of an execution to its provider. The key is the execution
+/// id: a job handed over again after its worker was lost keeps it, so a
+/// provider that honours the key applies the call's effect once.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    /// The journal row's id: `Idempotency-Key` of a callback,
+    /// `toolgate/idempotency_key` in an MCP call's `_meta`.
+    pub idempotency_key: &'a str,
+    /// 1 for the first hand-over; a job re-delivered after a lost lease counts
+    /// on (`X-Toolgate-Attempt`).
+    pub number: u32,
+}
+
 /// Everything needed to run a deferred call later, even after a restart has
 /// emptied the runtime registries: a snapshot taken at call time. `kind` names
 /// the provider that can rebuild the tool from `tool`; the serialised shape is
@@ -222,6 +235,11 @@ pub struct JobInvocation {
     /// which are then treated as side-effecting (a timeout is `uncertain`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_effect_level: Option<SideEffectLevel>,
+    /// The tool's replay safety at call time: only a `safe` tool's job is
+    /// handed over again after its worker was lost. Unknown for old
+    /// snapshots, which are never re-delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_safety: Option<ReplaySafety>,
     /// The provider's own description of the tool.
     #[serde(flatten)]
     pub tool: serde_json::Map<String, Value>,

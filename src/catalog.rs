@@ -92,6 +92,9 @@ pub struct CallContext<'a> {
     /// The open run the call belongs to; sandbox writes are buffered in it.
     pub run: Option<&'a Run>,
     pub call: &'a ToolCall,
+    /// Which execution this is and how often it has been handed to a
+    /// provider: what callbacks and MCP servers receive as the idempotency key.
+    pub attempt: crate::call::Attempt<'a>,
     /// Where a provider reports catalog changes it makes while running a call
     /// (a plugin evicted after repeated connection failures).
     pub catalog_events: &'a dyn CatalogEvents,

@@ -17,6 +17,7 @@ pub mod journal;
 pub mod listener;
 pub mod llm;
 pub mod logging;
+pub mod mcp_server;
 pub mod metrics;
 pub mod model_sessions;
 pub mod operator;

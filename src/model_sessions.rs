@@ -161,6 +161,9 @@ struct Live {
 pub struct ModelSessionHub {
     live: Mutex<Live>,
     mutation: tokio::sync::Mutex<()>,
+    /// Cancelled by `close_all`: streams the hub does not hold itself (the
+    /// MCP endpoint's) end with it.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 fn shutting_down() -> Error {
@@ -463,6 +466,12 @@ impl ModelSessionHub {
         let mut live = self.live();
         live.closed = true;
         live.by_character.clear();
+        self.closing.cancel();
+    }
+
+    /// Cancelled when `close_all` runs (at shutdown).
+    pub fn closing(&self) -> tokio_util::sync::CancellationToken {
+        self.closing.clone()
     }
 }
 

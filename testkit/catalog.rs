@@ -72,6 +72,13 @@ pub fn builtin(name: &str) -> Option<Tool> {
         ),
         "calls" => tool(name, "The tool names called so far", object(json!({}), &[])),
         "with_ref" => tool(name, "Answers the item; its schema uses $ref", ref_schema()),
+        // Only with `--tools`: the default list is what other tests count.
+        "meta" => tool(
+            name,
+            "Answers the call's _meta object",
+            object(json!({}), &[]),
+        )
+        .annotate(ToolAnnotations::new().read_only(true)),
         _ => return None,
     };
     Some(tool)

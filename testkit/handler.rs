@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, InitializeRequestParams,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog;
@@ -228,6 +228,11 @@ impl ServerHandler for TestServer {
                 Some(json!({"name": name})),
             ));
         };
+        if name == "meta" {
+            // rmcp moves a request's `_meta` into its context.
+            let meta = Value::Object(context.meta.0.0.clone());
+            return Ok(CallToolResult::structured(json!({ "meta": meta })).into());
+        }
         let arguments = request.arguments.unwrap_or_default();
         let result = crate::tools::run(self, &tool, arguments, &context).await;
         Ok(result.into())

@@ -580,6 +580,9 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
     register(
         &server,
         json!({"name": "publish", "callback_url": format!("{base}/hang"), "timeout_seconds": 300,
+               // Not replay-safe: a replay-safe job would be handed over
+               // again (tests/idempotency.rs).
+               "replay_safety": "confirm_on_replay",
                "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
     )
     .await;

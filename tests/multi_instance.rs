@@ -101,6 +101,8 @@ async fn register_archive(server: &TestServer, base: &str) {
     common::register_remote(
         server,
         json!({"name": "archive", "callback_url": format!("{base}/work"), "timeout_seconds": 300,
+               // Not replay-safe: a lost job of it ends uncertain, never re-run.
+               "replay_safety": "confirm_on_replay",
                "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
     )
     .await;

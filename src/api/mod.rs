@@ -16,6 +16,7 @@ pub mod extract;
 mod jobs;
 mod mcp;
 mod mcp_runtime;
+mod mcp_sessions;
 mod memories;
 pub mod operations;
 mod permissions;
@@ -300,6 +301,7 @@ pub fn router(state: AppState) -> Router {
     let openapi = std::sync::Arc::new(openapi);
     let request_id = HeaderName::from_static("x-request-id");
     api.merge(console::router())
+        .merge(mcp_sessions::router(&state))
         .route_layer(axum::middleware::from_fn(operations::track_http))
         .route("/metrics", get(operations::metrics_for_admin))
         .route("/readyz", get(operations::readyz))

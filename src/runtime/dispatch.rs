@@ -135,6 +135,10 @@ impl ToolRuntime {
             session: &session,
             run: scope.run.as_ref(),
             call: &call,
+            attempt: crate::call::Attempt {
+                idempotency_key: &execution_id,
+                number: 1,
+            },
             catalog_events: self,
         };
         let outcome = entry.handler.invoke(&cx, &args).await;
@@ -261,7 +265,13 @@ impl CallJournal<'_> {
         let deferred = (entry.spec.metadata.result_visibility()
             == ResultVisibility::DeferredReceipt)
             .then(|| entry.handler.snapshot(self.call, args))
-            .flatten();
+            .flatten()
+            .map(|mut invocation| {
+                // Whether a lost job may be handed over again is the tool's
+                // replay safety, whatever the provider.
+                invocation.replay_safety = Some(entry.spec.metadata.replay_safety);
+                invocation
+            });
         match deferred {
             Some(invocation) => self.defer(entry, args, replay, admission, invocation).await,
             None => self.open(entry, args, replay, admission).await,

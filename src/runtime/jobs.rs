@@ -1,6 +1,8 @@
 //! The runtime-job worker: claims queued jobs with a lease, keeps the lease alive
 //! while the tool runs, finishes the journal row and delivers the result to the
-//! session. A job whose lease is lost becomes `uncertain` and is never re-run.
+//! session. A job whose lease is lost becomes `uncertain` and is never re-run,
+//! unless its tool is replay-safe: then it is handed over again (same
+//! idempotency key, the next attempt number), up to `MAX_JOB_ATTEMPTS`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,10 +82,7 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
         if last_lease_check.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
             last_lease_check = Some(tokio::time::Instant::now());
             match runtime.store.expire_lost_jobs(false, None).await {
-                Ok(lost) if !lost.is_empty() => {
-                    tracing::warn!(executions = ?lost, "jobs lost their lease and are now uncertain")
-                }
-                Ok(_) => {}
+                Ok(lost) => report_lost_jobs(&runtime, &lost),
                 Err(err) => tracing::error!(error = %err, "checking job leases failed"),
             }
         }
@@ -127,6 +126,22 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
     tracing::info!(%owner, "job worker stopped");
 }
 
+/// Logs what became of lost jobs, and wakes the workers for the ones queued
+/// again.
+pub fn report_lost_jobs(runtime: &ToolRuntime, lost: &crate::store::LostJobs) {
+    if !lost.uncertain.is_empty() {
+        tracing::warn!(executions = ?lost.uncertain, "jobs lost their lease and are now uncertain");
+    }
+    if !lost.redelivered.is_empty() {
+        tracing::warn!(
+            executions = ?lost.redelivered,
+            max_attempts = crate::store::MAX_JOB_ATTEMPTS,
+            "jobs of replay-safe tools lost their lease and are queued again under the same idempotency key"
+        );
+        runtime.jobs.wake();
+    }
+}
+
 async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
     tracing::info!(job_id = %job.id, tool = ?job.tool_name, attempt = job.attempts, "job started");
     let invocation: JobInvocation = match serde_json::from_value(job.invocation.clone()) {
@@ -166,11 +181,10 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
     let level = invocation.effective_side_effect_level();
     match outcome {
         Some(outcome) => finish(runtime, owner, &job, &invocation.call_id, level, outcome).await,
-        None => {
-            if let Err(err) = runtime.store.expire_lost_jobs(false, None).await {
-                tracing::error!(error = %err, "marking a lost job uncertain failed");
-            }
-        }
+        None => match runtime.store.expire_lost_jobs(false, None).await {
+            Ok(lost) => report_lost_jobs(runtime, &lost),
+            Err(err) => tracing::error!(error = %err, "ending a lost job failed"),
+        },
     }
 }
 
@@ -232,6 +246,10 @@ impl ToolRuntime {
             session: &session,
             run: None,
             call: &call,
+            attempt: crate::call::Attempt {
+                idempotency_key: &job.execution_id,
+                number: u32::try_from(job.attempts).unwrap_or(u32::MAX).max(1),
+            },
             catalog_events: self,
         };
         handler.invoke(&cx, &invocation.arguments).await

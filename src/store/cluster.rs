@@ -329,7 +329,7 @@ impl Store {
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the instance running this call stopped; its outcome is unknown'), \
              execution_reason_code = COALESCE(execution_reason_code, ?2) \
-             WHERE lifecycle_state = 'opened' AND status <> 'queued' \
+             WHERE lifecycle_state = 'opened' AND status <> 'queued' AND runtime_job_id IS NULL \
                AND (instance_id IS NULL OR instance_id = ?5 OR (instance_id <> ?3 AND instance_id NOT IN \
                     (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?4)))",
         )

@@ -246,42 +246,38 @@ impl Store {
 
     /// Jobs whose lease ran out (or, with `all_running`, every running job: the
     /// embedded database has one instance, so at start-up every running job was
-    /// lost; or whose lease `dead_owner` holds, an instance known to be dead)
-    /// become `uncertain` and are never re-run. Returns their ids.
+    /// lost; or whose lease `dead_owner` holds, an instance known to be dead).
+    /// A replay-safe tool's job is handed over again under the same
+    /// idempotency key, at most [`MAX_JOB_ATTEMPTS`] times in all; every other
+    /// becomes `uncertain` and is never re-run. One write transaction.
     pub async fn expire_lost_jobs(
         &self,
         all_running: bool,
         dead_owner: Option<&str>,
-    ) -> Result<Vec<String>> {
+    ) -> Result<LostJobs> {
         let now = now_ms();
         let mut tx = self.begin_write().await?;
-        let ids = sql!(tx, c => query_scalar::<String>(
-            "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?1, finished_at = ?1, \
-             error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
-             WHERE state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3) \
-             RETURNING execution_id",
+        let lost: Vec<(String, String, String, i64)> = sql!(tx, c => query_as(
+            "SELECT id, execution_id, invocation_json, attempts FROM runtime_jobs \
+             WHERE state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
         )
         .bind(now)
         .bind(all_running as i64)
         .bind(dead_owner)
         .fetch_all(c)
         .await?);
-        for execution_id in &ids {
-            sql!(tx, c => query(
-                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
-                 duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
-                 error_message = 'the job running this call lost its lease; its outcome is unknown', \
-                 execution_reason_code = ?2 WHERE id = ?3",
-            )
-            .bind(now)
-            .bind(ReasonCode::JobLeaseLost.as_str())
-            .bind(execution_id)
-            .execute(c)
-            .await
-            .map(|_| ())?);
+        let mut outcome = LostJobs::default();
+        for (job_id, execution_id, invocation, attempts) in lost {
+            if redeliverable(&invocation, attempts) {
+                requeue_lost_job(&mut tx, &job_id, &execution_id, now).await?;
+                outcome.redelivered.push(execution_id);
+            } else {
+                end_lost_job(&mut tx, &job_id, &execution_id, now).await?;
+                outcome.uncertain.push(execution_id);
+            }
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(outcome)
     }
 
     /// Results delivered to the account's session, oldest first.
@@ -473,4 +469,87 @@ pub(super) async fn queue_stats(
     .fetch_one(c)
     .await?);
     Ok((by_state, oldest.map(|at| crate::ids::now_ms() - at)))
+}
+
+/// How many times in all a replay-safe job is handed to its provider when
+/// workers keep losing it.
+pub const MAX_JOB_ATTEMPTS: i64 = 3;
+
+/// What `expire_lost_jobs` did, by execution id.
+#[derive(Debug, Default)]
+pub struct LostJobs {
+    /// Queued again for another hand-over under the same idempotency key.
+    pub redelivered: Vec<String>,
+    /// Ended `uncertain` (`job_lease_lost`).
+    pub uncertain: Vec<String>,
+}
+
+/// Whether a lost job may be handed over again: its tool was replay-safe
+/// when it was called (a snapshot without that fact never is), and it has
+/// attempts left.
+fn redeliverable(invocation: &str, attempts: i64) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Safety {
+        replay_safety: Option<crate::domain::tool::ReplaySafety>,
+    }
+    let safe = serde_json::from_str::<Safety>(invocation)
+        .is_ok_and(|s| s.replay_safety == Some(crate::domain::tool::ReplaySafety::Safe));
+    safe && attempts < MAX_JOB_ATTEMPTS
+}
+
+async fn requeue_lost_job(
+    tx: &mut impl AsHandle,
+    job_id: &str,
+    execution_id: &str,
+    now: i64,
+) -> Result<()> {
+    sql!(*tx, c => query(
+        "UPDATE runtime_jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, \
+         updated_at = ? WHERE id = ? AND state = 'running'",
+    )
+    .bind(now)
+    .bind(job_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    sql!(*tx, c => query(
+        "UPDATE tool_execution_record SET status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
+    )
+    .bind(execution_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
+}
+
+async fn end_lost_job(
+    tx: &mut impl AsHandle,
+    job_id: &str,
+    execution_id: &str,
+    now: i64,
+) -> Result<()> {
+    sql!(*tx, c => query(
+        "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?1, finished_at = ?1, \
+         lease_owner = NULL, lease_expires_at = NULL, \
+         error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
+         WHERE id = ?2 AND state = 'running'",
+    )
+    .bind(now)
+    .bind(job_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    sql!(*tx, c => query(
+        "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
+         duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
+         error_message = 'the job running this call lost its lease; its outcome is unknown', \
+         execution_reason_code = ?2 WHERE id = ?3 AND lifecycle_state = 'opened'",
+    )
+    .bind(now)
+    .bind(ReasonCode::JobLeaseLost.as_str())
+    .bind(execution_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
 }

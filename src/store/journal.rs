@@ -187,7 +187,8 @@ impl Store {
     }
 
     /// At start-up: rows a crash left running cannot be known; they become
-    /// `uncertain` and finished. Queued async jobs are left for their worker.
+    /// `uncertain` and finished. Jobs' rows are left to `expire_lost_jobs`,
+    /// which hands a replay-safe job over again instead.
     pub async fn recover_interrupted_executions(&self) -> Result<u64> {
         let now = now_ms();
         let changed = sql!(self.conn().await?, c => query(
@@ -196,7 +197,7 @@ impl Store {
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown'), \
              execution_reason_code = COALESCE(execution_reason_code, ?2) \
-             WHERE lifecycle_state = 'opened' AND status <> 'queued'",
+             WHERE lifecycle_state = 'opened' AND status <> 'queued' AND runtime_job_id IS NULL",
         )
         .bind(now)
         .bind(ReasonCode::InterruptedByRestart.as_str())

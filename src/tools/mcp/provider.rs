@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::status::ConnectionState;
 use super::{Command, McpHub};
-use crate::call::{JobInvocation, ToolCall, ToolOutcome};
+use crate::call::{Attempt, JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
 use crate::domain::tool::SideEffectLevel;
 use crate::error::Result;
@@ -23,6 +23,10 @@ use crate::store::Session;
 
 /// The `kind` of MCP job snapshots.
 const KIND: &str = "mcp";
+/// The `_meta` key of a call's idempotency key (its execution id).
+pub const META_IDEMPOTENCY_KEY: &str = "toolgate/idempotency_key";
+/// The `_meta` key of a call's hand-over count, from 1.
+pub const META_ATTEMPT: &str = "toolgate/attempt";
 
 /// Offers the tools of the session's account's enabled MCP servers.
 pub struct McpProvider {
@@ -89,10 +93,10 @@ struct McpHandler {
 impl ToolHandler for McpHandler {
     fn invoke<'a>(
         &'a self,
-        _cx: &'a CallContext<'a>,
+        cx: &'a CallContext<'a>,
         args: &'a Value,
     ) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(self.call(args))
+        Box::pin(self.call(cx.attempt, args))
     }
 
     fn snapshot(&self, call: &ToolCall, args: &Value) -> Option<JobInvocation> {
@@ -105,13 +109,14 @@ impl ToolHandler for McpHandler {
             raw_arguments: call.arguments.raw.clone(),
             arguments: args.clone(),
             side_effect_level: Some(self.side_effect_level),
+            replay_safety: None,
             tool: fields,
         })
     }
 }
 
 impl McpHandler {
-    async fn call(&self, args: &Value) -> ToolOutcome {
+    async fn call(&self, attempt: Attempt<'_>, args: &Value) -> ToolOutcome {
         let Some(slot) = self.hub.slot(&self.server_id) else {
             return ToolOutcome::not_started(
                 ReasonCode::McpServerUnavailable,
@@ -144,7 +149,7 @@ impl McpHandler {
                 );
             }
         };
-        let params = self.params(args);
+        let params = self.params(attempt, args);
         let timeout_ms = slot.server.config.call_timeout_ms;
         let answer =
             tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
@@ -177,10 +182,18 @@ impl McpHandler {
     /// The `tools/call` parameters, with this call's trace context in
     /// `_meta` (SEP-414): rmcp sends from its own task, where the call's span
     /// is not current, and the HTTP transport lifts it into `traceparent`.
-    fn params(&self, args: &Value) -> CallToolRequestParams {
+    /// `_meta` also carries the idempotency key and attempt, as callbacks get
+    /// them in headers.
+    fn params(&self, attempt: Attempt<'_>, args: &Value) -> CallToolRequestParams {
         let arguments = args.as_object().cloned().unwrap_or_default();
         let mut params =
             CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
+        let meta = params.meta_or_default();
+        meta.insert(
+            META_IDEMPOTENCY_KEY.to_owned(),
+            attempt.idempotency_key.into(),
+        );
+        meta.insert(META_ATTEMPT.to_owned(), attempt.number.into());
         let trace = crate::telemetry::current_fields();
         if let Some(parent) = trace.get("traceparent") {
             params.set_traceparent(parent);

@@ -14,7 +14,7 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::RemoteTool;
-use crate::call::{ToolCall, ToolOutcome};
+use crate::call::{Attempt, ToolCall, ToolOutcome};
 use crate::domain::tool::SideEffectLevel;
 use crate::reason::ReasonCode;
 
@@ -94,7 +94,13 @@ impl CallbackClient {
     }
 
     /// Sends one call to the tool's callback and interprets the answer.
-    pub async fn call(&self, tool: &RemoteTool, call: &ToolCall, args: &Value) -> Exchange {
+    pub async fn call(
+        &self,
+        tool: &RemoteTool,
+        call: &ToolCall,
+        attempt: Attempt<'_>,
+        args: &Value,
+    ) -> Exchange {
         let started = Instant::now();
         let body = json!({
             "name": tool.name,
@@ -103,12 +109,12 @@ impl CallbackClient {
             "raw_arguments": call.arguments.raw,
         });
         // The plugin's own trace joins the call's (W3C trace context).
-        let mut trace = reqwest::header::HeaderMap::new();
-        crate::telemetry::inject_current(&mut trace);
+        let mut headers = attempt_headers(attempt);
+        crate::telemetry::inject_current(&mut headers);
         let exchange = match self
             .http
             .post(tool.callback_url.url().clone())
-            .headers(trace)
+            .headers(headers)
             .timeout(tool.timeout())
             .json(&body)
             .send()
@@ -184,6 +190,24 @@ impl CallbackClient {
         }
     }
 }
+
+/// The callback contract's delivery headers (README, "Callback contract"):
+/// the execution id as `Idempotency-Key`, the hand-over count as
+/// `X-Toolgate-Attempt`.
+fn attempt_headers(attempt: Attempt<'_>) -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::with_capacity(4);
+    // Execution ids are ULID-based ASCII, always a valid header value.
+    if let Ok(key) = reqwest::header::HeaderValue::from_str(attempt.idempotency_key) {
+        headers.insert(IDEMPOTENCY_KEY, key);
+    }
+    headers.insert(ATTEMPT, reqwest::header::HeaderValue::from(attempt.number));
+    headers
+}
+
+/// The header that names the execution a callback request delivers.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header that counts the hand-overs of that execution, from 1.
+pub const ATTEMPT: &str = "x-toolgate-attempt";
 
 fn answered(outcome: ToolOutcome) -> Exchange {
     Exchange {

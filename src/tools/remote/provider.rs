@@ -123,6 +123,7 @@ impl ToolHandler for RemoteHandler {
             raw_arguments: call.arguments.raw.clone(),
             arguments: args.clone(),
             side_effect_level: Some(tool.metadata().side_effect_level),
+            replay_safety: None,
             tool: fields,
         })
     }
@@ -132,7 +133,11 @@ impl RemoteHandler {
     /// Runs the callback and applies the plugin eviction rule.
     async fn call(&self, cx: &CallContext<'_>, args: &Value) -> ToolOutcome {
         let tool = &self.tool;
-        let exchange = self.registry.client().call(tool, cx.call, args).await;
+        let exchange = self
+            .registry
+            .client()
+            .call(tool, cx.call, cx.attempt, args)
+            .await;
         let outcome = exchange.outcome;
         if matches!(exchange.effect, FailureEffect::Count) {
             crate::metrics::metrics().record_connect_failure(&tool.source);

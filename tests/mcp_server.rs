@@ -1,0 +1,440 @@
+//! Issue 21 §1: toolgate as an MCP server. The official MCP Python SDK
+//! (`mcp`, in the venv `.ci/mcp-client` creates; tests/mcp_client/driver.py)
+//! lists a session's tools through `/mcp/sessions/{id}`, calls a builtin and a
+//! remote tool through the call path, sees a denied tool absent and its call
+//! refused, and is told `tools/list_changed` after a registration. The door
+//! (401, 404, a session bound to its scope) is checked with plain HTTP.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::routing::post;
+use common::{TestServer, spawn_app};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// Where the MCP SDK's python is: this variable (set by `.ci/test`), else the
+/// venv `.ci/mcp-client` creates.
+const PYTHON_ENV: &str = "TOOLGATE_MCP_CLIENT_PYTHON";
+const DEFAULT_VENV_PYTHON: &str = "target/mcp-client-venv/bin/python";
+/// How long one command of the driver may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn client_python() -> PathBuf {
+    let python = std::env::var_os(PYTHON_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(DEFAULT_VENV_PYTHON));
+    assert!(
+        python.exists(),
+        "the MCP client venv is missing ({}): run `bash .ci/mcp-client` (or `bash .ci/test`), or set {PYTHON_ENV}",
+        python.display()
+    );
+    python
+}
+
+/// One connected MCP Python SDK client, driven line by line.
+struct McpClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+    ready: Value,
+}
+
+impl McpClient {
+    async fn connect(server: &TestServer, session: &str, key: &str, slot: Option<&str>) -> Self {
+        let mut child = Command::new(client_python())
+            .arg(repo().join("tests/mcp_client/driver.py"))
+            .arg(server.url(&format!("/mcp/sessions/{session}")))
+            .arg(key)
+            .arg(slot.unwrap_or("-"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the MCP client driver");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut client = Self {
+            child,
+            stdin,
+            stdout,
+            ready: Value::Null,
+        };
+        client.ready = client.answer().await;
+        assert_eq!(client.ready["event"], "ready", "{}", client.ready);
+        client
+    }
+
+    async fn answer(&mut self) -> Value {
+        let line = tokio::time::timeout(ANSWER_TIMEOUT, self.stdout.next_line())
+            .await
+            .expect("the MCP client answers in time")
+            .expect("read the MCP client")
+            .unwrap_or_else(|| panic!("the MCP client exited: {:?}", self.child.try_wait()));
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"))
+    }
+
+    async fn command(&mut self, command: Value) -> Value {
+        let line = format!("{command}\n");
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.stdin.flush().await.unwrap();
+        self.answer().await
+    }
+
+    async fn tools(&mut self) -> Vec<Value> {
+        let listed = self.command(json!({"op": "list"})).await;
+        listed["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{listed}"))
+            .clone()
+    }
+
+    async fn call(&mut self, name: &str, arguments: Value) -> Value {
+        self.command(json!({"op": "call", "name": name, "arguments": arguments}))
+            .await
+    }
+}
+
+fn names(tools: &[Value]) -> Vec<&str> {
+    tools.iter().filter_map(|t| t["name"].as_str()).collect()
+}
+
+fn named<'a>(tools: &'a [Value], name: &str) -> &'a Value {
+    tools
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {tools:#?}"))
+}
+
+/// A callback that counts its requests and answers with the arguments.
+async fn start_callback() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().route(
+        "/cb",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                axum::Json(
+                    json!({"output": {"weather": "rain", "city": body["arguments"]["city"]}}),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/cb", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, hits)
+}
+
+async fn register(server: &TestServer, name: &str, callback: &str, extra: Value) {
+    let mut body = json!({
+        "name": name,
+        "description": format!("{name} for the tests"),
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "callback_url": callback,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    common::register_remote(server, body).await;
+}
+
+async fn journal_row(server: &TestServer, execution_id: &str) -> Value {
+    let reply = server
+        .get(&format!("/tool-executions/{execution_id}"))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["data"].clone()
+}
+
+fn execution_id(result: &Value) -> String {
+    result["meta"]["toolgate/execution_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no execution id: {result}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn an_mcp_client_lists_and_calls_a_sessions_tools_through_the_call_path() {
+    let server = spawn_app().await;
+    let (callback, hits) = start_callback().await;
+    register(&server, "weather", &callback, json!({})).await;
+    register(
+        &server,
+        "wire_money",
+        &callback,
+        json!({"side_effect_level": "irreversible"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let reply = server
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+
+    let mut client = McpClient::connect(&server, &session, &server.token, None).await;
+    assert_eq!(client.ready["server"], "toolgate", "{}", client.ready);
+    assert_eq!(client.ready["list_changed_capability"], true);
+    let tools = client.tools().await;
+    // Exactly the session's runtime catalog for the narrator slot.
+    let catalog = common::mcp::catalog(&server, &session).await;
+    let mut expected: Vec<&str> = catalog["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["availability"] == "available")
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    let mut listed = names(&tools);
+    expected.sort();
+    listed.sort();
+    assert_eq!(listed, expected);
+    let weather = named(&tools, "weather");
+    assert_eq!(weather["description"], "weather for the tests");
+    assert_eq!(
+        weather["input_schema"]["properties"]["city"]["type"],
+        "string"
+    );
+    assert_eq!(weather["annotations"]["readOnlyHint"], true, "{weather}");
+    let wire = named(&tools, "wire_money");
+    assert_eq!(wire["annotations"]["destructiveHint"], true, "{wire}");
+    assert_eq!(wire["annotations"]["readOnlyHint"], false, "{wire}");
+
+    let dice = client
+        .call("roll_dice", json!({"sides": 6, "count": 2}))
+        .await;
+    assert_eq!(dice["is_error"], false, "{dice}");
+    assert_eq!(dice["structured"]["results"].as_array().unwrap().len(), 2);
+    let row = journal_row(&server, &execution_id(&dice)).await;
+    assert_eq!(row["session_id"], session);
+    assert_eq!(row["caller_slot"], "narrator");
+    assert_eq!(row["status"], "success");
+    assert_eq!(row["provider_type"], "builtin");
+
+    let remote = client.call("weather", json!({"city": "Oslo"})).await;
+    assert_eq!(remote["is_error"], false, "{remote}");
+    assert_eq!(remote["structured"]["weather"], "rain");
+    assert_eq!(remote["structured"]["city"], "Oslo");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let row = journal_row(&server, &execution_id(&remote)).await;
+    assert_eq!(row["session_id"], session);
+    assert_eq!(row["caller_slot"], "narrator");
+    assert_eq!(row["provider_type"], "remote");
+
+    // The call path's validation: arguments against the schema.
+    let invalid = client.call("roll_dice", json!({"sides": "many"})).await;
+    assert_eq!(invalid["is_error"], true, "{invalid}");
+    assert_eq!(invalid["meta"]["toolgate/status"], "error", "{invalid}");
+    let unknown = client.call("no_such_tool", json!({})).await;
+    assert_eq!(unknown["is_error"], true, "{unknown}");
+    assert_eq!(unknown["meta"]["toolgate/status"], "denied", "{unknown}");
+}
+
+#[tokio::test]
+async fn a_tool_denied_for_the_slot_is_absent_and_a_call_to_it_is_refused() {
+    let server = spawn_app().await;
+    let (callback, hits) = start_callback().await;
+    register(&server, "weather", &callback, json!({})).await;
+    let session = server.create_session().await;
+    let reply = server
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"director": ["weather"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+
+    let mut director = McpClient::connect(&server, &session, &server.token, Some("director")).await;
+    let tools = director.tools().await;
+    assert!(!names(&tools).contains(&"weather"), "{tools:#?}");
+    assert!(names(&tools).contains(&"roll_dice"), "{tools:#?}");
+    let refused = director.call("weather", json!({"city": "Oslo"})).await;
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(
+        refused["text"].as_str().unwrap().contains("weather"),
+        "the reason is in the text: {refused}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the callback never ran");
+    let row = journal_row(&server, &execution_id(&refused)).await;
+    assert_eq!(row["status"], "denied");
+    assert_eq!(row["caller_slot"], "director");
+    assert_eq!(row["execution_reason_code"], "permission_slot_on_deny_list");
+
+    // The narrator (the default slot) is not denied it.
+    let mut narrator = McpClient::connect(&server, &session, &server.token, None).await;
+    assert!(names(&narrator.tools().await).contains(&"weather"));
+}
+
+#[tokio::test]
+async fn a_registration_sends_tools_list_changed_to_the_connected_client() {
+    let server = spawn_app().await;
+    let (callback, _hits) = start_callback().await;
+    let session = server.create_session().await;
+    let mut client = McpClient::connect(&server, &session, &server.token, None).await;
+    assert!(!names(&client.tools().await).contains(&"weather"));
+
+    register(&server, "weather", &callback, json!({})).await;
+    let changed = client
+        .command(json!({"op": "wait_list_changed", "seen": 0, "timeout": 30}))
+        .await;
+    assert!(
+        changed["list_changed"].as_u64().unwrap_or(0) >= 1,
+        "{changed}"
+    );
+    assert!(names(&client.tools().await).contains(&"weather"));
+
+    // A permission change of the session is a catalog change too.
+    let seen = changed["list_changed"].as_u64().unwrap();
+    let reply = server
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["weather"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let changed = client
+        .command(json!({"op": "wait_list_changed", "seen": seen, "timeout": 30}))
+        .await;
+    assert!(
+        changed["list_changed"].as_u64().unwrap_or(0) > seen,
+        "{changed}"
+    );
+    assert!(!names(&client.tools().await).contains(&"weather"));
+}
+
+/// An MCP `initialize` request, as a client's first POST.
+fn initialize_body() -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "0"},
+        },
+    })
+}
+
+fn mcp_post(server: &TestServer, session: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+    let request = reqwest::Client::new()
+        .post(server.url(&format!("/mcp/sessions/{session}")))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json");
+    match key {
+        Some(key) => request.bearer_auth(key),
+        None => request,
+    }
+}
+
+/// The JSON-RPC message of an SSE or JSON answer.
+async fn rpc_answer(response: reqwest::Response) -> Value {
+    let text = response.text().await.unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|data| !data.is_empty())
+        .find_map(|data| serde_json::from_str::<Value>(data).ok())
+        .or_else(|| serde_json::from_str(&text).ok())
+        .unwrap_or_else(|| panic!("no JSON-RPC message in {text:?}"))
+}
+
+#[tokio::test]
+async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_scope() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let other_key = server.create_account("other").await;
+
+    let anonymous = mcp_post(&server, &session, None)
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    let foreign = mcp_post(&server, &session, Some(&other_key))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), StatusCode::NOT_FOUND);
+    let body: Value = foreign.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    let missing = mcp_post(&server, "sess_missing", Some(&server.token))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let bad_slot = mcp_post(&server, &session, Some(&server.token))
+        .header("x-toolgate-slot", "writer")
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_slot.status(), StatusCode::BAD_REQUEST);
+
+    // A session initialised for one chat session cannot be used on another,
+    // even of the same account.
+    let opened = mcp_post(&server, &session, Some(&server.token))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), StatusCode::OK);
+    let mcp_session = opened
+        .headers()
+        .get("mcp-session-id")
+        .expect("a session id")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let answer = rpc_answer(opened).await;
+    assert_eq!(
+        answer["result"]["serverInfo"]["name"], "toolgate",
+        "{answer}"
+    );
+    let initialized = mcp_post(&server, &session, Some(&server.token))
+        .header("mcp-session-id", &mcp_session)
+        .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(initialized.status().is_success(), "{initialized:?}");
+    let second = server.create_session().await;
+    let crossed = mcp_post(&server, &second, Some(&server.token))
+        .header("mcp-session-id", &mcp_session)
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    let answer = rpc_answer(crossed).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("another toolgate session")),
+        "{answer}"
+    );
+    let listed = mcp_post(&server, &session, Some(&server.token))
+        .header("mcp-session-id", &mcp_session)
+        .json(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    let answer = rpc_answer(listed).await;
+    assert!(answer["result"]["tools"].as_array().is_some(), "{answer}");
+}
