@@ -129,6 +129,10 @@ impl App {
                 workers.clone(),
             ))
         });
+        let sweeper = tokio::spawn(crate::runtime::approvals::run_approval_sweeper(
+            runtime.clone(),
+            workers.clone(),
+        ));
         let follower = store.shared_database().then(|| {
             tokio::spawn(crate::runtime::cluster::follow_other_instances(
                 runtime.clone(),
@@ -160,6 +164,7 @@ impl App {
         if let Some(follower) = follower {
             let _ = follower.await;
         }
+        let _ = sweeper.await;
         if let Some(server) = metrics_server {
             server.abort();
         }

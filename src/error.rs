@@ -52,6 +52,7 @@ error_codes! {
     McpServerDisabled => ("mcp_server_disabled", 409, "The MCP server is disabled; enable it (PATCH /mcp/servers/{id}/toggle) before connecting it or listing its tools."),
     McpRuntimeNotAttached => ("mcp_runtime_not_attached", 409, "The MCP server is enabled but not attached to the MCP runtime (not loaded yet, or its configuration cannot be used); its status says why."),
     RunNotOpen => ("run_not_open", 409, "The run was committed or discarded; open a new run."),
+    ApprovalNotPending => ("approval_not_pending", 409, "The execution is not awaiting approval (already decided, timed out, cancelled, or never needed one); nothing was changed."),
     ToolReplayConfirmationRequired => ("tool_replay_confirmation_required", 409, "Regenerating would repeat executions that are not replay-safe; resend with confirmed_execution_ids."),
     LimitExceeded => ("limit_exceeded", 409, "Holding one more would pass a server limit (the message names it and its value, e.g. max_runtime_tools); the same request succeeds once some are removed."),
     TooManySignIns => ("too_many_sign_ins", 429, "Too many failed console sign-ins from this address; the console refuses its sign-ins until the Retry-After delay has passed."),

@@ -24,7 +24,60 @@ pub const MAX_NAMES_PER_SLOT: usize = 256;
 /// Longest tool name accepted in a slot list, in bytes.
 pub const MAX_LISTED_NAME_BYTES: usize = 256;
 
-const FIELDS: &str = "enabled, max_calls_per_turn, max_steps_per_generation, allow_irreversible, slot_allow_list, slot_deny_list";
+const FIELDS: &str = "enabled, max_calls_per_turn, max_steps_per_generation, allow_irreversible, slot_allow_list, slot_deny_list, approval_required, approval_timeout_seconds";
+/// How long an approval waits when `approval_timeout_seconds` is not given.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECONDS: u32 = 600;
+/// Longest accepted `approval_timeout_seconds` (a week).
+pub const MAX_APPROVAL_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
+/// Which calls wait for an operator's decision before they run: none, the
+/// named tools, or every tool of a side-effect level.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ApprovalRule {
+    #[default]
+    None,
+    Tools(Vec<String>),
+    SideEffectLevel(SideEffectLevel),
+}
+
+impl ApprovalRule {
+    fn covers(&self, tool: &str, metadata: &ToolMetadata) -> bool {
+        match self {
+            ApprovalRule::None => false,
+            ApprovalRule::Tools(names) => names.iter().any(|name| name == tool),
+            ApprovalRule::SideEffectLevel(level) => metadata.side_effect_level == *level,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        match self {
+            ApprovalRule::None => json!([]),
+            ApprovalRule::Tools(names) => json!(names),
+            ApprovalRule::SideEffectLevel(level) => json!({"side_effect_level": level}),
+        }
+    }
+
+    fn parse(key: &str, value: &Value) -> Result<Self> {
+        match value {
+            Value::Array(items) if items.is_empty() => Ok(ApprovalRule::None),
+            Value::Array(items) => Ok(ApprovalRule::Tools(tool_names(key, "", items)?)),
+            Value::Object(fields)
+                if fields.len() == 1 && fields.contains_key("side_effect_level") =>
+            {
+                let level = serde_json::from_value(fields["side_effect_level"].clone()).map_err(|_| {
+                    Error::validation(format!(
+                        "`{key}.side_effect_level` must be none, sandbox or irreversible, got {}",
+                        fields["side_effect_level"]
+                    ))
+                })?;
+                Ok(ApprovalRule::SideEffectLevel(level))
+            }
+            other => Err(Error::validation(format!(
+                "`{key}` must be a list of tool names or {{\"side_effect_level\": \"irreversible\"}}, got {other}"
+            ))),
+        }
+    }
+}
 
 /// Tool names per slot. A slot with no key has no list; an allow list that is
 /// present but empty allows nothing.
@@ -39,6 +92,10 @@ pub struct ToolPermissions {
     pub allow_irreversible: bool,
     pub slot_allow_list: SlotLists,
     pub slot_deny_list: SlotLists,
+    /// Calls that wait for an operator (`POST /tool-executions/{id}/approve`).
+    pub approval_required: ApprovalRule,
+    /// How long such a call waits before it ends `denied` (`approval_timeout`).
+    pub approval_timeout_seconds: u32,
 }
 
 impl Default for ToolPermissions {
@@ -50,6 +107,8 @@ impl Default for ToolPermissions {
             allow_irreversible: false,
             slot_allow_list: SlotLists::new(),
             slot_deny_list: SlotLists::new(),
+            approval_required: ApprovalRule::None,
+            approval_timeout_seconds: DEFAULT_APPROVAL_TIMEOUT_SECONDS,
         }
     }
 }
@@ -159,14 +218,30 @@ impl ToolPermissions {
                     .collect(),
             )
         };
-        json!({
+        let mut shown = json!({
             "enabled": self.enabled,
             "max_calls_per_turn": self.max_calls_per_turn,
             "max_steps_per_generation": self.max_steps_per_generation,
             "allow_irreversible": self.allow_irreversible,
             "slot_allow_list": lists(&self.slot_allow_list),
             "slot_deny_list": lists(&self.slot_deny_list),
-        })
+        });
+        // The seed's object has six fields; the approval ones appear once used.
+        let approvals = self.approval_required != ApprovalRule::None
+            || self.approval_timeout_seconds != DEFAULT_APPROVAL_TIMEOUT_SECONDS;
+        if let (true, Value::Object(fields)) = (approvals, &mut shown) {
+            fields.insert("approval_required".into(), self.approval_required.to_json());
+            fields.insert(
+                "approval_timeout_seconds".into(),
+                json!(self.approval_timeout_seconds),
+            );
+        }
+        shown
+    }
+
+    /// Whether a call of `tool` waits for an operator's decision.
+    pub fn needs_approval(&self, tool: &str, metadata: &ToolMetadata) -> bool {
+        self.approval_required.covers(tool, metadata)
     }
 
     /// A PUT body: the whole object, missing fields taking their defaults.
@@ -203,6 +278,12 @@ impl ToolPermissions {
         }
         if let Some(value) = update.allow_irreversible {
             self.allow_irreversible = value;
+        }
+        if let Some(rule) = update.approval_required {
+            self.approval_required = rule;
+        }
+        if let Some(value) = update.approval_timeout_seconds {
+            self.approval_timeout_seconds = value;
         }
         for (target, lists) in [
             (&mut self.slot_allow_list, update.slot_allow_list),
@@ -247,23 +328,27 @@ impl ToolPermissions {
         {
             return Err(Refusal::OnSlotDenyList { slot });
         }
-        if metadata.side_effect_level == SideEffectLevel::Irreversible && !self.allow_irreversible {
-            return Err(Refusal::IrreversibleNotAllowed);
+        if let Some(refusal) = self.irreversible_refusal(tool, metadata) {
+            return Err(refusal);
         }
         Ok(())
     }
 
     /// The rules that refuse a tool whatever slot calls it.
-    pub fn session_wide_refusal(&self, metadata: &ToolMetadata) -> Option<Refusal> {
+    pub fn session_wide_refusal(&self, tool: &str, metadata: &ToolMetadata) -> Option<Refusal> {
         if !self.enabled {
             Some(Refusal::Disabled)
-        } else if metadata.side_effect_level == SideEffectLevel::Irreversible
-            && !self.allow_irreversible
-        {
-            Some(Refusal::IrreversibleNotAllowed)
         } else {
-            None
+            self.irreversible_refusal(tool, metadata)
         }
+    }
+
+    /// An irreversible tool needs `allow_irreversible`, or an operator's
+    /// approval of each call (`approval_required` covering it).
+    fn irreversible_refusal(&self, tool: &str, metadata: &ToolMetadata) -> Option<Refusal> {
+        let irreversible = metadata.side_effect_level == SideEffectLevel::Irreversible;
+        (irreversible && !self.allow_irreversible && !self.needs_approval(tool, metadata))
+            .then_some(Refusal::IrreversibleNotAllowed)
     }
 
     /// Applies the permissions to a catalog for display. Without a slot, tools the
@@ -276,7 +361,9 @@ impl ToolPermissions {
                     if entry.availability != Availability::Available {
                         continue;
                     }
-                    if let Some(refusal) = self.session_wide_refusal(&entry.spec.metadata) {
+                    if let Some(refusal) =
+                        self.session_wide_refusal(&entry.spec.name, &entry.spec.metadata)
+                    {
                         entry.availability = Availability::Unavailable;
                         entry.availability_reason = Some(refusal.message(&entry.spec.name));
                     }
@@ -302,6 +389,8 @@ struct Update {
     allow_irreversible: Option<bool>,
     slot_allow_list: Option<BTreeMap<Slot, Option<Vec<String>>>>,
     slot_deny_list: Option<BTreeMap<Slot, Option<Vec<String>>>>,
+    approval_required: Option<ApprovalRule>,
+    approval_timeout_seconds: Option<u32>,
 }
 
 impl Update {
@@ -312,6 +401,8 @@ impl Update {
             && self.allow_irreversible.is_none()
             && self.slot_allow_list.as_ref().is_none_or(BTreeMap::is_empty)
             && self.slot_deny_list.as_ref().is_none_or(BTreeMap::is_empty)
+            && self.approval_required.is_none()
+            && self.approval_timeout_seconds.is_none()
     }
 
     /// Parses by hand rather than with serde so that every message names the field
@@ -337,6 +428,18 @@ impl Update {
                 }
                 "slot_deny_list" => {
                     update.slot_deny_list = Some(slot_lists(key, value, allow_null_lists)?)
+                }
+                "approval_required" => {
+                    update.approval_required = Some(ApprovalRule::parse(key, value)?)
+                }
+                "approval_timeout_seconds" => {
+                    let seconds = count(key, value, MAX_APPROVAL_TIMEOUT_SECONDS)?;
+                    if seconds == 0 {
+                        return Err(Error::validation(format!(
+                            "`{key}` must be from 1 to {MAX_APPROVAL_TIMEOUT_SECONDS} seconds"
+                        )));
+                    }
+                    update.approval_timeout_seconds = Some(seconds);
                 }
                 other => {
                     return Err(Error::validation(format!(
@@ -398,9 +501,15 @@ fn slot_lists(
 }
 
 fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
+    // A slot's list is `key.slot`; a list of its own is just `key`.
+    let field = if slot.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{key}.{slot}")
+    };
     if items.len() > MAX_NAMES_PER_SLOT {
         return Err(Error::validation(format!(
-            "`{key}.{slot}` may list at most {MAX_NAMES_PER_SLOT} tools"
+            "`{field}` may list at most {MAX_NAMES_PER_SLOT} tools"
         )));
     }
     let mut names: Vec<String> = Vec::with_capacity(items.len());
@@ -413,7 +522,7 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
             }
             _ => {
                 return Err(Error::validation(format!(
-                    "`{key}.{slot}` must hold tool names (strings of 1-{MAX_LISTED_NAME_BYTES} bytes), got {item}"
+                    "`{field}` must hold tool names (strings of 1-{MAX_LISTED_NAME_BYTES} bytes), got {item}"
                 )));
             }
         }

@@ -104,7 +104,11 @@ reason_codes! {
 
     // Runtime jobs (deferred calls).
     JobRunDiscarded => ("job_run_discarded", "The run was discarded before its deferred call started; the job was cancelled and never ran (blocked)."),
-    JobLeaseLost => ("job_lease_lost", "The worker running the job lost its lease (or the server stopped); its outcome is unknown and it is never re-run (uncertain)."),
+    JobLeaseLost => ("job_lease_lost", "The worker running the job lost its lease (or the server stopped); its outcome is unknown and, as its tool is not replay-safe (or it used its 3 hand-overs), it is never re-run (uncertain)."),
+    ApprovalRejected => ("approval_rejected", "An operator rejected the call that awaited approval; it never ran (denied; the message carries their reason)."),
+    ApprovalTimeout => ("approval_timeout", "Nobody decided the call within approval_timeout_seconds; it never ran (denied)."),
+    ApprovalCancelled => ("approval_cancelled", "The run was committed or discarded while the call awaited approval; it never ran (blocked)."),
+    ApprovalUnavailable => ("approval_unavailable", "The call needs approval, but its tool cannot be held for it (only callbacks and MCP tools can); it never ran (denied)."),
     JobInvocationUnreadable => ("job_invocation_unreadable", "The job's stored invocation could not be read; never started."),
     JobProviderMissing => ("job_provider_missing", "No provider of the job's kind exists on this server; never started."),
     JobSnapshotInvalid => ("job_snapshot_invalid", "The provider could not rebuild the tool from the job's snapshot; never started."),

@@ -2,6 +2,7 @@
 //! between HTTP and the domain; no business rule lives here.
 
 mod accounts;
+mod approvals;
 mod auth;
 mod browser_guard;
 mod catalog;
@@ -60,6 +61,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(sessions::router())
         .merge(tool_calls::router())
         .merge(executions::router())
+        .merge(approvals::router())
         .merge(runs::router())
         .merge(jobs::router())
         .merge(catalog::router())

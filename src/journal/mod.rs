@@ -20,6 +20,8 @@ pub enum ExecutionStatus {
     Timeout,
     Uncertain,
     Blocked,
+    /// Held until an operator approves or rejects it (`approval_required`).
+    AwaitingApproval,
 }
 
 /// Whether the row is still waiting for its outcome.
@@ -75,6 +77,7 @@ macro_rules! string_enum {
 string_enum!(ExecutionStatus {
     Running => "running", Queued => "queued", Success => "success", Error => "error",
     Denied => "denied", Timeout => "timeout", Uncertain => "uncertain", Blocked => "blocked",
+    AwaitingApproval => "awaiting_approval",
 });
 string_enum!(LifecycleState { Opened => "opened", Finished => "finished" });
 string_enum!(CommitOutcome {
@@ -86,7 +89,7 @@ string_enum!(LegacyStatus {
 });
 
 impl ExecutionStatus {
-    pub const ALL: [ExecutionStatus; 8] = [
+    pub const ALL: [ExecutionStatus; 9] = [
         ExecutionStatus::Running,
         ExecutionStatus::Queued,
         ExecutionStatus::Success,
@@ -95,6 +98,7 @@ impl ExecutionStatus {
         ExecutionStatus::Timeout,
         ExecutionStatus::Uncertain,
         ExecutionStatus::Blocked,
+        ExecutionStatus::AwaitingApproval,
     ];
 
     /// Whether the provider was (or may have been) started: everything but a
@@ -111,7 +115,7 @@ impl ExecutionStatus {
                 LegacyStatus::Error
             }
             ExecutionStatus::Denied | ExecutionStatus::Blocked => LegacyStatus::Denied,
-            ExecutionStatus::Queued => LegacyStatus::Queued,
+            ExecutionStatus::Queued | ExecutionStatus::AwaitingApproval => LegacyStatus::Queued,
             ExecutionStatus::Running => LegacyStatus::Running,
         }
     }

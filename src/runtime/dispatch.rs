@@ -112,6 +112,12 @@ impl ToolRuntime {
             }
         };
         let admission = admission(&scope, &call, &permissions);
+        if permissions.needs_approval(&call.name, &entry.spec.metadata) {
+            let held = (entry, &args, replay.as_ref());
+            return self
+                .hold_for_approval(&journal, held, admission, &permissions)
+                .await;
+        }
         let admitted = journal
             .start(entry, &args, replay.as_ref(), admission)
             .await?;
@@ -297,7 +303,7 @@ impl CallJournal<'_> {
     }
 
     /// Journals a call whose row its admission conditions refused.
-    async fn refused_admission(
+    pub(super) async fn refused_admission(
         &self,
         entry: &CatalogEntry,
         refusal: Admitted,

@@ -256,7 +256,7 @@ impl ToolRuntime {
     }
 
     /// Sends a delivered result to the session's live model sessions.
-    async fn publish_tool_result(&self, delivery: &crate::store::Delivery) {
+    pub(super) async fn publish_tool_result(&self, delivery: &crate::store::Delivery) {
         let event = crate::model_sessions::ModelSessionEvent {
             kind: "tool_result",
             data: serde_json::to_value(delivery).unwrap_or_default(),

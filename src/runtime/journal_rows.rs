@@ -292,11 +292,43 @@ impl CallJournal<'_> {
         admission: Admission,
         invocation: JobInvocation,
     ) -> Result<Opened> {
-        let mut row = self.started_row(entry, args, ExecutionStatus::Queued, replay, admission);
+        let hold = if self.scope.run.is_some() {
+            JobHold::Staged
+        } else {
+            JobHold::Queued
+        };
+        let started = self.started_row(entry, args, ExecutionStatus::Queued, replay, admission);
+        self.queue_job(entry, started, invocation, hold).await
+    }
+
+    /// Writes a call that waits for an operator: an `awaiting_approval` row and
+    /// its job holding the snapshot until `deadline_at`, and answers with the
+    /// receipt. It counts against the run's budget like any started call.
+    pub async fn hold_for_approval(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        replay: Option<&ReplayParent>,
+        admission: Admission,
+        invocation: JobInvocation,
+        deadline_at: i64,
+    ) -> Result<Opened> {
+        let status = ExecutionStatus::AwaitingApproval;
+        let started = self.started_row(entry, args, status, replay, admission);
+        let hold = JobHold::Approval { deadline_at };
+        self.queue_job(entry, started, invocation, hold).await
+    }
+
+    async fn queue_job(
+        &self,
+        entry: &CatalogEntry,
+        mut row: NewExecution,
+        invocation: JobInvocation,
+        hold: JobHold,
+    ) -> Result<Opened> {
         row.delivery_mode = "async_job".to_owned();
         let job_id = new_id("runtime_job");
         row.runtime_job_id = Some(job_id.clone());
-        let staged = self.scope.run.is_some();
         let job = NewJob {
             id: job_id.clone(),
             account_id: self.account_id.to_owned(),
@@ -304,27 +336,28 @@ impl CallJournal<'_> {
             execution_id: row.id.clone(),
             run_id: self.scope.run.as_ref().map(|r| r.id.clone()),
             tool_name: self.call.name.clone(),
-            state: if staged { "staged" } else { "queued" },
+            state: hold.state(),
             invocation: serde_json::to_value(&invocation)
                 .map_err(|err| Error::Internal(anyhow::Error::new(err)))?,
+            approval_deadline_at: hold.deadline_at(),
         };
         match self.store.insert_deferred(&row, &job).await? {
             Admitted::Yes => {}
             Admitted::RunNotOpen => return Err(self.run_not_open()),
             refused => return Ok(Opened::Refused(refused)),
         }
-        tracing::info!(tool = ?self.call.name, execution_id = %row.id, job_id, staged, "tool call deferred to a runtime job");
+        tracing::info!(tool = ?self.call.name, execution_id = %row.id, job_id, state = job.state, "tool call handed to a runtime job");
         let receipt = serde_json::json!({
             "accepted": true,
             "execution_id": row.id,
             "runtime_job_id": job_id,
-            "status": "queued",
+            "status": row.status.as_str(),
         });
         Ok(Opened::Deferred(self.result(
             Some(entry),
             &row.id,
             receipt,
-            ExecutionStatus::Queued,
+            row.status,
             None,
         )))
     }
@@ -401,4 +434,32 @@ fn enum_text<T: serde::Serialize>(value: &T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// How a call's job waits before a worker may claim it.
+#[derive(Debug, Clone, Copy)]
+enum JobHold {
+    /// Claimable at once (outside runs).
+    Queued,
+    /// Released when its run commits.
+    Staged,
+    /// Until an operator decides, or the deadline passes.
+    Approval { deadline_at: i64 },
+}
+
+impl JobHold {
+    fn state(self) -> &'static str {
+        match self {
+            JobHold::Queued => "queued",
+            JobHold::Staged => "staged",
+            JobHold::Approval { .. } => "awaiting_approval",
+        }
+    }
+
+    fn deadline_at(self) -> Option<i64> {
+        match self {
+            JobHold::Approval { deadline_at } => Some(deadline_at),
+            _ => None,
+        }
+    }
 }

@@ -3,6 +3,7 @@
 //! (`dispatch`) owns what is common to every provider; the providers are
 //! registered in `ToolRuntime::new`, one line each.
 
+pub mod approvals;
 pub mod cluster;
 mod conversation;
 mod detach;

@@ -90,9 +90,12 @@ pub struct NewJob {
     pub execution_id: String,
     pub run_id: Option<String>,
     pub tool_name: String,
-    /// `staged` inside an open run (claimable only after commit), else `queued`.
+    /// `staged` inside an open run (claimable only after commit), else `queued`;
+    /// `awaiting_approval` until an operator decides.
     pub state: &'static str,
     pub invocation: serde_json::Value,
+    /// When an approval not decided by then ends `denied` (`approval_timeout`).
+    pub approval_deadline_at: Option<i64>,
 }
 
 impl Store {
@@ -354,7 +357,7 @@ fn delivery_from_row(row: &impl Record) -> Delivery {
 }
 
 /// Finishes the journal row of a completed job (in the completion's transaction).
-async fn finish_job_execution(
+pub(super) async fn finish_job_execution(
     conn: &mut impl AsHandle,
     execution_id: &str,
     settled: &crate::call::Settled,
@@ -382,7 +385,7 @@ async fn finish_job_execution(
 }
 
 /// Writes a job's delivery to its session (in the completion's transaction).
-async fn insert_delivery(conn: &mut impl AsHandle, delivery: &Delivery) -> Result<()> {
+pub(super) async fn insert_delivery(conn: &mut impl AsHandle, delivery: &Delivery) -> Result<()> {
     sql!(*conn, c => query(
         "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
          execution_reason_code, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -407,7 +410,7 @@ async fn insert_job_with(conn: &mut impl AsHandle, job: &NewJob) -> Result<()> {
     let now = now_ms();
     sql!(*conn, c => query(
         "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
-         invocation_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         invocation_json, created_at, updated_at, approval_deadline_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&job.id)
     .bind(&job.account_id)
@@ -419,6 +422,7 @@ async fn insert_job_with(conn: &mut impl AsHandle, job: &NewJob) -> Result<()> {
     .bind(job.invocation.to_string())
     .bind(now)
     .bind(now)
+    .bind(job.approval_deadline_at)
     .execute(c)
     .await
     .map(|_| ())?);

@@ -3,6 +3,7 @@
 
 mod accounts;
 mod activity;
+mod approvals;
 pub mod backend;
 mod cache;
 mod characters;
@@ -33,6 +34,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use accounts::{Account, NewAccount};
+pub use approvals::{ApprovalDecision, Decided};
 pub use backend::Backend;
 pub use characters::{Character, CharacterPatch};
 pub use cluster::{ClusterEvent, STALE_AFTER_MS};

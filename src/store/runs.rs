@@ -164,6 +164,7 @@ impl Store {
             .await
             .map(|_| ())?);
         self.apply_run_effects(&mut tx, &run).await?;
+        super::approvals::cancel_run_approvals(&mut tx, &run.id).await?;
         tx.commit().await?;
         self.run(account_id, run_id).await
     }
@@ -235,6 +236,7 @@ impl Store {
             .await
             .map(|_| ())?);
         self.drop_run_effects(&mut tx, &run).await?;
+        super::approvals::cancel_run_approvals(&mut tx, &run.id).await?;
         tx.commit().await?;
         self.run(account_id, run_id).await
     }
