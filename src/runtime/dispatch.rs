@@ -1,7 +1,8 @@
 //! The model-facing call path, the same for every provider: look the tool up in
 //! the session's catalog, check permissions, validate the arguments, apply the
-//! replay guard, admit the call against its run's steps and budget, run it, and
-//! journal every decided call.
+//! replay guard (these four are `evaluate`, which dry runs share), admit the
+//! call against its run's steps and budget, run it, and journal every decided
+//! call.
 
 use std::time::Duration;
 
@@ -184,8 +185,9 @@ impl ToolRuntime {
     /// catalog lookup, the session's permissions for the caller's slot, the
     /// arguments against the tool's schema, and the replay guard (when the call
     /// belongs to a run). The first that refuses decides. `run_call` and the
-    /// dry-run replay both decide through this one function, so a dry run never
-    /// predicts what a real call would not do. It reads but never writes.
+    /// dry-run replay (`dry_run.rs`) both decide through this one function, so
+    /// the two cannot disagree about these checks. It reads but never writes;
+    /// the admission limits (steps, call budget) are left to the row's insert.
     pub(super) async fn evaluate<'c>(
         &self,
         session: &Session,
