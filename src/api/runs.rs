@@ -8,7 +8,7 @@ use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
 use super::envelope::Data;
-use super::error::ApiResult;
+use super::error::{ApiError, ApiResult};
 use super::extract::{OptionalJson, Path};
 use crate::state::AppState;
 use crate::store::Run;
@@ -30,6 +30,14 @@ pub struct CommitRun {
     pub content: Option<String>,
 }
 
+/// Body of `POST /runs/{id}/replay`.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRun {
+    /// Must be `true`: only dry runs are supported.
+    pub dry_run: Option<bool>,
+}
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(open_run))
@@ -40,6 +48,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_floor))
         .routes(routes!(select_page))
         .routes(routes!(cancel_run))
+        .routes(routes!(replay_run))
 }
 
 /// Open a run (a new page) on a floor. Refused with 409
@@ -189,4 +198,40 @@ async fn cancel_run(
     Ok(axum::Json(Data {
         data: serde_json::json!({"run_id": run_id, "cancelled": cancelled}),
     }))
+}
+
+/// Dry-run replay of a past run (open, committed or discarded): every call the
+/// run journalled, oldest first and at most 1000 of them, re-evaluated against
+/// today's catalog and permissions by the call path's own checks, in its order
+/// (catalog lookup, permissions for the call's recorded caller slot, the
+/// recorded arguments against the tool's schema, the replay guard). No provider
+/// starts, nothing is journalled and the run is unchanged; the dry run is
+/// logged. Each call's `verdict` is `would_run`, `would_be_denied` (`reason`
+/// names the rule), `tool_missing`, `arguments_invalid` (`reason` is the schema
+/// error) or `needs_replay_confirmation`: run again in a new run on the same
+/// floor, the call would repeat an execution of the same tool with the same
+/// arguments on that floor (the original call itself, when it reached its
+/// provider) that is not replay-safe and not among the run's
+/// `confirmed_execution_ids`. The run's step and call budgets are not
+/// simulated. `recorded_status` is the journal's status of the original call.
+/// Only `{"dry_run": true}` is accepted: anything else is 400
+/// `validation_error` and runs nothing.
+#[utoipa::path(post, path = "/runs/{id}/replay", tag = "runs", request_body = ReplayRun,
+    params(("id" = String, Path)),
+    responses((status = 200, description = "today's verdict on each call of the run", body = Data<crate::runtime::DryRun>),
+        (status = 400, description = "`validation_error`: not a dry run, or an unknown field"),
+        (status = 404, description = "no such run in the account")))]
+async fn replay_run(
+    State(state): State<AppState>,
+    CurrentAccount(account): CurrentAccount,
+    Path(run_id): Path<String>,
+    OptionalJson(body): OptionalJson<ReplayRun>,
+) -> ApiResult<axum::Json<Data<crate::runtime::DryRun>>> {
+    if body.dry_run != Some(true) {
+        return Err(ApiError::validation(
+            "only dry runs are supported: send {\"dry_run\": true}",
+        ));
+    }
+    let data = state.runtime.dry_run_replay(&account.id, &run_id).await?;
+    Ok(axum::Json(Data { data }))
 }

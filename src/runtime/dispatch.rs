@@ -1,7 +1,8 @@
 //! The model-facing call path, the same for every provider: look the tool up in
 //! the session's catalog, check permissions, validate the arguments, apply the
-//! replay guard, admit the call against its run's steps and budget, run it, and
-//! journal every decided call.
+//! replay guard (these four are `evaluate`, which dry runs share), admit the
+//! call against its run's steps and budget, run it, and journal every decided
+//! call.
 
 use std::time::Duration;
 
@@ -12,13 +13,13 @@ use super::ToolRuntime;
 use super::detach::FinishOnDrop;
 use super::journal_rows::{CallJournal, CallScope};
 use crate::call::{ToolCall, ToolCallResult};
-use crate::catalog::{CallContext, CatalogEntry};
+use crate::catalog::{CallContext, Catalog, CatalogEntry, NotCallable};
 use crate::domain::tool::ResultVisibility;
 use crate::error::Result;
 use crate::journal::{ExecutionStatus, canonical_json};
 use crate::permissions::{Refusal, ToolPermissions};
 use crate::reason::ReasonCode;
-use crate::store::{Admission, Admitted, ReplayParent};
+use crate::store::{Admission, Admitted, ReplayParent, Session};
 
 impl ToolRuntime {
     /// Runs one call on the account's session. Client mistakes about the session,
@@ -88,28 +89,17 @@ impl ToolRuntime {
             call: &call,
             scope: &scope,
         };
-        let entry = match catalog.lookup(&call.name) {
-            Ok(entry) => entry,
-            Err(refused) => return journal.refused_lookup(refused).await,
-        };
-        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-        if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
-        {
-            return journal.denied(entry, refusal).await;
-        }
-        let args = match self.checked_arguments(entry, &call).await {
-            Ok(args) => args,
-            Err((reason, problem)) => {
-                return journal
-                    .refused(Some(entry), ExecutionStatus::Error, reason, problem)
-                    .await;
-            }
-        };
-        let replay = match self.replay_check(&scope, entry, &args).await? {
-            ReplayCheck::Proceed(replay) => replay,
-            ReplayCheck::Blocked(parent) => {
-                return journal.replay_blocked(entry, &args, &parent).await;
-            }
+        let checked = self
+            .evaluate(&session, &catalog, &call, ReplayScope::of(&scope))
+            .await?;
+        let Checked {
+            entry,
+            args,
+            replay,
+            permissions,
+        } = match checked {
+            Ok(checked) => checked,
+            Err(refused) => return journal.not_run(refused).await,
         };
         let admission = admission(&scope, &call, &permissions);
         if permissions.needs_approval(&call.name, &entry.spec.metadata) {
@@ -201,28 +191,141 @@ impl ToolRuntime {
         }
     }
 
-    /// Whether this call repeats an execution of an earlier attempt on the floor.
+    /// The checks a call passes before its first journal row, in order: the
+    /// catalog lookup, the session's permissions for the caller's slot, the
+    /// arguments against the tool's schema, and the replay guard (when the call
+    /// belongs to a run). The first that refuses decides. `run_call` and the
+    /// dry-run replay (`dry_run.rs`) both decide through this one function, so
+    /// the two cannot disagree about these checks. It reads but never writes;
+    /// the admission limits (steps, call budget) are left to the row's insert.
+    pub(super) async fn evaluate<'c>(
+        &self,
+        session: &Session,
+        catalog: &'c Catalog,
+        call: &ToolCall,
+        replay: Option<ReplayScope<'_>>,
+    ) -> Result<Verdict<'c>> {
+        let entry = match catalog.lookup(&call.name) {
+            Ok(entry) => entry,
+            Err(refused) => return Ok(Err(NotRun::NotCallable(refused))),
+        };
+        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
+        if let Err(refusal) = permissions.check(&call.name, &entry.spec.metadata, call.caller_slot)
+        {
+            return Ok(Err(NotRun::Denied { entry, refusal }));
+        }
+        let args = match self.checked_arguments(entry, call).await {
+            Ok(args) => args,
+            Err((reason, problem)) => {
+                return Ok(Err(NotRun::ArgumentsInvalid {
+                    entry,
+                    reason,
+                    problem,
+                }));
+            }
+        };
+        Ok(match self.replay_check(replay, entry, &args).await? {
+            ReplayCheck::Proceed(replay) => Ok(Checked {
+                entry,
+                args,
+                replay,
+                permissions,
+            }),
+            ReplayCheck::Blocked(parent) => Err(NotRun::ReplayBlocked {
+                entry,
+                args,
+                parent,
+            }),
+        })
+    }
+
+    /// Whether this call repeats an execution of an earlier attempt on the floor
+    /// that may not be repeated without confirmation.
     async fn replay_check(
         &self,
-        scope: &CallScope,
+        scope: Option<ReplayScope<'_>>,
         entry: &CatalogEntry,
         args: &Value,
     ) -> Result<ReplayCheck> {
-        let (Some(run), Some(floor_id)) = (&scope.run, &scope.floor_id) else {
+        let Some(scope) = scope else {
             return Ok(ReplayCheck::Proceed(None));
         };
         let canonical = canonical_json(args);
         let Some(parent) = self
             .store
-            .replay_parent(floor_id, &run.id, &entry.spec.name, &canonical)
+            .replay_parent(scope.floor_id, scope.run_id, &entry.spec.name, &canonical)
             .await?
         else {
             return Ok(ReplayCheck::Proceed(None));
         };
-        if parent.replay_safety != "safe" && !run.confirmed_execution_ids.contains(&parent.id) {
+        if parent.replay_safety != "safe" && !scope.confirmed.contains(&parent.id) {
             return Ok(ReplayCheck::Blocked(parent));
         }
         Ok(ReplayCheck::Proceed(Some(parent)))
+    }
+}
+
+/// What the checks before a call's first row decided (see
+/// [`ToolRuntime::evaluate`]): the call may start, or why it may not.
+pub(super) type Verdict<'c> = std::result::Result<Checked<'c>, NotRun<'c>>;
+
+/// A call that passed every check: it starts its provider if its row is
+/// admitted (the run's steps and call budget are checked when the row is
+/// written).
+pub(super) struct Checked<'c> {
+    pub entry: &'c CatalogEntry,
+    /// The validated arguments.
+    pub args: Value,
+    /// The earlier execution this call repeats (replay-safe or confirmed).
+    pub replay: Option<ReplayParent>,
+    pub permissions: ToolPermissions,
+}
+
+/// Why a call may not start its provider; it is journalled as not run.
+pub(super) enum NotRun<'c> {
+    /// The catalog cannot run the name (unknown, conflicting, unavailable).
+    NotCallable(NotCallable<'c>),
+    /// A permission rule refuses the tool for the caller's slot.
+    Denied {
+        entry: &'c CatalogEntry,
+        refusal: Refusal,
+    },
+    /// The arguments do not parse or do not satisfy the tool's schema (or
+    /// could not be validated in time).
+    ArgumentsInvalid {
+        entry: &'c CatalogEntry,
+        reason: ReasonCode,
+        problem: String,
+    },
+    /// The call repeats an earlier attempt's execution that is not
+    /// replay-safe and that the run has not confirmed.
+    ReplayBlocked {
+        entry: &'c CatalogEntry,
+        args: Value,
+        parent: ReplayParent,
+    },
+}
+
+/// Where the replay guard looks: executions on `floor_id` outside run `run_id`
+/// repeat, unless listed in `confirmed`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReplayScope<'a> {
+    pub floor_id: &'a str,
+    pub run_id: &'a str,
+    pub confirmed: &'a [String],
+}
+
+impl<'a> ReplayScope<'a> {
+    /// The replay scope of a call in its run; none outside runs.
+    fn of(scope: &'a CallScope) -> Option<Self> {
+        let (Some(run), Some(floor_id)) = (&scope.run, &scope.floor_id) else {
+            return None;
+        };
+        Some(Self {
+            floor_id,
+            run_id: &run.id,
+            confirmed: &run.confirmed_execution_ids,
+        })
     }
 }
 
@@ -281,6 +384,27 @@ impl CallJournal<'_> {
         match deferred {
             Some(invocation) => self.defer(entry, args, replay, admission, invocation).await,
             None => self.open(entry, args, replay, admission).await,
+        }
+    }
+
+    /// Journals a call that one of the checks before its first row refused.
+    async fn not_run(&self, refused: NotRun<'_>) -> Result<ToolCallResult> {
+        match refused {
+            NotRun::NotCallable(refused) => self.refused_lookup(refused).await,
+            NotRun::Denied { entry, refusal } => self.denied(entry, refusal).await,
+            NotRun::ArgumentsInvalid {
+                entry,
+                reason,
+                problem,
+            } => {
+                self.refused(Some(entry), ExecutionStatus::Error, reason, problem)
+                    .await
+            }
+            NotRun::ReplayBlocked {
+                entry,
+                args,
+                parent,
+            } => self.replay_blocked(entry, &args, &parent).await,
         }
     }
 

@@ -169,34 +169,7 @@ impl CallJournal<'_> {
     /// Journals a name the catalog could not run (unknown, conflicting,
     /// unavailable).
     pub async fn refused_lookup(&self, refused: NotCallable<'_>) -> Result<ToolCallResult> {
-        let name = &self.call.name;
-        let (entry, reason, message) = match refused {
-            NotCallable::Unknown => (
-                None,
-                ReasonCode::ToolNotFound,
-                format!("unknown tool {name:?}: it is not in this session's catalog"),
-            ),
-            NotCallable::Conflict(conflict) => (
-                None,
-                ReasonCode::ToolNameConflict,
-                format!(
-                    "tool {:?} is offered by several providers ({}); the call was refused",
-                    conflict.name,
-                    conflict.provider_ids.join(", ")
-                ),
-            ),
-            NotCallable::Unavailable(entry) => (
-                Some(entry),
-                ReasonCode::ToolUnavailable,
-                format!(
-                    "tool {name:?} is unavailable: {}",
-                    entry
-                        .availability_reason
-                        .as_deref()
-                        .unwrap_or("no reason given")
-                ),
-            ),
-        };
+        let (entry, reason, message) = lookup_refusal(&self.call.name, refused);
         self.refused(entry, ExecutionStatus::Denied, reason, message)
             .await
     }
@@ -225,10 +198,7 @@ impl CallJournal<'_> {
         args: &Value,
         parent: &ReplayParent,
     ) -> Result<ToolCallResult> {
-        let message = format!(
-            "tool {:?} already ran with these arguments in an earlier attempt (execution {}), and it is {}: it is not repeated without confirmation",
-            self.call.name, parent.id, parent.replay_safety
-        );
+        let message = replay_blocked_message(&self.call.name, parent);
         let mut row = self.row(Some(entry), args, ExecutionStatus::Blocked);
         row.lifecycle_state = LifecycleState::Finished;
         row.commit_outcome = CommitOutcome::ReplayBlocked;
@@ -426,6 +396,49 @@ impl CallJournal<'_> {
             provider_type: entry.map(|entry| entry.spec.provider_type),
         }
     }
+}
+
+/// Why the catalog cannot run `name`: the entry when there is one, the reason
+/// code and the model-visible message.
+pub(super) fn lookup_refusal<'c>(
+    name: &str,
+    refused: NotCallable<'c>,
+) -> (Option<&'c CatalogEntry>, ReasonCode, String) {
+    match refused {
+        NotCallable::Unknown => (
+            None,
+            ReasonCode::ToolNotFound,
+            format!("unknown tool {name:?}: it is not in this session's catalog"),
+        ),
+        NotCallable::Conflict(conflict) => (
+            None,
+            ReasonCode::ToolNameConflict,
+            format!(
+                "tool {:?} is offered by several providers ({}); the call was refused",
+                conflict.name,
+                conflict.provider_ids.join(", ")
+            ),
+        ),
+        NotCallable::Unavailable(entry) => (
+            Some(entry),
+            ReasonCode::ToolUnavailable,
+            format!(
+                "tool {name:?} is unavailable: {}",
+                entry
+                    .availability_reason
+                    .as_deref()
+                    .unwrap_or("no reason given")
+            ),
+        ),
+    }
+}
+
+/// The model-visible message of a call the replay guard blocked.
+pub(super) fn replay_blocked_message(name: &str, parent: &ReplayParent) -> String {
+    format!(
+        "tool {name:?} already ran with these arguments in an earlier attempt (execution {}), and it is {}: it is not repeated without confirmation",
+        parent.id, parent.replay_safety
+    )
 }
 
 /// The snake_case text of a serde enum value.

@@ -8,6 +8,7 @@ pub mod cluster;
 mod conversation;
 mod detach;
 mod dispatch;
+mod dry_run;
 mod generation;
 mod history;
 pub mod jobs;
@@ -38,6 +39,7 @@ use crate::tools::mcp::{McpHub, McpListener, McpProvider};
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
+pub use dry_run::{DRY_RUN_MAX_CALLS, DryRun, DryRunCall, DryRunVerdict};
 pub use generation::{Turn, TurnClaim};
 pub use jobs::JobSignal;
 pub use observe::NotReady;

@@ -220,6 +220,30 @@ impl Store {
             .map(record_from_row)))
     }
 
+    /// The journal rows of the account's run, oldest first, at most `limit` of
+    /// them (a run holds at most `max_calls_per_turn` started calls, but its
+    /// refused ones are not counted against it).
+    pub async fn run_executions(
+        &self,
+        account_id: &str,
+        run_id: &str,
+        limit: i64,
+    ) -> Result<Vec<ExecutionRecord>> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tool_execution_record WHERE run_id = ? AND account_id = ? \
+             ORDER BY created_at, id LIMIT ?"
+        );
+        Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(account_id)
+            .bind(limit)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(record_from_row)
+            .collect()))
+    }
+
     /// The journal query of `GET /tool-executions`.
     pub async fn query_executions(
         &self,

@@ -2,6 +2,7 @@
 //! temporary data directory and talk to it over real HTTP.
 #![allow(dead_code)]
 
+pub mod callbacks;
 pub mod console;
 pub mod database;
 pub mod events;
