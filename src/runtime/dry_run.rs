@@ -123,6 +123,20 @@ fn recorded_call(row: &ExecutionRecord, run: &Run) -> Result<ToolCall> {
 /// Today's verdict on one recorded call, in the answer's words.
 fn dry_run_call(row: &ExecutionRecord, verdict: Verdict<'_>) -> DryRunCall {
     let (verdict, reason) = match verdict {
+        // It would run once an operator approves it: not refused, so the
+        // verdict is would_run, and the reason says it waits.
+        Ok(checked)
+            if checked
+                .permissions
+                .needs_approval(&row.tool_name, &checked.entry.spec.metadata) =>
+        {
+            (
+                DryRunVerdict::WouldRun,
+                Some(
+                    "it would wait for an operator's approval first (approval_required)".to_owned(),
+                ),
+            )
+        }
         Ok(_) => (DryRunVerdict::WouldRun, None),
         Err(NotRun::NotCallable(refused)) => {
             let (_, _, message) = lookup_refusal(&row.tool_name, refused);
