@@ -53,6 +53,18 @@ struct McpClient {
 
 impl McpClient {
     async fn connect(server: &TestServer, session: &str, key: &str, slot: Option<&str>) -> Self {
+        let client = Self::try_connect(server, session, key, slot).await;
+        assert_eq!(client.ready["event"], "ready", "{}", client.ready);
+        client
+    }
+
+    /// Starts the client; `ready` says whether it connected.
+    async fn try_connect(
+        server: &TestServer,
+        session: &str,
+        key: &str,
+        slot: Option<&str>,
+    ) -> Self {
         let mut child = Command::new(client_python())
             .arg(repo().join("tests/mcp_client/driver.py"))
             .arg(server.url(&format!("/mcp/sessions/{session}")))
@@ -73,7 +85,6 @@ impl McpClient {
             ready: Value::Null,
         };
         client.ready = client.answer().await;
-        assert_eq!(client.ready["event"], "ready", "{}", client.ready);
         client
     }
 
@@ -280,6 +291,24 @@ async fn a_tool_denied_for_the_slot_is_absent_and_a_call_to_it_is_refused() {
     // The narrator (the default slot) is not denied it.
     let mut narrator = McpClient::connect(&server, &session, &server.token, None).await;
     assert!(names(&narrator.tools().await).contains(&"weather"));
+}
+
+#[tokio::test]
+async fn the_sdk_client_gets_404_for_another_accounts_session() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let other_key = server.create_account("other").await;
+    let refused = McpClient::try_connect(&server, &session, &other_key, None).await;
+    assert_eq!(refused.ready["event"], "failed", "{}", refused.ready);
+    // The SDK names the HTTP status by its reason phrase.
+    let error = refused.ready["error"].as_str().unwrap();
+    assert!(
+        error.contains("404") || error.contains("Not Found"),
+        "{error}"
+    );
+    // The key's own account gets through on the same URL.
+    let mut own = McpClient::connect(&server, &session, &server.token, None).await;
+    assert!(!own.tools().await.is_empty());
 }
 
 #[tokio::test]

@@ -2,7 +2,8 @@
 
 Usage: driver.py <url> <api key> <slot or "-">
 
-Connects (initialize handshake), prints {"event": "ready", ...}, then reads one
+Connects (initialize handshake), prints {"event": "ready", ...} (or
+{"event": "failed", "error"} when the server refuses the connection), then reads one
 JSON command per line from stdin and prints one JSON answer per line:
 
   {"op": "list"}                               -> {"tools": [{name, description, annotations, input_schema}]}
@@ -113,5 +114,16 @@ async def main():
                     emit(await run_command(session, notifications, command))
 
 
+def failure_text(error):
+    # anyio task groups wrap the transport's error; the innermost says why.
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except Exception as error:  # the connection was refused: say so, for the test
+        emit({"event": "failed", "error": failure_text(error)})
+        sys.exit(1)
