@@ -338,9 +338,50 @@ async fn a_run_closed_while_a_call_awaits_approval_cancels_it() {
 }
 
 #[tokio::test]
+async fn a_call_approved_inside_an_open_run_runs_only_if_the_run_commits() {
+    let server = spawn_app().await;
+    let callbacks = CountingCallbacks::start().await;
+    let session = setup(&server, &callbacks).await;
+    let mut ids = Vec::new();
+    for close in ["discard", "commit"] {
+        let (_floor, run) = server.floor_and_run(&session, "hello").await;
+        let data = call(
+            &server,
+            &session,
+            json!({"name": "send_email", "arguments": {"to": close}, "run_id": run}),
+        )
+        .await;
+        let id = data["execution_id"].as_str().unwrap().to_owned();
+        let approved = approve(&server, &id).await;
+        assert_eq!(approved.status, StatusCode::ACCEPTED, "{approved:?}");
+        assert_eq!(approved.body["data"]["status"], "staged", "{approved:?}");
+        let reply = server
+            .post(&format!("/runs/{run}/{close}"), json!({}))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{close}: {reply:?}");
+        ids.push(id);
+    }
+    // The discarded run's approved call never runs; the committed one's does.
+    let discarded = row(&server, &ids[0]).await;
+    assert_eq!(discarded["status"], "blocked", "{discarded}");
+    assert_eq!(discarded["execution_reason_code"], "job_run_discarded");
+    wait_for_status(&server, &ids[1], "success").await;
+    assert_eq!(callbacks.hits(), 1);
+}
+
+#[tokio::test]
 async fn a_tool_that_cannot_be_held_is_refused_and_bad_rules_are_400() {
     let server = spawn_app().await;
     let session = server.create_session().await;
+    // A run that rolled before the rule, for the dry run below.
+    let (_floor, run) = server.floor_and_run(&session, "hello").await;
+    let rolled = call(
+        &server,
+        &session,
+        json!({"name": "roll_dice", "arguments": {"sides": 6}, "run_id": run}),
+    )
+    .await;
+    assert_eq!(rolled["status"], "success", "{rolled}");
     set_permissions(
         &server,
         &session,
@@ -355,6 +396,20 @@ async fn a_tool_that_cannot_be_held_is_refused_and_bad_rules_are_400() {
     .await;
     assert_eq!(data["status"], "denied", "{data}");
     assert_eq!(data["execution_reason_code"], "approval_unavailable");
+    // The dry run says what the call path does: refused, not held.
+    let dry = server
+        .post(&format!("/runs/{run}/replay"), json!({"dry_run": true}))
+        .await;
+    assert_eq!(dry.status, StatusCode::OK, "{dry:?}");
+    let verdict = &dry.body["data"]["calls"][0];
+    assert_eq!(verdict["verdict"], "would_be_denied", "{verdict}");
+    assert!(
+        verdict["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be held"),
+        "{verdict}"
+    );
     for bad in [
         json!({"approval_required": "send_email"}),
         json!({"approval_required": {"side_effect_level": "huge"}}),

@@ -451,13 +451,57 @@ async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_sco
         .send()
         .await
         .unwrap();
-    let answer = rpc_answer(crossed).await;
-    assert!(
-        answer["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("another toolgate session")),
-        "{answer}"
-    );
+    assert_eq!(crossed.status(), StatusCode::NOT_FOUND, "{crossed:?}");
+    // Nor by another account on its own session: not its stream, not its
+    // end, not its messages.
+    let other_session = {
+        let reply = server
+            .send_as(
+                &other_key,
+                reqwest::Method::POST,
+                "/characters",
+                Some(json!({"name": "Other"})),
+            )
+            .await;
+        assert!(reply.status.is_success(), "{reply:?}");
+        let reply = server
+            .send_as(
+                &other_key,
+                reqwest::Method::POST,
+                "/sessions",
+                Some(json!({"character": "Other"})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.body["data"]["id"].as_str().unwrap().to_owned()
+    };
+    let client = reqwest::Client::new();
+    let url = server.url(&format!("/mcp/sessions/{other_session}"));
+    let stream = client
+        .get(&url)
+        .bearer_auth(&other_key)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &mcp_session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::NOT_FOUND, "{stream:?}");
+    let ended = client
+        .delete(&url)
+        .bearer_auth(&other_key)
+        .header("mcp-session-id", &mcp_session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), StatusCode::NOT_FOUND, "{ended:?}");
+    let posted = mcp_post(&server, &other_session, Some(&other_key))
+        .header("mcp-session-id", &mcp_session)
+        .json(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), StatusCode::NOT_FOUND, "{posted:?}");
+    // The session still serves its own scope.
     let listed = mcp_post(&server, &session, Some(&server.token))
         .header("mcp-session-id", &mcp_session)
         .json(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))

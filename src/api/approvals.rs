@@ -59,7 +59,8 @@ pub struct Decisions {
 pub struct DecisionAnswer {
     pub execution_id: String,
     pub runtime_job_id: String,
-    /// `queued` (approved: a worker runs it) or `denied` (rejected).
+    /// `queued` (approved: a worker runs it), `staged` (approved inside an
+    /// open run: it runs once the run commits) or `denied` (rejected).
     pub status: String,
 }
 
@@ -78,11 +79,10 @@ pub struct BatchAnswer {
 fn answer(decided: Decided) -> DecisionAnswer {
     DecisionAnswer {
         status: if decided.delivery.is_some() {
-            "denied"
+            "denied".to_owned()
         } else {
-            "queued"
-        }
-        .to_owned(),
+            decided.job_state.clone()
+        },
         execution_id: decided.execution_id,
         runtime_job_id: decided.runtime_job_id,
     }

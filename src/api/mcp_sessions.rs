@@ -3,6 +3,7 @@
 //! the session looked up in that account (404) before any MCP exchange; the
 //! slot comes from `X-Toolgate-Slot` (default `narrator`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
@@ -29,14 +30,22 @@ const IDLE_SESSION: std::time::Duration = std::time::Duration::from_secs(30 * 60
 /// How many MCP sessions may be open at once; each holds a catalog
 /// subscription. An `initialize` past it is refused until some close.
 pub const MAX_MCP_SESSIONS: usize = 1024;
+/// How many of them one account may hold, so that no account can take
+/// every one.
+pub const MAX_MCP_SESSIONS_PER_ACCOUNT: usize = 64;
+/// The header rmcp names an MCP session by.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 type McpService = StreamableHttpService<SessionMcpServer, LocalSessionManager>;
 
-/// The MCP service of the server and its sessions.
+/// The MCP service of the server, its sessions, and the scope each session
+/// was opened in: a request naming a session (its stream, its `DELETE`, any
+/// message) is served only in that scope, before rmcp sees it.
 #[derive(Clone)]
 struct Endpoint {
     service: McpService,
     sessions: Arc<LocalSessionManager>,
+    owners: Arc<tokio::sync::Mutex<HashMap<String, McpScope>>>,
 }
 
 /// The route, with one MCP service (and its MCP sessions) for the server.
@@ -58,6 +67,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             config,
         ),
         sessions,
+        owners: Arc::default(),
     };
     Router::new().route(
         "/mcp/sessions/{id}",
@@ -76,7 +86,7 @@ async fn serve(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(session_id): Path<String>,
-    mut request: Request,
+    request: Request,
     endpoint: Endpoint,
 ) -> ApiResult<Response> {
     // Before any MCP exchange: another account's session is as absent as a
@@ -90,22 +100,78 @@ async fn serve(
         None => Slot::Narrator,
         Some(value) => Slot::parse(value.to_str().unwrap_or_default())?,
     };
-    let opens_session = request.method() == axum::http::Method::POST
-        && !request.headers().contains_key("mcp-session-id");
-    if opens_session && endpoint.sessions.sessions.read().await.len() >= MAX_MCP_SESSIONS {
+    let scope = McpScope {
+        account_id: account.id,
+        session_id: session.id,
+        slot,
+    };
+    let named = request
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|value| value.to_str().unwrap_or_default().to_owned());
+    match named {
+        Some(id) => serve_session(&endpoint, request, scope, id).await,
+        None => open_session(&endpoint, request, scope).await,
+    }
+}
+
+/// A request of an open MCP session: only in the scope it was opened in.
+async fn serve_session(
+    endpoint: &Endpoint,
+    mut request: Request,
+    scope: McpScope,
+    id: String,
+) -> ApiResult<Response> {
+    let owner = endpoint.owners.lock().await.get(&id).cloned();
+    if owner.as_ref() != Some(&scope) {
+        // Unknown, ended, or another account's, session's or slot's: the
+        // same answer, so that an id reveals nothing.
+        return Err(crate::error::Error::not_found("MCP session").into());
+    }
+    let ends = request.method() == axum::http::Method::DELETE;
+    request.extensions_mut().insert(scope);
+    let Ok(response) = endpoint.service.clone().oneshot(request).await;
+    if ends && response.status().is_success() {
+        endpoint.owners.lock().await.remove(&id);
+    }
+    Ok(response.into_response())
+}
+
+/// A request without a session (an `initialize`), within the session caps.
+/// The owners' lock is held until rmcp has answered, so parallel opens
+/// cannot pass the caps together.
+async fn open_session(
+    endpoint: &Endpoint,
+    mut request: Request,
+    scope: McpScope,
+) -> ApiResult<Response> {
+    let mut owners = endpoint.owners.lock().await;
+    {
+        // Sessions rmcp closed (idle, or their client gone) free their place.
+        let live = endpoint.sessions.sessions.read().await;
+        owners.retain(|id, _| live.contains_key(id.as_str()));
+    }
+    let of_account = owners
+        .values()
+        .filter(|owner| owner.account_id == scope.account_id)
+        .count();
+    if owners.len() >= MAX_MCP_SESSIONS || of_account >= MAX_MCP_SESSIONS_PER_ACCOUNT {
         return Err(crate::error::Error::refused(
             crate::error::ErrorCode::LimitExceeded,
             format!(
-                "max_mcp_sessions = {MAX_MCP_SESSIONS} MCP sessions are open; close one (DELETE with its Mcp-Session-Id) or wait for idle ones to end"
+                "too many open MCP sessions (max_mcp_sessions = {MAX_MCP_SESSIONS}, {MAX_MCP_SESSIONS_PER_ACCOUNT} per account); close one (DELETE with its Mcp-Session-Id) or wait for idle ones to end"
             ),
         )
         .into());
     }
-    request.extensions_mut().insert(McpScope {
-        account_id: account.id,
-        session_id: session.id,
-        slot,
-    });
-    let Ok(response) = endpoint.service.oneshot(request).await;
+    request.extensions_mut().insert(scope.clone());
+    let Ok(response) = endpoint.service.clone().oneshot(request).await;
+    if let Some(id) = response
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|value| value.to_str().ok())
+    {
+        owners.insert(id.to_owned(), scope);
+    }
     Ok(response.into_response())
 }

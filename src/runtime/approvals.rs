@@ -45,10 +45,7 @@ impl ToolRuntime {
         permissions: &ToolPermissions,
     ) -> Result<ToolCallResult> {
         let Some(mut invocation) = entry.handler.snapshot(journal.call, args) else {
-            let message = format!(
-                "tool {:?} needs an operator's approval (approval_required), but it cannot be held for one: only callbacks and MCP tools can; the call was not run",
-                journal.call.name
-            );
+            let message = cannot_be_held(&journal.call.name);
             let reason = ReasonCode::ApprovalUnavailable;
             return journal
                 .refused(Some(entry), ExecutionStatus::Denied, reason, message)
@@ -108,7 +105,7 @@ impl ToolRuntime {
             .await?;
         match &decided.delivery {
             None => {
-                tracing::info!(execution_id = %decided.execution_id, job_id = %decided.runtime_job_id, "approval granted; the call is queued");
+                tracing::info!(execution_id = %decided.execution_id, job_id = %decided.runtime_job_id, state = %decided.job_state, "approval granted");
                 self.jobs.wake();
             }
             Some(delivery) => {
@@ -131,6 +128,13 @@ impl ToolRuntime {
             Err(error) => tracing::error!(%error, "ending timed-out approvals failed"),
         }
     }
+}
+
+/// Why a call that needs approval was refused: its tool cannot wait as a job.
+pub(super) fn cannot_be_held(tool: &str) -> String {
+    format!(
+        "tool {tool:?} needs an operator's approval (approval_required), but it cannot be held for one: only callbacks and MCP tools can; the call was not run"
+    )
 }
 
 /// Ends held calls past their deadline, every second, until `shutdown`. Held

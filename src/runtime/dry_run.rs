@@ -89,7 +89,7 @@ impl ToolRuntime {
             let verdict = self
                 .evaluate(&session, &catalog, &call, Some(replay))
                 .await?;
-            calls.push(dry_run_call(row, verdict));
+            calls.push(dry_run_call(row, &call, verdict));
         }
         log_dry_run(&run, &calls);
         Ok(DryRun {
@@ -121,8 +121,25 @@ fn recorded_call(row: &ExecutionRecord, run: &Run) -> Result<ToolCall> {
 }
 
 /// Today's verdict on one recorded call, in the answer's words.
-fn dry_run_call(row: &ExecutionRecord, verdict: Verdict<'_>) -> DryRunCall {
+fn dry_run_call(row: &ExecutionRecord, call: &ToolCall, verdict: Verdict<'_>) -> DryRunCall {
     let (verdict, reason) = match verdict {
+        // As the call path decides it: a tool that cannot wait as a job is
+        // refused when it needs approval.
+        Ok(checked)
+            if checked
+                .permissions
+                .needs_approval(&row.tool_name, &checked.entry.spec.metadata)
+                && checked
+                    .entry
+                    .handler
+                    .snapshot(call, &checked.args)
+                    .is_none() =>
+        {
+            (
+                DryRunVerdict::WouldBeDenied,
+                Some(super::approvals::cannot_be_held(&row.tool_name)),
+            )
+        }
         // It would run once an operator approves it: not refused, so the
         // verdict is would_run, and the reason says it waits.
         Ok(checked)

@@ -159,11 +159,7 @@ async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
         loop {
             ticker.tick().await;
             let lease_until = now_ms() + LEASE.as_millis() as i64;
-            match runtime
-                .store
-                .heartbeat_job(&job.id, owner, lease_until)
-                .await
-            {
+            match runtime.store.heartbeat_job(&job, owner, lease_until).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(job_id = %job.id, "job lease lost while running");

@@ -26,6 +26,9 @@ pub struct Decided {
     pub execution_id: String,
     pub runtime_job_id: String,
     pub session_id: String,
+    /// The job's state now: `queued`, `staged` (approved inside an open
+    /// run: released at its commit) or `cancelled` (rejected).
+    pub job_state: String,
     /// The rejection's result for the session (none when approved: the job's
     /// own result follows).
     pub delivery: Option<Delivery>,
@@ -69,27 +72,32 @@ impl Store {
         decision: &ApprovalDecision,
     ) -> Result<Decided> {
         let mut tx = self.begin_write().await?;
-        let state = match decision {
-            ApprovalDecision::Approve => "queued",
-            ApprovalDecision::Reject { .. } => "cancelled",
-        };
+        let approve = matches!(decision, ApprovalDecision::Approve);
+        // An approved call of a run that is still open is staged like any
+        // deferred call of it: the commit releases it, a discard cancels it.
+        // Past its deadline a call is the sweeper's, whoever asks first.
         let sql = format!(
-            "UPDATE runtime_jobs SET state = ?1, updated_at = ?2, approval_deadline_at = NULL, \
-             finished_at = CASE WHEN ?1 = 'cancelled' THEN ?2 ELSE finished_at END \
+            "UPDATE runtime_jobs SET updated_at = ?2, approval_deadline_at = NULL, \
+             state = CASE WHEN ?1 = 0 THEN 'cancelled' \
+                 WHEN run_id IS NOT NULL AND EXISTS \
+                     (SELECT 1 FROM floor_runs WHERE floor_runs.id = runtime_jobs.run_id AND floor_runs.state = 'open') \
+                 THEN 'staged' ELSE 'queued' END, \
+             finished_at = CASE WHEN ?1 = 0 THEN ?2 ELSE finished_at END \
              WHERE execution_id = ?3 AND account_id = ?4 AND state = 'awaiting_approval' \
-             RETURNING {HELD_COLUMNS}"
+               AND (approval_deadline_at IS NULL OR approval_deadline_at >= ?2) \
+             RETURNING {HELD_COLUMNS}, state"
         );
         let now = now_ms();
         let held = sql!(tx, c => query(sqlx::AssertSqlSafe(sql))
-            .bind(state)
+            .bind(approve as i64)
             .bind(now)
             .bind(execution_id)
             .bind(account_id)
             .fetch_optional(c)
             .await?
             .as_ref()
-            .map(held_from));
-        let Some(held) = held else {
+            .map(|row| (held_from(row), row.get::<String>("state"))));
+        let Some((held, state)) = held else {
             drop(tx);
             return Err(self.not_pending(account_id, execution_id).await?);
         };
@@ -114,6 +122,7 @@ impl Store {
             execution_id: held.execution_id,
             runtime_job_id: held.job_id,
             session_id: held.session_id,
+            job_state: state,
             delivery,
         })
     }

@@ -177,14 +177,23 @@ impl Store {
     }
 
     /// Extends the lease; false when the lease is no longer ours.
-    pub async fn heartbeat_job(&self, id: &str, owner: &str, lease_until: i64) -> Result<bool> {
+    /// The claim is the job's attempt: after a re-delivery, the lost
+    /// attempt's heartbeat (same instance, same owner) no longer holds it.
+    pub async fn heartbeat_job(
+        &self,
+        job: &RuntimeJob,
+        owner: &str,
+        lease_until: i64,
+    ) -> Result<bool> {
         let changed = sql!(self.conn().await?, c => query(
-            "UPDATE runtime_jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND lease_owner = ? AND state = 'running'",
+            "UPDATE runtime_jobs SET lease_expires_at = ?, updated_at = ? \
+             WHERE id = ? AND lease_owner = ? AND state = 'running' AND attempts = ?",
         )
         .bind(lease_until)
         .bind(now_ms())
-        .bind(id)
+        .bind(&job.id)
         .bind(owner)
+        .bind(job.attempts)
         .execute(c)
         .await?
         .rows_affected());
@@ -207,7 +216,7 @@ impl Store {
         let error_message = is_error.then(|| output.as_str().unwrap_or_default().to_owned());
         let changed = sql!(tx, c => query(
             "UPDATE runtime_jobs SET state = ?, result_json = ?, error_message = ?, finished_at = ?, updated_at = ?, \
-             lease_expires_at = NULL WHERE id = ? AND lease_owner = ? AND state = 'running'",
+             lease_expires_at = NULL WHERE id = ? AND lease_owner = ? AND state = 'running' AND attempts = ?",
         )
         .bind(job_state)
         .bind(output.to_string())
@@ -216,6 +225,7 @@ impl Store {
         .bind(now)
         .bind(&job.id)
         .bind(owner)
+        .bind(job.attempts)
         .execute(c)
         .await?
         .rows_affected());
@@ -270,12 +280,20 @@ impl Store {
         .fetch_all(c)
         .await?);
         let mut outcome = LostJobs::default();
+        let lost_now = LostNow {
+            now,
+            all_running,
+            dead_owner,
+        };
         for (job_id, execution_id, invocation, attempts) in lost {
+            // The lease is checked again by the update: a heartbeat may have
+            // renewed it since the read (PostgreSQL's heartbeats take no
+            // write lock).
             if redeliverable(&invocation, attempts) {
-                requeue_lost_job(&mut tx, &job_id, &execution_id, now).await?;
-                outcome.redelivered.push(execution_id);
-            } else {
-                end_lost_job(&mut tx, &job_id, &execution_id, now).await?;
+                if requeue_lost_job(&mut tx, &job_id, &execution_id, &lost_now).await? {
+                    outcome.redelivered.push(execution_id);
+                }
+            } else if end_lost_job(&mut tx, &job_id, &execution_id, &lost_now).await? {
                 outcome.uncertain.push(execution_id);
             }
         }
@@ -501,21 +519,35 @@ fn redeliverable(invocation: &str, attempts: i64) -> bool {
     safe && attempts < MAX_JOB_ATTEMPTS
 }
 
+/// What makes a running job lost, as `expire_lost_jobs` was asked.
+struct LostNow<'a> {
+    now: i64,
+    all_running: bool,
+    dead_owner: Option<&'a str>,
+}
+
+/// Queues a lost job again; false when it turned out not to be lost.
 async fn requeue_lost_job(
     tx: &mut impl AsHandle,
     job_id: &str,
     execution_id: &str,
-    now: i64,
-) -> Result<()> {
-    sql!(*tx, c => query(
+    lost: &LostNow<'_>,
+) -> Result<bool> {
+    let changed = sql!(*tx, c => query(
         "UPDATE runtime_jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, \
-         updated_at = ? WHERE id = ? AND state = 'running'",
+         updated_at = ?1 WHERE id = ?4 AND state = 'running' \
+         AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
     )
-    .bind(now)
+    .bind(lost.now)
+    .bind(lost.all_running as i64)
+    .bind(lost.dead_owner)
     .bind(job_id)
     .execute(c)
-    .await
-    .map(|_| ())?);
+    .await?
+    .rows_affected());
+    if changed == 0 {
+        return Ok(false);
+    }
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
     )
@@ -523,26 +555,33 @@ async fn requeue_lost_job(
     .execute(c)
     .await
     .map(|_| ())?);
-    Ok(())
+    Ok(true)
 }
 
+/// Ends a lost job `uncertain`; false when it turned out not to be lost.
 async fn end_lost_job(
     tx: &mut impl AsHandle,
     job_id: &str,
     execution_id: &str,
-    now: i64,
-) -> Result<()> {
-    sql!(*tx, c => query(
+    lost: &LostNow<'_>,
+) -> Result<bool> {
+    let now = lost.now;
+    let changed = sql!(*tx, c => query(
         "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?1, finished_at = ?1, \
          lease_owner = NULL, lease_expires_at = NULL, \
          error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
-         WHERE id = ?2 AND state = 'running'",
+         WHERE id = ?4 AND state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
     )
     .bind(now)
+    .bind(lost.all_running as i64)
+    .bind(lost.dead_owner)
     .bind(job_id)
     .execute(c)
-    .await
-    .map(|_| ())?);
+    .await?
+    .rows_affected());
+    if changed == 0 {
+        return Ok(false);
+    }
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
          duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
@@ -555,5 +594,5 @@ async fn end_lost_job(
     .execute(c)
     .await
     .map(|_| ())?);
-    Ok(())
+    Ok(true)
 }
