@@ -201,14 +201,23 @@ macro_rules! sql {
 }
 pub(crate) use sql;
 
-/// A column type both drivers decode.
+/// A column type both drivers decode (and rusqlite, which the journal's
+/// reads on SQLite use: `store/journal_reader.rs`).
 pub(crate) trait Value:
-    for<'r> Decode<'r, Sqlite> + Type<Sqlite> + for<'r> Decode<'r, Postgres> + Type<Postgres>
+    for<'r> Decode<'r, Sqlite>
+    + Type<Sqlite>
+    + for<'r> Decode<'r, Postgres>
+    + Type<Postgres>
+    + rusqlite::types::FromSql
 {
 }
 
 impl<T> Value for T where
-    T: for<'r> Decode<'r, Sqlite> + Type<Sqlite> + for<'r> Decode<'r, Postgres> + Type<Postgres>
+    T: for<'r> Decode<'r, Sqlite>
+        + Type<Sqlite>
+        + for<'r> Decode<'r, Postgres>
+        + Type<Postgres>
+        + rusqlite::types::FromSql
 {
 }
 
@@ -229,6 +238,13 @@ impl Record for SqliteRow {
 impl Record for PgRow {
     fn get<T: Value>(&self, column: &str) -> T {
         sqlx::Row::get(self, column)
+    }
+}
+
+impl Record for rusqlite::Row<'_> {
+    fn get<T: Value>(&self, column: &str) -> T {
+        rusqlite::Row::get(self, column)
+            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
     }
 }
 

@@ -7,6 +7,7 @@ use sqlx::AssertSqlSafe;
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_queue::JournalWrite;
+use super::journal_reader::ReadParam;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -251,11 +252,11 @@ impl Store {
         query: ExecutionQuery,
     ) -> Result<Page<ExecutionRecord>> {
         let mut conditions = vec!["account_id = ?".to_owned()];
-        let mut binds = vec![account_id.to_owned()];
+        let mut binds = vec![ReadParam::Text(account_id.to_owned())];
         let mut filter = |column: &str, value: Option<String>| {
             if let Some(value) = value {
                 conditions.push(format!("{column} = ?"));
-                binds.push(value);
+                binds.push(ReadParam::Text(value));
             }
         };
         filter("session_id", query.session_id.clone());
@@ -289,25 +290,30 @@ impl Store {
             page.sort_by
         );
         // One row past the page says whether another follows, whatever `total`.
-        let mut items = sql!(self.conn().await?, c => {
-            let mut rows = query(AssertSqlSafe(sql));
-            for bind in &binds {
-                rows = rows.bind(bind);
-            }
-            for bind in &keyset_binds {
-                rows = match *bind {
-                    KeysetValue::Sort(value) => rows.bind(value),
-                    KeysetValue::Id(id) => rows.bind(id),
-                };
-            }
-            rows.bind(page.limit + 1)
-                .bind(page.offset)
-                .fetch_all(c)
-                .await?
-                .iter()
-                .map(record_from_row)
-                .collect::<Vec<ExecutionRecord>>()
-        });
+        for bind in keyset_binds {
+            binds.push(match bind {
+                KeysetValue::Sort(value) => ReadParam::Int(value),
+                KeysetValue::Id(id) => ReadParam::Text(id.to_owned()),
+            });
+        }
+        binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
+        let mut items = match &self.journal_reader {
+            Some(reader) => reader.rows(sql, binds, |row| record_from_row(row)).await?,
+            None => sql!(self.conn().await?, c => {
+                let mut rows = query(AssertSqlSafe(sql));
+                for bind in &binds {
+                    rows = match bind {
+                        ReadParam::Text(text) => rows.bind(text),
+                        ReadParam::Int(n) => rows.bind(*n),
+                    };
+                }
+                rows.fetch_all(c)
+                    .await?
+                    .iter()
+                    .map(record_from_row)
+                    .collect::<Vec<ExecutionRecord>>()
+            }),
+        };
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
@@ -326,20 +332,33 @@ impl Store {
     async fn bounded_total(
         &self,
         where_sql: &str,
-        binds: &[String],
+        binds: &[ReadParam],
         query: &ExecutionQuery,
     ) -> Result<(i64, bool)> {
         let bound = TOTAL_EXACT_UP_TO.max(query.page.offset + query.page.limit);
         let sql = format!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM tool_execution_record WHERE {where_sql} LIMIT ?) AS matching"
         );
-        let counted = sql!(self.conn().await?, c => {
-            let mut total = query_scalar::<i64>(AssertSqlSafe(sql));
-            for bind in binds {
-                total = total.bind(bind);
-            }
-            total.bind(bound + 1).fetch_one(c).await?
-        });
+        let mut binds = binds.to_vec();
+        binds.push(ReadParam::Int(bound + 1));
+        let counted = match &self.journal_reader {
+            Some(reader) => reader
+                .rows(sql, binds, |row| row.get::<_, i64>(0).unwrap_or(0))
+                .await?
+                .first()
+                .copied()
+                .unwrap_or(0),
+            None => sql!(self.conn().await?, c => {
+                let mut total = query_scalar::<i64>(AssertSqlSafe(sql));
+                for bind in &binds {
+                    total = match bind {
+                        ReadParam::Text(text) => total.bind(text),
+                        ReadParam::Int(n) => total.bind(*n),
+                    };
+                }
+                total.fetch_one(c).await?
+            }),
+        };
         Ok((counted, counted > bound))
     }
 

@@ -61,7 +61,7 @@ impl JournalWriter {
 
 /// The database file of a SQLite pool, when it is one another connection can
 /// open (not an in-memory database).
-fn sqlite_file(pool: &backend::Pool) -> Option<std::path::PathBuf> {
+pub(super) fn sqlite_file(pool: &backend::Pool) -> Option<std::path::PathBuf> {
     let backend::Pool::Sqlite(pool) = pool else {
         return None;
     };

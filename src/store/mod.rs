@@ -15,6 +15,7 @@ mod instance_file;
 mod jobs;
 mod journal;
 mod journal_queue;
+mod journal_reader;
 mod journal_task;
 mod journal_thread;
 mod journal_writer;
@@ -63,6 +64,8 @@ pub struct Store {
     /// the hot-path writes (every call's rows, its budget and step checks
     /// included) go through this one task instead (BENCHMARKS.md).
     journal_writer: journal_writer::JournalWriter,
+    /// The journal's page reads on an SQLite file (None: through the pool).
+    journal_reader: Option<journal_reader::JournalReader>,
     /// Enabled definitions by account: read on every call's catalog.
     definition_cache:
         Arc<cache::GenerationCache<Arc<Vec<crate::domain::definition::ToolDefinition>>>>,
@@ -103,6 +106,8 @@ impl Store {
         }
         let store = Self {
             journal_writer: journal_writer::JournalWriter::spawn(pool.clone())?,
+            journal_reader: journal_writer::sqlite_file(&pool)
+                .map(journal_reader::JournalReader::new),
             pool,
             api_keys: Arc::default(),
             definition_cache: Arc::default(),
@@ -120,7 +125,11 @@ impl Store {
     pub async fn close(&self) {
         self.cluster.stop();
         self.deregister_instance().await;
-        // The journal writer holds a connection; the pool waits for it.
+        // Readers and the journal writer hold connections of their own; the
+        // last connection to close folds the write-ahead log back.
+        if let Some(reader) = &self.journal_reader {
+            reader.close();
+        }
         self.journal_writer.close().await;
         self.pool.close().await;
     }

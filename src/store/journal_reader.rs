@@ -1,0 +1,141 @@
+//! Journal reads on an SQLite file, on connections of their own. sqlx's
+//! SQLite driver hands every row from its worker thread to the caller over a
+//! channel, a wake-up per row, and a journal page is up to 500 full rows; here
+//! a read runs whole on the blocking pool with a prepared statement, and only
+//! the finished page crosses threads (BENCHMARKS.md, issue 20). PostgreSQL and
+//! in-memory SQLite read through the pool.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, OpenFlags, Row};
+use tokio::sync::Semaphore;
+
+use super::schema::SQLITE_BUSY_TIMEOUT;
+use crate::error::{Error, Result};
+
+/// At most this many journal reads run at once; each holds a connection and
+/// a blocking thread while it runs.
+const MAX_READS: usize = 4;
+/// Statements each connection keeps prepared (the journal's queries differ
+/// by their filters and sort).
+const PREPARED_STATEMENTS: usize = 64;
+
+/// A parameter of a journal read.
+#[derive(Debug, Clone)]
+pub(crate) enum ReadParam {
+    Text(String),
+    Int(i64),
+}
+
+/// Read-only connections to the database file, opened on demand.
+#[derive(Clone)]
+pub(crate) struct JournalReader {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for JournalReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalReader")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+    reads: Semaphore,
+}
+
+impl JournalReader {
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                path,
+                idle: Mutex::new(Vec::new()),
+                reads: Semaphore::new(MAX_READS),
+            }),
+        }
+    }
+
+    /// Every row of `sql` with `params`, each mapped by `map` on the reading
+    /// thread.
+    pub async fn rows<T: Send + 'static>(
+        &self,
+        sql: String,
+        params: Vec<ReadParam>,
+        map: fn(&Row<'_>) -> T,
+    ) -> Result<Vec<T>> {
+        let _permit = self
+            .inner
+            .reads
+            .acquire()
+            .await
+            .map_err(|_| internal("the journal reader is closed"))?;
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || inner.read(&sql, &params, map))
+            .await
+            .map_err(|join| internal(format!("a journal read failed: {join}")))?
+    }
+
+    /// Closes the idle connections (at shutdown, before the store's last
+    /// connection closes, so that it can fold the write-ahead log back).
+    pub fn close(&self) {
+        self.inner.reads.close();
+        self.inner.idle().clear();
+    }
+}
+
+impl Inner {
+    fn idle(&self) -> MutexGuard<'_, Vec<Connection>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read<T>(&self, sql: &str, params: &[ReadParam], map: fn(&Row<'_>) -> T) -> Result<Vec<T>> {
+        let popped = self.idle().pop();
+        let connection = match popped {
+            Some(connection) => connection,
+            None => open(&self.path)
+                .map_err(|err| internal(format!("opening a journal reader: {err}")))?,
+        };
+        let rows = query(&connection, sql, params, map);
+        // A connection whose read failed is still sound (the failure was the
+        // statement's); it goes back for the next read, unless the reader
+        // closed meanwhile.
+        if !self.reads.is_closed() {
+            self.idle().push(connection);
+        }
+        rows.map_err(|err| internal(format!("a journal read failed: {err}")))
+    }
+}
+
+fn query<T>(
+    connection: &Connection,
+    sql: &str,
+    params: &[ReadParam],
+    map: fn(&Row<'_>) -> T,
+) -> rusqlite::Result<Vec<T>> {
+    let mut statement = connection.prepare_cached(sql)?;
+    let values = params.iter().map(|param| match param {
+        ReadParam::Text(text) => SqlValue::Text(text.clone()),
+        ReadParam::Int(n) => SqlValue::Integer(*n),
+    });
+    let rows = statement.query_map(rusqlite::params_from_iter(values), |row| Ok(map(row)))?;
+    rows.collect()
+}
+
+fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    connection.busy_timeout(SQLITE_BUSY_TIMEOUT)?;
+    connection.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS);
+    Ok(connection)
+}
+
+fn internal(message: impl Into<String>) -> Error {
+    Error::Internal(anyhow::anyhow!(message.into()))
+}
