@@ -202,7 +202,7 @@ macro_rules! sql {
 pub(crate) use sql;
 
 /// A column type both drivers decode (and rusqlite, which the journal's
-/// reads on SQLite use: `store/journal_reader.rs`).
+/// reads on SQLite use: `store/journal_reader.rs`, whose rows are records too).
 pub(crate) trait Value:
     for<'r> Decode<'r, Sqlite>
     + Type<Sqlite>
@@ -238,13 +238,6 @@ impl Record for SqliteRow {
 impl Record for PgRow {
     fn get<T: Value>(&self, column: &str) -> T {
         sqlx::Row::get(self, column)
-    }
-}
-
-impl Record for rusqlite::Row<'_> {
-    fn get<T: Value>(&self, column: &str) -> T {
-        rusqlite::Row::get(self, column)
-            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
     }
 }
 

@@ -343,7 +343,7 @@ impl Store {
         binds.push(ReadParam::Int(bound + 1));
         let counted = match &self.journal_reader {
             Some(reader) => reader
-                .rows(sql, binds, |row| row.get::<_, i64>(0).unwrap_or(0))
+                .rows(sql, binds, |row| row.first::<i64>().unwrap_or(0))
                 .await?
                 .first()
                 .copied()

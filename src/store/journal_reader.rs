@@ -5,6 +5,7 @@
 //! the finished page crosses threads (BENCHMARKS.md, issue 20). PostgreSQL and
 //! in-memory SQLite read through the pool.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,6 +22,10 @@ const MAX_READS: usize = 4;
 /// Statements each connection keeps prepared (the journal's queries differ
 /// by their filters and sort).
 const PREPARED_STATEMENTS: usize = 64;
+/// Each reader's page cache, in KiB (SQLite's default is 2 MiB): a large
+/// session's count walks 10,000 index entries, and lists of other sessions
+/// in between should not evict them.
+const CACHE_KIB: i64 = 16 * 1024;
 
 /// A parameter of a journal read.
 #[derive(Debug, Clone)]
@@ -66,7 +71,7 @@ impl JournalReader {
         &self,
         sql: String,
         params: Vec<ReadParam>,
-        map: fn(&Row<'_>) -> T,
+        map: fn(&ReaderRow<'_, '_>) -> T,
     ) -> Result<Vec<T>> {
         let _permit = self
             .inner
@@ -93,7 +98,12 @@ impl Inner {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn read<T>(&self, sql: &str, params: &[ReadParam], map: fn(&Row<'_>) -> T) -> Result<Vec<T>> {
+    fn read<T>(
+        &self,
+        sql: &str,
+        params: &[ReadParam],
+        map: fn(&ReaderRow<'_, '_>) -> T,
+    ) -> Result<Vec<T>> {
         let popped = self.idle().pop();
         let connection = match popped {
             Some(connection) => connection,
@@ -115,15 +125,55 @@ fn query<T>(
     connection: &Connection,
     sql: &str,
     params: &[ReadParam],
-    map: fn(&Row<'_>) -> T,
+    map: fn(&ReaderRow<'_, '_>) -> T,
 ) -> rusqlite::Result<Vec<T>> {
     let mut statement = connection.prepare_cached(sql)?;
+    // Row mappers read by column name; rusqlite finds a name by comparing it
+    // with every column's (a quarter of a page's time, measured), so the
+    // names are indexed once per statement.
+    let columns: HashMap<String, usize> = statement
+        .column_names()
+        .into_iter()
+        .enumerate()
+        .map(|(index, name)| (name.to_owned(), index))
+        .collect();
     let values = params.iter().map(|param| match param {
         ReadParam::Text(text) => SqlValue::Text(text.clone()),
         ReadParam::Int(n) => SqlValue::Integer(*n),
     });
-    let rows = statement.query_map(rusqlite::params_from_iter(values), |row| Ok(map(row)))?;
+    let rows = statement.query_map(rusqlite::params_from_iter(values), |row| {
+        Ok(map(&ReaderRow {
+            row,
+            columns: &columns,
+        }))
+    })?;
     rows.collect()
+}
+
+/// A row of a journal read, read by column name through the statement's
+/// index of names.
+pub(crate) struct ReaderRow<'a, 'stmt> {
+    row: &'a Row<'stmt>,
+    columns: &'a HashMap<String, usize>,
+}
+
+impl ReaderRow<'_, '_> {
+    /// The first column (a scalar query's answer).
+    pub fn first<T: rusqlite::types::FromSql>(&self) -> rusqlite::Result<T> {
+        self.row.get(0)
+    }
+}
+
+impl super::backend::Record for ReaderRow<'_, '_> {
+    fn get<T: super::backend::Value>(&self, column: &str) -> T {
+        let index = *self
+            .columns
+            .get(column)
+            .unwrap_or_else(|| panic!("a journal read has no column {column:?}"));
+        self.row
+            .get(index)
+            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
+    }
 }
 
 fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
@@ -133,6 +183,7 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
     )?;
     connection.busy_timeout(SQLITE_BUSY_TIMEOUT)?;
     connection.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS);
+    connection.pragma_update(None, "cache_size", -CACHE_KIB)?;
     Ok(connection)
 }
 
