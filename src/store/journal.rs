@@ -297,23 +297,7 @@ impl Store {
             });
         }
         binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
-        let mut items = match &self.journal_reader {
-            Some(reader) => reader.rows(sql, binds, |row| record_from_row(row)).await?,
-            None => sql!(self.conn().await?, c => {
-                let mut rows = query(AssertSqlSafe(sql));
-                for bind in &binds {
-                    rows = match bind {
-                        ReadParam::Text(text) => rows.bind(text),
-                        ReadParam::Int(n) => rows.bind(*n),
-                    };
-                }
-                rows.fetch_all(c)
-                    .await?
-                    .iter()
-                    .map(record_from_row)
-                    .collect::<Vec<ExecutionRecord>>()
-            }),
-        };
+        let mut items = self.read_records(sql, binds).await?;
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
@@ -325,6 +309,32 @@ impl Store {
         result.more = Some(more);
         result.next_cursor = next_cursor;
         Ok(result)
+    }
+
+    /// The journal rows `sql` selects: on an SQLite file through the journal
+    /// reader, else through the pool.
+    async fn read_records(
+        &self,
+        sql: String,
+        binds: Vec<ReadParam>,
+    ) -> Result<Vec<ExecutionRecord>> {
+        if let Some(reader) = &self.journal_reader {
+            return reader.rows(sql, binds, |row| record_from_row(row)).await;
+        }
+        Ok(sql!(self.conn().await?, c => {
+            let mut rows = query(AssertSqlSafe(sql));
+            for bind in &binds {
+                rows = match bind {
+                    ReadParam::Text(text) => rows.bind(text),
+                    ReadParam::Int(n) => rows.bind(*n),
+                };
+            }
+            rows.fetch_all(c)
+                .await?
+                .iter()
+                .map(record_from_row)
+                .collect::<Vec<ExecutionRecord>>()
+        }))
     }
 
     /// Matching rows, counted exactly up to [`TOTAL_EXACT_UP_TO`] or the
