@@ -153,11 +153,12 @@ async fn waits_for_a_pooled_database_connection_are_a_histogram() {
         // A call of its own each time (no call_id), not a replay.
         let called = common::mcp::call(&server, &session, "get_time", json!({})).await;
         assert_eq!(called["status"], "success", "{called}");
-        // Two statements (the count and the page), each on its own connection.
-        let listed = server
-            .get(&format!("/tool-executions?session_id={session}"))
-            .await;
-        assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+        // Two reads, each on a pooled connection (journal pages on SQLite
+        // read on connections of their own, so they are not among them).
+        for path in ["tool-results", "floors"] {
+            let listed = server.get(&format!("/sessions/{session}/{path}")).await;
+            assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+        }
     }
     let text = scrape(&server).await;
     let after = sample(&text, count);
