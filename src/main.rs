@@ -8,6 +8,13 @@ use toolgate::config::{Cli, Command, LogFormat, Settings};
 use toolgate::logging::SanitizedStderr;
 use toolgate::telemetry::Telemetry;
 
+/// mimalloc instead of glibc's malloc: under load the server's threads
+/// (tokio workers, the journal thread, the blocking pool) allocate and free
+/// each other's memory, and glibc's arena locks showed as futex wake-ups in
+/// the profile (BENCHMARKS.md, issue 20).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
