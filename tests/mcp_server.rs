@@ -501,6 +501,27 @@ async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_sco
         .await
         .unwrap();
     assert_eq!(posted.status(), StatusCode::NOT_FOUND, "{posted:?}");
+    // Its messages must name its slot; its event stream need not (it only
+    // carries list_changed).
+    let other_slot = mcp_post(&server, &session, Some(&server.token))
+        .header("x-toolgate-slot", "director")
+        .header("mcp-session-id", &mcp_session)
+        .json(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_slot.status(), StatusCode::NOT_FOUND, "{other_slot:?}");
+    let stream = client
+        .get(server.url(&format!("/mcp/sessions/{session}")))
+        .bearer_auth(&server.token)
+        .header("x-toolgate-slot", "director")
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &mcp_session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK, "{stream:?}");
+    drop(stream);
     // The session still serves its own scope.
     let listed = mcp_post(&server, &session, Some(&server.token))
         .header("mcp-session-id", &mcp_session)

@@ -123,13 +123,22 @@ async fn serve_session(
     id: String,
 ) -> ApiResult<Response> {
     let owner = endpoint.owners.lock().await.get(&id).cloned();
-    if owner.as_ref() != Some(&scope) {
+    // Messages are the slot's calls, so they must name the session's slot;
+    // its event stream (slot-blind list_changed) and its end need only be
+    // the same account's same chat session.
+    let messages = request.method() == axum::http::Method::POST;
+    let same = |owner: &McpScope| {
+        owner.account_id == scope.account_id
+            && owner.session_id == scope.session_id
+            && (!messages || owner.slot == scope.slot)
+    };
+    let Some(owner) = owner.filter(same) else {
         // Unknown, ended, or another account's, session's or slot's: the
         // same answer, so that an id reveals nothing.
         return Err(crate::error::Error::not_found("MCP session").into());
-    }
+    };
     let ends = request.method() == axum::http::Method::DELETE;
-    request.extensions_mut().insert(scope);
+    request.extensions_mut().insert(owner);
     let Ok(response) = endpoint.service.clone().oneshot(request).await;
     if ends && response.status().is_success() {
         endpoint.owners.lock().await.remove(&id);
