@@ -131,6 +131,21 @@ async fn an_approval_required_irreversible_callback_runs_only_after_approve_exac
     assert_eq!(requested["execution_id"], id);
     assert_eq!(requested["tool_name"], "send_email");
     assert_eq!(requested["arguments"]["to"], "ann@example.com");
+    // The default approval_timeout_seconds is 600: shown once a rule is set,
+    // and the deadline the event names.
+    let permissions = server
+        .get(&format!("/sessions/{session}/tool-permissions"))
+        .await;
+    assert_eq!(permissions.body["data"]["approval_timeout_seconds"], 600);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let left_s = (requested["approval_deadline_at"].as_i64().unwrap() - now_ms) / 1000;
+    assert!(
+        (570..=600).contains(&left_s),
+        "{left_s} s left: {requested}"
+    );
     let held = row(&server, &id).await;
     assert_eq!(held["status"], "awaiting_approval", "{held}");
     assert_eq!(held["lifecycle_state"], "opened", "{held}");

@@ -9,11 +9,9 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::routing::post;
+use common::callbacks::CountingCallbacks;
 use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -129,28 +127,6 @@ fn named<'a>(tools: &'a [Value], name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {name} in {tools:#?}"))
 }
 
-/// A callback that counts its requests and answers with the arguments.
-async fn start_callback() -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
-    let app = axum::Router::new().route(
-        "/cb",
-        post(move |axum::Json(body): axum::Json<Value>| {
-            let counter = counter.clone();
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                axum::Json(
-                    json!({"output": {"weather": "rain", "city": body["arguments"]["city"]}}),
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/cb", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, hits)
-}
-
 async fn register(server: &TestServer, name: &str, callback: &str, extra: Value) {
     let mut body = json!({
         "name": name,
@@ -182,7 +158,8 @@ fn execution_id(result: &Value) -> String {
 #[tokio::test]
 async fn an_mcp_client_lists_and_calls_a_sessions_tools_through_the_call_path() {
     let server = spawn_app().await;
-    let (callback, hits) = start_callback().await;
+    let callbacks = CountingCallbacks::start().await;
+    let callback = callbacks.url("/ok");
     register(&server, "weather", &callback, json!({})).await;
     register(
         &server,
@@ -241,9 +218,8 @@ async fn an_mcp_client_lists_and_calls_a_sessions_tools_through_the_call_path() 
 
     let remote = client.call("weather", json!({"city": "Oslo"})).await;
     assert_eq!(remote["is_error"], false, "{remote}");
-    assert_eq!(remote["structured"]["weather"], "rain");
-    assert_eq!(remote["structured"]["city"], "Oslo");
-    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(remote["structured"]["echo"]["city"], "Oslo", "{remote}");
+    assert_eq!(callbacks.hits(), 1);
     let row = journal_row(&server, &execution_id(&remote)).await;
     assert_eq!(row["session_id"], session);
     assert_eq!(row["caller_slot"], "narrator");
@@ -261,7 +237,8 @@ async fn an_mcp_client_lists_and_calls_a_sessions_tools_through_the_call_path() 
 #[tokio::test]
 async fn a_tool_denied_for_the_slot_is_absent_and_a_call_to_it_is_refused() {
     let server = spawn_app().await;
-    let (callback, hits) = start_callback().await;
+    let callbacks = CountingCallbacks::start().await;
+    let callback = callbacks.url("/ok");
     register(&server, "weather", &callback, json!({})).await;
     let session = server.create_session().await;
     let reply = server
@@ -282,7 +259,7 @@ async fn a_tool_denied_for_the_slot_is_absent_and_a_call_to_it_is_refused() {
         refused["text"].as_str().unwrap().contains("weather"),
         "the reason is in the text: {refused}"
     );
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "the callback never ran");
+    assert_eq!(callbacks.hits(), 0, "the callback never ran");
     let row = journal_row(&server, &execution_id(&refused)).await;
     assert_eq!(row["status"], "denied");
     assert_eq!(row["caller_slot"], "director");
@@ -314,7 +291,8 @@ async fn the_sdk_client_gets_404_for_another_accounts_session() {
 #[tokio::test]
 async fn a_registration_sends_tools_list_changed_to_the_connected_client() {
     let server = spawn_app().await;
-    let (callback, _hits) = start_callback().await;
+    let callbacks = CountingCallbacks::start().await;
+    let callback = callbacks.url("/ok");
     let session = server.create_session().await;
     let mut client = McpClient::connect(&server, &session, &server.token, None).await;
     assert!(!names(&client.tools().await).contains(&"weather"));

@@ -6,8 +6,9 @@
 //!
 //! The HTTP route authenticates and resolves the session before any MCP
 //! exchange, and hands the handler that scope with every request
-//! ([`McpScope`], in the request's extensions). An MCP session is bound to
-//! the scope it was initialised in: a request of another scope is refused.
+//! ([`McpScope`], in the request's extensions). The route also binds each
+//! MCP session to the scope it was initialised in (`api/mcp_sessions.rs`), so
+//! the handler trusts the scope it is given.
 
 mod convert;
 
@@ -45,8 +46,8 @@ pub struct McpScope {
 /// The MCP server of one MCP session (rmcp makes one per session).
 pub struct SessionMcpServer {
     runtime: ToolRuntime,
-    /// The scope of `initialize`; every later request must have the same.
-    bound: OnceLock<McpScope>,
+    /// Set once the `list_changed` forwarder runs (at the first `initialize`).
+    forwarding: OnceLock<()>,
     /// Ends the `list_changed` forwarder when rmcp drops this session.
     ended: CancellationToken,
     _end_on_drop: DropGuard,
@@ -58,27 +59,20 @@ impl SessionMcpServer {
         let ended = CancellationToken::new();
         Self {
             runtime,
-            bound: OnceLock::new(),
+            forwarding: OnceLock::new(),
             _end_on_drop: ended.clone().drop_guard(),
             ended,
         }
     }
 
-    /// The request's scope, which must be the session's once it is bound.
+    /// The request's scope, as the route checked it.
     fn scope(&self, context: &RequestContext<RoleServer>) -> Result<McpScope, McpError> {
-        let scope = context
+        context
             .extensions
             .get::<http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<McpScope>())
             .cloned()
-            .ok_or_else(|| McpError::internal_error("the request has no toolgate scope", None))?;
-        match self.bound.get() {
-            Some(bound) if *bound != scope => Err(McpError::invalid_request(
-                "this MCP session belongs to another toolgate session, account or slot; initialize a new one",
-                None,
-            )),
-            _ => Ok(scope),
-        }
+            .ok_or_else(|| McpError::internal_error("the request has no toolgate scope", None))
     }
 
     /// Sends `notifications/tools/list_changed` for every catalog change of
@@ -141,7 +135,7 @@ impl ServerHandler for SessionMcpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, McpError> {
         let scope = self.scope(&context)?;
-        if self.bound.set(scope.clone()).is_ok() {
+        if self.forwarding.set(()).is_ok() {
             self.forward_catalog_changes(&scope, context.peer.clone());
         }
         context.peer.set_peer_info(request.clone());

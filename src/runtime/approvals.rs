@@ -44,14 +44,13 @@ impl ToolRuntime {
         admission: Admission,
         permissions: &ToolPermissions,
     ) -> Result<ToolCallResult> {
-        let Some(mut invocation) = entry.handler.snapshot(journal.call, args) else {
+        let Some(invocation) = super::dispatch::job_snapshot(entry, journal.call, args) else {
             let message = cannot_be_held(&journal.call.name);
             let reason = ReasonCode::ApprovalUnavailable;
             return journal
                 .refused(Some(entry), ExecutionStatus::Denied, reason, message)
                 .await;
         };
-        invocation.replay_safety = Some(entry.spec.metadata.replay_safety);
         let timeout_ms = i64::from(permissions.approval_timeout_seconds) * 1000;
         let deadline_at = crate::ids::now_ms() + timeout_ms;
         let opened = journal

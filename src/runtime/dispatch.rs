@@ -329,6 +329,20 @@ impl<'a> ReplayScope<'a> {
     }
 }
 
+/// The call as a runtime job would run it later (a deferred call, or one
+/// held for approval), or None when its tool only runs inline. Whether a
+/// lost job may be handed over again is the tool's replay safety, whatever
+/// the provider, so the snapshot carries it.
+pub(super) fn job_snapshot(
+    entry: &CatalogEntry,
+    call: &ToolCall,
+    args: &Value,
+) -> Option<crate::call::JobInvocation> {
+    let mut invocation = entry.handler.snapshot(call, args)?;
+    invocation.replay_safety = Some(entry.spec.metadata.replay_safety);
+    Some(invocation)
+}
+
 /// The limits a started call's row must fit in: the run's steps when the call
 /// names its step, and the call budget of its run (or floor outside runs).
 fn admission(scope: &CallScope, call: &ToolCall, permissions: &ToolPermissions) -> Admission {
@@ -373,14 +387,8 @@ impl CallJournal<'_> {
     ) -> Result<Opened> {
         let deferred = (entry.spec.metadata.result_visibility()
             == ResultVisibility::DeferredReceipt)
-            .then(|| entry.handler.snapshot(self.call, args))
-            .flatten()
-            .map(|mut invocation| {
-                // Whether a lost job may be handed over again is the tool's
-                // replay safety, whatever the provider.
-                invocation.replay_safety = Some(entry.spec.metadata.replay_safety);
-                invocation
-            });
+            .then(|| job_snapshot(entry, self.call, args))
+            .flatten();
         match deferred {
             Some(invocation) => self.defer(entry, args, replay, admission, invocation).await,
             None => self.open(entry, args, replay, admission).await,

@@ -129,11 +129,7 @@ fn dry_run_call(row: &ExecutionRecord, call: &ToolCall, verdict: Verdict<'_>) ->
             if checked
                 .permissions
                 .needs_approval(&row.tool_name, &checked.entry.spec.metadata)
-                && checked
-                    .entry
-                    .handler
-                    .snapshot(call, &checked.args)
-                    .is_none() =>
+                && super::dispatch::job_snapshot(checked.entry, call, &checked.args).is_none() =>
         {
             (
                 DryRunVerdict::WouldBeDenied,

@@ -221,28 +221,12 @@ async fn end_held(
 /// `approval_cancelled`); the turn they belonged to is over, so no result is
 /// delivered.
 pub(super) async fn cancel_run_approvals(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
-    let now = now_ms();
-    sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
-         error_message = 'the run was committed or discarded while this call awaited approval; it never ran', \
-         execution_reason_code = ? \
-         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = 'awaiting_approval')",
+    super::runs::cancel_run_jobs(
+        tx,
+        run_id,
+        "awaiting_approval",
+        ReasonCode::ApprovalCancelled,
+        "the run was committed or discarded while this call awaited approval; it never ran",
     )
-    .bind(now)
-    .bind(ReasonCode::ApprovalCancelled.as_str())
-    .bind(run_id)
-    .execute(c)
     .await
-    .map(|_| ())?);
-    sql!(*tx, c => query(
-        "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ?, approval_deadline_at = NULL \
-         WHERE run_id = ? AND state = 'awaiting_approval'",
-    )
-    .bind(now)
-    .bind(now)
-    .bind(run_id)
-    .execute(c)
-    .await
-    .map(|_| ())?);
-    Ok(())
 }

@@ -286,14 +286,15 @@ impl Store {
             dead_owner,
         };
         for (job_id, execution_id, invocation, attempts) in lost {
-            // The lease is checked again by the update: a heartbeat may have
-            // renewed it since the read (PostgreSQL's heartbeats take no
-            // write lock).
-            if redeliverable(&invocation, attempts) {
-                if requeue_lost_job(&mut tx, &job_id, &execution_id, &lost_now).await? {
-                    outcome.redelivered.push(execution_id);
-                }
-            } else if end_lost_job(&mut tx, &job_id, &execution_id, &lost_now).await? {
+            let again = redeliverable(&invocation, attempts);
+            if !take_lost_job(&mut tx, &job_id, &lost_now, again).await? {
+                continue;
+            }
+            if again {
+                requeue_row(&mut tx, &execution_id).await?;
+                outcome.redelivered.push(execution_id);
+            } else {
+                end_row_uncertain(&mut tx, &execution_id, now).await?;
                 outcome.uncertain.push(execution_id);
             }
         }
@@ -526,28 +527,37 @@ struct LostNow<'a> {
     dead_owner: Option<&'a str>,
 }
 
-/// Queues a lost job again; false when it turned out not to be lost.
-async fn requeue_lost_job(
+/// Moves a lost job out of `running`: queued again (`again`) or ended
+/// `uncertain`. False when it turned out not to be lost: the lease is checked
+/// again here, because a heartbeat may have renewed it since the read
+/// (PostgreSQL's heartbeats take no write lock).
+async fn take_lost_job(
     tx: &mut impl AsHandle,
     job_id: &str,
-    execution_id: &str,
     lost: &LostNow<'_>,
+    again: bool,
 ) -> Result<bool> {
     let changed = sql!(*tx, c => query(
-        "UPDATE runtime_jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, \
-         updated_at = ?1 WHERE id = ?4 AND state = 'running' \
-         AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
+        "UPDATE runtime_jobs SET updated_at = ?1, lease_owner = NULL, lease_expires_at = NULL, \
+         state = CASE WHEN ?5 = 1 THEN 'queued' ELSE 'uncertain' END, \
+         finished_at = CASE WHEN ?5 = 1 THEN finished_at ELSE ?1 END, \
+         error_message = CASE WHEN ?5 = 1 THEN error_message ELSE \
+             'the worker running this job lost its lease; its outcome is unknown and it is not re-run' END \
+         WHERE id = ?4 AND state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
     )
     .bind(lost.now)
     .bind(lost.all_running as i64)
     .bind(lost.dead_owner)
     .bind(job_id)
+    .bind(again as i64)
     .execute(c)
     .await?
     .rows_affected());
-    if changed == 0 {
-        return Ok(false);
-    }
+    Ok(changed == 1)
+}
+
+/// A re-queued job's row waits again, still opened.
+async fn requeue_row(tx: &mut impl AsHandle, execution_id: &str) -> Result<()> {
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
     )
@@ -555,33 +565,11 @@ async fn requeue_lost_job(
     .execute(c)
     .await
     .map(|_| ())?);
-    Ok(true)
+    Ok(())
 }
 
-/// Ends a lost job `uncertain`; false when it turned out not to be lost.
-async fn end_lost_job(
-    tx: &mut impl AsHandle,
-    job_id: &str,
-    execution_id: &str,
-    lost: &LostNow<'_>,
-) -> Result<bool> {
-    let now = lost.now;
-    let changed = sql!(*tx, c => query(
-        "UPDATE runtime_jobs SET state = 'uncertain', updated_at = ?1, finished_at = ?1, \
-         lease_owner = NULL, lease_expires_at = NULL, \
-         error_message = 'the worker running this job lost its lease; its outcome is unknown and it is not re-run' \
-         WHERE id = ?4 AND state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
-    )
-    .bind(now)
-    .bind(lost.all_running as i64)
-    .bind(lost.dead_owner)
-    .bind(job_id)
-    .execute(c)
-    .await?
-    .rows_affected());
-    if changed == 0 {
-        return Ok(false);
-    }
+/// An ended lost job's row: `uncertain`, `job_lease_lost`.
+async fn end_row_uncertain(tx: &mut impl AsHandle, execution_id: &str, now: i64) -> Result<()> {
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
          duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
@@ -594,5 +582,5 @@ async fn end_lost_job(
     .execute(c)
     .await
     .map(|_| ())?);
-    Ok(true)
+    Ok(())
 }

@@ -293,30 +293,53 @@ impl Store {
         let dropped = super::run_effects::drop_state_effects(tx, &run.id).await?;
         super::run_generation::drop_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, dropped, "buffered session-state writes dropped at discard");
-        let now = now_ms();
-        sql!(*tx, c => query(
-            "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
-             error_message = 'the run was discarded before this deferred call started; it never ran', \
-             execution_reason_code = ? \
-             WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = 'staged')",
+        cancel_run_jobs(
+            tx,
+            &run.id,
+            "staged",
+            crate::reason::ReasonCode::JobRunDiscarded,
+            "the run was discarded before this deferred call started; it never ran",
         )
-        .bind(now)
-        .bind(crate::reason::ReasonCode::JobRunDiscarded.as_str())
-        .bind(&run.id)
-        .execute(c)
         .await
-        .map(|_| ())?);
-        sql!(*tx, c => query(
-            "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ? WHERE run_id = ? AND state = 'staged'",
-        )
-        .bind(now)
-        .bind(now)
-        .bind(&run.id)
-        .execute(c)
-        .await
-        .map(|_| ())?);
-        Ok(())
     }
+}
+
+/// Cancels the run's jobs in `state` before they ever start, and finishes
+/// their journal rows `blocked` with `reason`: what a discard does to staged
+/// jobs, and a commit or discard to calls awaiting approval.
+pub(super) async fn cancel_run_jobs(
+    tx: &mut impl AsHandle,
+    run_id: &str,
+    state: &str,
+    reason: crate::reason::ReasonCode,
+    message: &str,
+) -> Result<()> {
+    let now = now_ms();
+    sql!(*tx, c => query(
+        "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
+         error_message = ?, execution_reason_code = ? \
+         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = ?)",
+    )
+    .bind(now)
+    .bind(message)
+    .bind(reason.as_str())
+    .bind(run_id)
+    .bind(state)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    sql!(*tx, c => query(
+        "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ?, approval_deadline_at = NULL \
+         WHERE run_id = ? AND state = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(run_id)
+    .bind(state)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
 }
 
 /// Moves an open run to `outcome` (`committed` | `discarded`) together with its
