@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use regex::Regex;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -35,7 +35,49 @@ const EVENT_BUFFER: usize = 1024;
 pub struct ModelSessionEvent {
     /// `ready` when the stream opens, `catalog_changed` on every catalog change.
     pub kind: &'static str,
-    pub data: Value,
+    pub data: EventData,
+}
+
+impl ModelSessionEvent {
+    /// An event whose body is `data`.
+    pub fn new(kind: &'static str, data: &Value) -> Self {
+        Self {
+            kind,
+            data: EventData::of(data),
+        }
+    }
+}
+
+/// An event's JSON body, serialized once: an event published to many streams
+/// is cloned for each, and each stream writes the text as it is.
+#[derive(Debug, Clone)]
+pub struct EventData(Arc<str>);
+
+impl EventData {
+    /// The body of `value`.
+    pub fn of(value: &Value) -> Self {
+        Self(value.to_string().into())
+    }
+
+    /// The body of anything serializable (a value that cannot be serialized,
+    /// which no event type of ours is, becomes `null`).
+    fn serialized(value: &impl serde::Serialize) -> Self {
+        Self(
+            serde_json::to_string(value)
+                .unwrap_or_else(|_| "null".to_owned())
+                .into(),
+        )
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The body parsed again, for a reader that looks inside it.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
 }
 
 /// The model provider a session talks to, and so the limits its catalog must meet.
@@ -45,8 +87,14 @@ pub enum ModelProvider {
     OpenAiCompatible,
 }
 
-static OPENAI_TOOL_NAME: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new("^[a-zA-Z0-9_-]{1,64}$").expect("static regex"));
+/// `^[a-zA-Z0-9_-]{1,64}$`, checked per byte: it runs for every tool of
+/// every live model session on each catalog change.
+fn openai_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
+}
 
 impl ModelProvider {
     /// OpenAI's chat-completions API refuses more tools than this.
@@ -62,7 +110,7 @@ impl ModelProvider {
     pub fn check_tools(self, names: &[&str]) -> std::result::Result<(), String> {
         match self {
             ModelProvider::OpenAiCompatible => {
-                if let Some(bad) = names.iter().find(|name| !OPENAI_TOOL_NAME.is_match(name)) {
+                if let Some(bad) = names.iter().find(|name| !openai_tool_name(name)) {
                     return Err(format!(
                         "tool name {bad:?} is not accepted by the OpenAI-compatible provider (names must match ^[a-zA-Z0-9_-]{{1,64}}$)"
                     ));
@@ -140,6 +188,76 @@ impl ModelSession {
 
     fn accepted(&self) -> MutexGuard<'_, Vec<String>> {
         self.accepted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The `catalog_changed` bodies of one sync. What the model sessions of a
+/// change share (the change's names, and the accepted tool list, which is
+/// the same for every session offered the same catalog) is serialized once,
+/// not once per session: a registration into every role reaches every live
+/// model session of the server.
+struct ChangedBodies {
+    added: Box<RawValue>,
+    updated: Box<RawValue>,
+    removed: Box<RawValue>,
+    /// The last accepted list serialized, and its JSON.
+    tools: Option<(Vec<String>, Box<RawValue>)>,
+}
+
+/// A `catalog_changed` body, with the shared parts already serialized.
+#[derive(serde::Serialize)]
+struct ChangedBody<'a> {
+    model_session_id: &'a str,
+    session_id: &'a str,
+    role: &'a str,
+    added: &'a RawValue,
+    updated: &'a RawValue,
+    removed: &'a RawValue,
+    accepted: bool,
+    error: Option<&'a str>,
+    tools: &'a RawValue,
+}
+
+fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value)
+        .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
+}
+
+impl ChangedBodies {
+    fn new(change: &CatalogChange) -> Self {
+        Self {
+            added: raw_json(&change.added),
+            updated: raw_json(&change.updated),
+            removed: raw_json(&change.removed),
+            tools: None,
+        }
+    }
+
+    fn body(
+        &mut self,
+        model_session: &ModelSession,
+        error: Option<&str>,
+        tools: &[String],
+    ) -> EventData {
+        let reuse = matches!(&self.tools, Some((names, _)) if names.as_slice() == tools);
+        if !reuse {
+            self.tools = Some((tools.to_vec(), raw_json(&tools)));
+        }
+        let (_, tools) = self
+            .tools
+            .as_ref()
+            .expect("the accepted list was just serialized");
+        EventData::serialized(&ChangedBody {
+            model_session_id: &model_session.id,
+            session_id: &model_session.session.id,
+            role: &model_session.session.character,
+            added: &self.added,
+            updated: &self.updated,
+            removed: &self.removed,
+            accepted: error.is_none(),
+            error,
+            tools,
+        })
     }
 }
 
@@ -225,9 +343,9 @@ impl ModelSessionHub {
             accepted: Mutex::new(accepted.clone()),
             observer: false,
         });
-        let ready = ModelSessionEvent {
-            kind: "ready",
-            data: json!({
+        let ready = ModelSessionEvent::new(
+            "ready",
+            &json!({
                 "model_session_id": model_session.id,
                 "session_id": model_session.session.id,
                 "role": model_session.session.character,
@@ -237,7 +355,7 @@ impl ModelSessionHub {
                 "error": error,
                 "tools": accepted,
             }),
-        };
+        );
         // The channel is empty, so this cannot fail.
         let _ = model_session.deliver(ready);
         // `close_all` may have run while the catalog was built.
@@ -318,14 +436,14 @@ impl ModelSessionHub {
     /// Tells the console's watchers of the sessions a change concerns that
     /// their catalog changed (they assemble it themselves, when they show it).
     fn notify_observers(&self, change: &CatalogChange) {
-        let event = ModelSessionEvent {
-            kind: "catalog_changed",
-            data: json!({
+        let event = ModelSessionEvent::new(
+            "catalog_changed",
+            &json!({
                 "added": change.added,
                 "updated": change.updated,
                 "removed": change.removed,
             }),
-        };
+        );
         for observer in self.concerned(&change.scope, true) {
             // A watcher that is gone or not reading misses a refresh; its
             // page still shows the catalog on reload.
@@ -343,6 +461,7 @@ impl ModelSessionHub {
     ) -> std::result::Result<(), String> {
         self.notify_observers(change);
         let sessions = self.concerned(&change.scope, false);
+        let mut bodies = ChangedBodies::new(change);
         let mut refusals = Vec::new();
         for model_session in sessions {
             let verdict = match catalogs
@@ -362,17 +481,7 @@ impl ModelSessionHub {
             };
             let event = ModelSessionEvent {
                 kind: "catalog_changed",
-                data: json!({
-                    "model_session_id": model_session.id,
-                    "session_id": model_session.session.id,
-                    "role": model_session.session.character,
-                    "added": change.added,
-                    "updated": change.updated,
-                    "removed": change.removed,
-                    "accepted": error.is_none(),
-                    "error": error,
-                    "tools": *accepted,
-                }),
+                data: bodies.body(&model_session, error.as_deref(), &accepted),
             };
             drop(accepted);
             match model_session.deliver(event) {
@@ -533,6 +642,63 @@ mod tests {
             created_at: 0,
             updated_at: 0,
         }
+    }
+
+    fn model_session(id: &str) -> ModelSession {
+        ModelSession {
+            id: id.into(),
+            session: session(),
+            slot: Slot::Narrator,
+            provider: ModelProvider::OpenAiCompatible,
+            events: mpsc::channel(1).0,
+            accepted: Mutex::new(Vec::new()),
+            observer: false,
+        }
+    }
+
+    #[test]
+    fn changed_bodies_share_only_what_is_equal() {
+        let change = CatalogChange {
+            scope: CatalogScope::Character("char_test".into()),
+            added: vec!["new \"one\"".into()],
+            updated: Vec::new(),
+            removed: vec!["old".into()],
+        };
+        let mut bodies = ChangedBodies::new(&change);
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let expected = |id: &str, error: Value, tools: &[&str]| {
+            json!({
+                "model_session_id": id,
+                "session_id": "sess_test",
+                "role": "Lanlan",
+                "added": ["new \"one\""],
+                "updated": [],
+                "removed": ["old"],
+                "accepted": error.is_null(),
+                "error": error,
+                "tools": tools,
+            })
+        };
+        let first = bodies.body(&model_session("msess_1"), None, &names(&["a", "b"]));
+        assert_eq!(
+            first.to_value(),
+            expected("msess_1", Value::Null, &["a", "b"])
+        );
+        let same = bodies.body(&model_session("msess_2"), None, &names(&["a", "b"]));
+        assert_eq!(
+            same.to_value(),
+            expected("msess_2", Value::Null, &["a", "b"])
+        );
+        let other = bodies.body(&model_session("msess_3"), Some("too many"), &names(&["a"]));
+        assert_eq!(
+            other.to_value(),
+            expected("msess_3", json!("too many"), &["a"])
+        );
+        let again = bodies.body(&model_session("msess_4"), None, &names(&["a", "b"]));
+        assert_eq!(
+            again.to_value(),
+            expected("msess_4", Value::Null, &["a", "b"])
+        );
     }
 
     /// Catalogs for a hub test: always empty.

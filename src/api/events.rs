@@ -66,10 +66,7 @@ async fn session_events(
             ModelProvider::OpenAiCompatible,
         )
         .await?;
-    let stream = subscription.map(|event| {
-        Ok(Event::default()
-            .event(event.kind)
-            .data(event.data.to_string()))
-    });
+    let stream =
+        subscription.map(|event| Ok(Event::default().event(event.kind).data(event.data.as_str())));
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }

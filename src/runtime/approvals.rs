@@ -63,9 +63,9 @@ impl ToolRuntime {
             }
             Opened::Running(_) => unreachable!("a held call never runs inline"),
         };
-        let event = crate::model_sessions::ModelSessionEvent {
-            kind: "approval_requested",
-            data: json!({
+        let event = crate::model_sessions::ModelSessionEvent::new(
+            "approval_requested",
+            &json!({
                 "execution_id": receipt.execution_id,
                 "runtime_job_id": receipt.output["runtime_job_id"],
                 "session_id": journal.session.id,
@@ -76,7 +76,7 @@ impl ToolRuntime {
                 "run_id": journal.call.run_id,
                 "approval_deadline_at": deadline_at,
             }),
-        };
+        );
         self.model_sessions
             .publish_to_session(&journal.session.id, event);
         Ok(receipt)

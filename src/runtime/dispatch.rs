@@ -63,13 +63,13 @@ impl ToolRuntime {
     /// Tells the session's observers (the web console) that a journal row
     /// was written; they read the row itself through the store.
     fn publish_journal_row(&self, session_id: &str, result: &ToolCallResult) {
-        let event = crate::model_sessions::ModelSessionEvent {
-            kind: "journal",
-            data: serde_json::json!({
+        let event = crate::model_sessions::ModelSessionEvent::new(
+            "journal",
+            &serde_json::json!({
                 "execution_id": result.execution_id,
                 "status": result.status,
             }),
-        };
+        );
         self.model_sessions.publish_to_observers(session_id, event);
     }
 

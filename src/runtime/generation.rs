@@ -269,7 +269,7 @@ impl ToolRuntime {
         if let Some(fields) = data.as_object_mut() {
             fields.insert("run_id".into(), json!(turn.run.id));
         }
-        let event = ModelSessionEvent { kind, data };
+        let event = ModelSessionEvent::new(kind, &data);
         self.model_sessions
             .publish_to_session(&turn.session_id, event);
     }

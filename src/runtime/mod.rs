@@ -216,7 +216,7 @@ impl McpListener for ToolRuntime {
     }
 
     fn publish(&self, account_id: &str, name: &'static str, data: serde_json::Value) {
-        let event = crate::model_sessions::ModelSessionEvent { kind: name, data };
+        let event = crate::model_sessions::ModelSessionEvent::new(name, &data);
         self.model_sessions.publish_to_account(account_id, event);
     }
 }

@@ -12,10 +12,21 @@
 //! What the journal promises is unchanged: a caller is answered only after its
 //! write is committed (WAL, `synchronous = NORMAL`, as the pool), and a batch
 //! that fails is retried one write at a time so each caller gets its own answer.
+//!
+//! A caller that finds the journal idle (nothing queued, the thread not
+//! committing, the connection free) commits its one write itself, on the
+//! connection the thread owns, instead of waking the thread and being woken by
+//! it: at one call at a time those two hand-offs per write were most of a
+//! call's own cost (BENCHMARKS.md, issue 20). A single-row commit without an
+//! fsync is tens of microseconds, less than the hand-offs it saves; when
+//! writes gather, callers queue for the group commit as before, so at most one
+//! async worker is ever inside a commit.
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use tokio::sync::mpsc;
 
 use super::checkpointer::Checkpointer;
@@ -28,18 +39,108 @@ use crate::error::{Error, Result};
 use crate::ids::now_ms;
 use crate::store::Admitted;
 
+/// The journal's connection and the checkpoint counter its commits feed.
+struct JournalConnection {
+    connection: Connection,
+    checkpointer: Checkpointer,
+}
+
+/// What the journal thread shares with the writers' handle: the connection
+/// (taken at close), whether the thread is committing a batch, and how many
+/// writes are in flight.
+pub(super) struct JournalShared {
+    connection: Mutex<Option<JournalConnection>>,
+    busy: AtomicBool,
+    writes: AtomicUsize,
+}
+
+/// One journal write in flight, from its start until it is answered or its
+/// caller goes away.
+pub(super) struct Writing<'a> {
+    writes: &'a AtomicUsize,
+    alone: bool,
+}
+
+impl Writing<'_> {
+    /// No other write was in flight when this one started.
+    pub(super) fn alone(&self) -> bool {
+        self.alone
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.writes.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for JournalShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalShared")
+            .field("busy", &self.busy.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl JournalShared {
+    /// Counts a write in flight until the guard drops.
+    pub(super) fn writing(&self) -> Writing<'_> {
+        let before = self.writes.fetch_add(1, Ordering::AcqRel);
+        Writing {
+            writes: &self.writes,
+            alone: before == 0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<JournalConnection>> {
+        self.connection.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commits `write` on the caller's thread when the journal is idle; None
+    /// when the thread is committing, another caller holds the connection, or
+    /// the journal is closed (the caller then queues the write).
+    pub(super) fn try_commit(&self, write: &JournalWrite) -> Option<Result<Admitted>> {
+        if self.busy.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut guard = match self.connection.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => return None,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        };
+        let journal = guard.as_mut()?;
+        let started = std::time::Instant::now();
+        let admitted = apply(&journal.connection, write);
+        observe_batch(1, started);
+        journal.checkpointer.committed();
+        Some(admitted)
+    }
+}
+
 /// Opens the journal's connection to `path` and starts its thread, which ends
 /// when every sender is dropped or on [`Message::Close`].
-pub(super) fn spawn(path: &Path, receiver: mpsc::Receiver<Message>) -> anyhow::Result<()> {
+pub(super) fn spawn(
+    path: &Path,
+    receiver: mpsc::Receiver<Message>,
+) -> anyhow::Result<Arc<JournalShared>> {
     use anyhow::Context;
     let connection = open(path)
         .with_context(|| format!("opening the journal's connection to {}", path.display()))?;
     let checkpointer = Checkpointer::spawn(path)?;
+    let shared = Arc::new(JournalShared {
+        connection: Mutex::new(Some(JournalConnection {
+            connection,
+            checkpointer,
+        })),
+        busy: AtomicBool::new(false),
+        writes: AtomicUsize::new(0),
+    });
+    let thread_shared = shared.clone();
     std::thread::Builder::new()
         .name("toolgate-journal".into())
-        .spawn(move || run(connection, checkpointer, receiver))
+        .spawn(move || run(&thread_shared, receiver))
         .context("starting the journal thread")?;
-    Ok(())
+    Ok(shared)
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -63,27 +164,41 @@ pub(super) fn apply_settings(connection: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn run(
-    mut connection: Connection,
-    mut checkpointer: Checkpointer,
-    mut receiver: mpsc::Receiver<Message>,
-) {
+fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     let mut closing = None;
     while let Some(message) = receiver.blocking_recv() {
+        // Callers that see the thread busy queue behind it rather than commit
+        // on their own: their writes join the next batch.
+        shared.busy.store(true, Ordering::Release);
         let (batch, close) = gather(message, &mut receiver);
         if !batch.is_empty() {
-            commit_and_answer(&mut connection, batch);
-            checkpointer.committed();
+            let mut guard = shared.lock();
+            match guard.as_mut() {
+                Some(journal) => {
+                    commit_and_answer(&mut journal.connection, batch);
+                    journal.checkpointer.committed();
+                }
+                None => tracing::error!("the journal's connection is gone; writes dropped"),
+            }
         }
+        shared.busy.store(false, Ordering::Release);
         if let Some(done) = close {
             closing = Some(done);
             break;
         }
     }
     // Closing both connections here, before answering, lets the pool's close
-    // checkpoint the write-ahead log without them open.
-    drop(connection);
-    checkpointer.stop();
+    // checkpoint the write-ahead log without them open. Taking the connection
+    // out also turns later callers away from committing on their own.
+    let journal = shared.lock().take();
+    if let Some(JournalConnection {
+        connection,
+        checkpointer,
+    }) = journal
+    {
+        drop(connection);
+        checkpointer.stop();
+    }
     if let Some(done) = closing {
         let _ = done.send(());
     }

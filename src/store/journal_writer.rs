@@ -9,11 +9,14 @@
 //! ([`super::journal_thread`]); otherwise a task on a pool connection
 //! ([`super::journal_task`]).
 
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend;
 use super::journal::Admitted;
 use super::journal_queue::{JournalWrite, Message, Request};
+use super::journal_thread::JournalShared;
 use crate::error::{Error, Result};
 
 /// Writes that may wait for the writer before submitters wait for room.
@@ -23,6 +26,9 @@ const QUEUE: usize = 4096;
 #[derive(Debug, Clone)]
 pub(super) struct JournalWriter {
     queue: mpsc::Sender<Message>,
+    /// The journal thread's connection, which a caller finding the journal
+    /// idle commits on itself (SQLite files only).
+    inline: Option<Arc<JournalShared>>,
 }
 
 impl JournalWriter {
@@ -30,16 +36,36 @@ impl JournalWriter {
     /// it ends when every handle is dropped.
     pub(super) fn spawn(pool: backend::Pool) -> anyhow::Result<Self> {
         let (queue, receiver) = mpsc::channel(QUEUE);
-        match sqlite_file(&pool) {
-            Some(path) => super::journal_thread::spawn(&path, receiver)?,
-            None => drop(tokio::spawn(super::journal_task::run(pool, receiver))),
-        }
-        Ok(Self { queue })
+        let inline = match sqlite_file(&pool) {
+            Some(path) => Some(super::journal_thread::spawn(&path, receiver)?),
+            None => {
+                drop(tokio::spawn(super::journal_task::run(pool, receiver)));
+                None
+            }
+        };
+        Ok(Self { queue, inline })
     }
 
     /// Queues a write and waits until it is committed; an insert may be refused
     /// by its admission conditions (a finish is always `Admitted::Yes`).
     pub(super) async fn write(&self, write: JournalWrite) -> Result<Admitted> {
+        let Some(shared) = &self.inline else {
+            return self.queued(write).await;
+        };
+        let writing = shared.writing();
+        // The only write in flight would be a batch of one, so it may as well
+        // commit here (see `journal_thread`); writes that overlap go to the
+        // thread, whose group commit is what carries the journal under load.
+        if writing.alone()
+            && self.queue.capacity() == self.queue.max_capacity()
+            && let Some(admitted) = shared.try_commit(&write)
+        {
+            return admitted;
+        }
+        self.queued(write).await
+    }
+
+    async fn queued(&self, write: JournalWrite) -> Result<Admitted> {
         let (done, answer) = oneshot::channel();
         self.queue
             .send(Message::Write(Request { write, done }))

@@ -197,7 +197,7 @@ pub async fn events(
                 let event = if catalog_moved {
                     catalog_event(&runtime, &session).await?
                 } else {
-                    journal_event(&runtime, &session.account_id, &event.data).await?
+                    journal_event(&runtime, &session.account_id, &event.data.to_value()).await?
                 };
                 Some(Ok(event))
             }
