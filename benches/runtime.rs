@@ -328,5 +328,75 @@ fn journal(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, catalog, permissions, validation, journal);
+/// A registration into every role with one live model session per character
+/// (`POST /api/tools/register` with `role: null` without the HTTP): the
+/// catalog mutation and the sync of every live session, then the
+/// unregistration, at 1, 10 and 100 characters.
+fn fan_out(c: &mut Criterion) {
+    use futures::FutureExt;
+    use futures::StreamExt;
+    use toolgate::domain::names::CharacterName;
+    use toolgate::model_sessions::ModelProvider;
+    use toolgate::tools::remote::Target;
+
+    let fixture = Fixture::new();
+    let runtime = &fixture.runtime;
+    let store = &runtime.store;
+    let mut group = c.benchmark_group("fan_out");
+    group
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1))
+        .sample_size(30);
+    let mut subscriptions = Vec::new();
+    for characters in [1usize, 10, 100] {
+        fixture.rt.block_on(async {
+            while subscriptions.len() < characters {
+                let name = format!("Fan{:03}", subscriptions.len());
+                let parsed = CharacterName::parse(&name).expect("character name");
+                store
+                    .create_character(&fixture.account_id, &parsed, "", "")
+                    .await
+                    .expect("character");
+                let session = store
+                    .create_session(&fixture.account_id, &name, "bench")
+                    .await
+                    .expect("session");
+                let subscription = runtime
+                    .model_sessions
+                    .open(
+                        runtime,
+                        session,
+                        Slot::Narrator,
+                        ModelProvider::OpenAiCompatible,
+                    )
+                    .await
+                    .expect("model session");
+                subscriptions.push(subscription);
+            }
+        });
+        let tool = remote_tool("fan_out_tool");
+        group.bench_function(BenchmarkId::new("register_unregister", characters), |b| {
+            b.iter(|| {
+                fixture.rt.block_on(async {
+                    let remote = &runtime.remote;
+                    remote
+                        .register_into(runtime, store, Target::AllRoles, tool.clone())
+                        .await
+                        .expect("registered");
+                    remote
+                        .unregister_from(runtime, store, Target::AllRoles, "fan_out_tool")
+                        .await
+                        .expect("unregistered");
+                });
+                // Each stream read, as its subscriber would, so none fills up.
+                for subscription in subscriptions.iter_mut() {
+                    while let Some(Some(_)) = subscription.next().now_or_never() {}
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, catalog, permissions, validation, journal, fan_out);
 criterion_main!(benches);

@@ -288,11 +288,31 @@ pub enum NotCallable<'a> {
     Unavailable(&'a CatalogEntry),
 }
 
+/// Every name more than one entry offers, with the providers offering it.
+fn conflicts_of(entries: &[CatalogEntry]) -> Vec<Conflict> {
+    let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for entry in entries {
+        by_name
+            .entry(&entry.spec.name)
+            .or_default()
+            .push(&entry.spec.provider_id);
+    }
+    by_name
+        .into_iter()
+        .filter(|(_, providers)| providers.len() > 1)
+        .map(|(name, provider_ids)| Conflict {
+            name: name.to_owned(),
+            provider_ids: provider_ids.into_iter().map(str::to_owned).collect(),
+        })
+        .collect()
+}
+
 impl Catalog {
     /// The catalog of `session` right now: every provider's entries, in the
     /// providers' order.
     pub async fn build(session: &Session, providers: &[Arc<dyn ToolProvider>]) -> Result<Self> {
-        let mut entries = Vec::new();
+        // Room for the builtins and a few more without growing.
+        let mut entries = Vec::with_capacity(32);
         for provider in providers {
             entries.extend(provider.entries(session).await?);
         }
@@ -301,22 +321,17 @@ impl Catalog {
 
     /// Builds a catalog from every provider's entries, marking shared names as conflicts.
     pub fn assemble(session_id: &str, mut entries: Vec<CatalogEntry>) -> Self {
-        // Borrowed keys: this runs for every call, and conflicts are rare.
-        let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for entry in &entries {
-            by_name
-                .entry(&entry.spec.name)
-                .or_default()
-                .push(&entry.spec.provider_id);
-        }
-        let conflicts: Vec<Conflict> = by_name
-            .into_iter()
-            .filter(|(_, providers)| providers.len() > 1)
-            .map(|(name, provider_ids)| Conflict {
-                name: name.to_owned(),
-                provider_ids: provider_ids.into_iter().map(str::to_owned).collect(),
-            })
-            .collect();
+        // This runs for every call and every live model session's sync, and
+        // conflicts are rare: sorted borrowed names show whether any name
+        // repeats before anything is grouped.
+        let mut names: Vec<&str> = entries.iter().map(|e| e.spec.name.as_str()).collect();
+        names.sort_unstable();
+        let repeated = names.windows(2).any(|pair| pair[0] == pair[1]);
+        let conflicts = if repeated {
+            conflicts_of(&entries)
+        } else {
+            Vec::new()
+        };
         for entry in &mut entries {
             if let Some(conflict) = conflicts.iter().find(|c| c.name == entry.spec.name) {
                 entry.availability = Availability::Conflict;

@@ -191,17 +191,33 @@ impl ModelSession {
     }
 }
 
-/// The `catalog_changed` bodies of one sync. What the model sessions of a
-/// change share (the change's names, and the accepted tool list, which is
-/// the same for every session offered the same catalog) is serialized once,
-/// not once per session: a registration into every role reaches every live
-/// model session of the server.
+/// The `catalog_changed` bodies of one catalog mutation's syncs. What model
+/// sessions share is serialized once, not once per session: a change's names
+/// (a registration into every role is one change per role, all naming the
+/// same tool) and the accepted tool list (the same for every session offered
+/// the same catalog). A registration into every role reaches every live model
+/// session of the server.
+#[derive(Default)]
 struct ChangedBodies {
-    added: Box<RawValue>,
-    updated: Box<RawValue>,
-    removed: Box<RawValue>,
-    /// The last accepted list serialized, and its JSON.
-    tools: Option<(Vec<String>, Box<RawValue>)>,
+    added: Fragment,
+    updated: Fragment,
+    removed: Fragment,
+    tools: Fragment,
+}
+
+/// A list of names and its JSON, kept while the next list is the same.
+#[derive(Default)]
+struct Fragment(Option<(Vec<String>, Box<RawValue>)>);
+
+impl Fragment {
+    fn json(&mut self, names: &[String]) -> &RawValue {
+        let same = matches!(&self.0, Some((kept, _)) if kept.as_slice() == names);
+        if !same {
+            self.0 = Some((names.to_vec(), raw_json(&names)));
+        }
+        let (_, json) = self.0.as_ref().expect("the list was just serialized");
+        json
+    }
 }
 
 /// A `catalog_changed` body, with the shared parts already serialized.
@@ -218,45 +234,45 @@ struct ChangedBody<'a> {
     tools: &'a RawValue,
 }
 
+/// The body a console watcher gets: only what changed.
+#[derive(serde::Serialize)]
+struct WatcherBody<'a> {
+    added: &'a RawValue,
+    updated: &'a RawValue,
+    removed: &'a RawValue,
+}
+
 fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
     serde_json::value::to_raw_value(value)
         .unwrap_or_else(|_| RawValue::from_string("null".to_owned()).expect("null is JSON"))
 }
 
 impl ChangedBodies {
-    fn new(change: &CatalogChange) -> Self {
-        Self {
-            added: raw_json(&change.added),
-            updated: raw_json(&change.updated),
-            removed: raw_json(&change.removed),
-            tools: None,
-        }
-    }
-
     fn body(
         &mut self,
+        change: &CatalogChange,
         model_session: &ModelSession,
         error: Option<&str>,
         tools: &[String],
     ) -> EventData {
-        let reuse = matches!(&self.tools, Some((names, _)) if names.as_slice() == tools);
-        if !reuse {
-            self.tools = Some((tools.to_vec(), raw_json(&tools)));
-        }
-        let (_, tools) = self
-            .tools
-            .as_ref()
-            .expect("the accepted list was just serialized");
         EventData::serialized(&ChangedBody {
             model_session_id: &model_session.id,
             session_id: &model_session.session.id,
             role: &model_session.session.character,
-            added: &self.added,
-            updated: &self.updated,
-            removed: &self.removed,
+            added: self.added.json(&change.added),
+            updated: self.updated.json(&change.updated),
+            removed: self.removed.json(&change.removed),
             accepted: error.is_none(),
             error,
-            tools,
+            tools: self.tools.json(tools),
+        })
+    }
+
+    fn watcher_body(&mut self, change: &CatalogChange) -> EventData {
+        EventData::serialized(&WatcherBody {
+            added: self.added.json(&change.added),
+            updated: self.updated.json(&change.updated),
+            removed: self.removed.json(&change.removed),
         })
     }
 }
@@ -435,33 +451,49 @@ impl ModelSessionHub {
 
     /// Tells the console's watchers of the sessions a change concerns that
     /// their catalog changed (they assemble it themselves, when they show it).
-    fn notify_observers(&self, change: &CatalogChange) {
-        let event = ModelSessionEvent::new(
-            "catalog_changed",
-            &json!({
-                "added": change.added,
-                "updated": change.updated,
-                "removed": change.removed,
-            }),
-        );
-        for observer in self.concerned(&change.scope, true) {
+    fn notify_observers(&self, change: &CatalogChange, bodies: &mut ChangedBodies) {
+        let observers = self.concerned(&change.scope, true);
+        if observers.is_empty() {
+            return;
+        }
+        let event = ModelSessionEvent {
+            kind: "catalog_changed",
+            data: bodies.watcher_body(change),
+        };
+        for observer in observers {
             // A watcher that is gone or not reading misses a refresh; its
             // page still shows the catalog on reload.
             let _ = observer.deliver(event.clone());
         }
     }
 
+    /// Offers each of one mutation's changes, in order, to the live model
+    /// sessions it concerns; one result per change.
+    pub async fn sync_all(
+        &self,
+        guard: &MutationGuard<'_>,
+        catalogs: &dyn OfferedCatalogs,
+        changes: &[CatalogChange],
+    ) -> Vec<std::result::Result<(), String>> {
+        let mut bodies = ChangedBodies::default();
+        let mut results = Vec::with_capacity(changes.len());
+        for change in changes {
+            results.push(self.sync_one(guard, catalogs, change, &mut bodies).await);
+        }
+        results
+    }
+
     /// Offers the new catalog to each live model session the change concerns.
     /// Err names every session that refused it, and why.
-    pub async fn sync(
+    async fn sync_one(
         &self,
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
         change: &CatalogChange,
+        bodies: &mut ChangedBodies,
     ) -> std::result::Result<(), String> {
-        self.notify_observers(change);
+        self.notify_observers(change, bodies);
         let sessions = self.concerned(&change.scope, false);
-        let mut bodies = ChangedBodies::new(change);
         let mut refusals = Vec::new();
         for model_session in sessions {
             let verdict = match catalogs
@@ -481,7 +513,7 @@ impl ModelSessionHub {
             };
             let event = ModelSessionEvent {
                 kind: "catalog_changed",
-                data: bodies.body(&model_session, error.as_deref(), &accepted),
+                data: bodies.body(change, &model_session, error.as_deref(), &accepted),
             };
             drop(accepted);
             match model_session.deliver(event) {
@@ -664,7 +696,7 @@ mod tests {
             updated: Vec::new(),
             removed: vec!["old".into()],
         };
-        let mut bodies = ChangedBodies::new(&change);
+        let mut bodies = ChangedBodies::default();
         let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
         let expected = |id: &str, error: Value, tools: &[&str]| {
             json!({
@@ -679,22 +711,42 @@ mod tests {
                 "tools": tools,
             })
         };
-        let first = bodies.body(&model_session("msess_1"), None, &names(&["a", "b"]));
+        let first = bodies.body(
+            &change,
+            &model_session("msess_1"),
+            None,
+            &names(&["a", "b"]),
+        );
         assert_eq!(
             first.to_value(),
             expected("msess_1", Value::Null, &["a", "b"])
         );
-        let same = bodies.body(&model_session("msess_2"), None, &names(&["a", "b"]));
+        let same = bodies.body(
+            &change,
+            &model_session("msess_2"),
+            None,
+            &names(&["a", "b"]),
+        );
         assert_eq!(
             same.to_value(),
             expected("msess_2", Value::Null, &["a", "b"])
         );
-        let other = bodies.body(&model_session("msess_3"), Some("too many"), &names(&["a"]));
+        let other = bodies.body(
+            &change,
+            &model_session("msess_3"),
+            Some("too many"),
+            &names(&["a"]),
+        );
         assert_eq!(
             other.to_value(),
             expected("msess_3", json!("too many"), &["a"])
         );
-        let again = bodies.body(&model_session("msess_4"), None, &names(&["a", "b"]));
+        let again = bodies.body(
+            &change,
+            &model_session("msess_4"),
+            None,
+            &names(&["a", "b"]),
+        );
         assert_eq!(
             again.to_value(),
             expected("msess_4", Value::Null, &["a", "b"])

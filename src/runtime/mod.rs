@@ -189,11 +189,7 @@ impl ToolRuntime {
         guard: &crate::model_sessions::MutationGuard<'_>,
         changes: &[CatalogChange],
     ) -> Vec<std::result::Result<(), String>> {
-        let mut results = Vec::with_capacity(changes.len());
-        for change in changes {
-            results.push(self.model_sessions.sync(guard, self, change).await);
-        }
-        results
+        self.model_sessions.sync_all(guard, self, changes).await
     }
 }
 
