@@ -39,11 +39,11 @@ pub struct ModelSessionEvent {
 }
 
 impl ModelSessionEvent {
-    /// An event whose body is `data`.
-    pub fn new(kind: &'static str, data: &Value) -> Self {
+    /// An event whose body is `data` serialized.
+    pub fn new(kind: &'static str, data: &impl serde::Serialize) -> Self {
         Self {
             kind,
-            data: EventData::of(data),
+            data: EventData::serialized(data),
         }
     }
 }
@@ -54,11 +54,6 @@ impl ModelSessionEvent {
 pub struct EventData(Arc<str>);
 
 impl EventData {
-    /// The body of `value`.
-    pub fn of(value: &Value) -> Self {
-        Self(value.to_string().into())
-    }
-
     /// The body of anything serializable (a value that cannot be serialized,
     /// which no event type of ours is, becomes `null`).
     fn serialized(value: &impl serde::Serialize) -> Self {
@@ -211,11 +206,16 @@ struct Fragment(Option<(Vec<String>, Box<RawValue>)>);
 
 impl Fragment {
     fn json(&mut self, names: &[String]) -> &RawValue {
-        let same = matches!(&self.0, Some((kept, _)) if kept.as_slice() == names);
-        if !same {
-            self.0 = Some((names.to_vec(), raw_json(&names)));
+        if self
+            .0
+            .as_ref()
+            .is_some_and(|(kept, _)| kept.as_slice() != names)
+        {
+            self.0 = None;
         }
-        let (_, json) = self.0.as_ref().expect("the list was just serialized");
+        let (_, json) = self
+            .0
+            .get_or_insert_with(|| (names.to_vec(), raw_json(&names)));
         json
     }
 }
@@ -711,46 +711,18 @@ mod tests {
                 "tools": tools,
             })
         };
-        let first = bodies.body(
-            &change,
-            &model_session("msess_1"),
-            None,
-            &names(&["a", "b"]),
-        );
-        assert_eq!(
-            first.to_value(),
-            expected("msess_1", Value::Null, &["a", "b"])
-        );
-        let same = bodies.body(
-            &change,
-            &model_session("msess_2"),
-            None,
-            &names(&["a", "b"]),
-        );
-        assert_eq!(
-            same.to_value(),
-            expected("msess_2", Value::Null, &["a", "b"])
-        );
-        let other = bodies.body(
-            &change,
-            &model_session("msess_3"),
-            Some("too many"),
-            &names(&["a"]),
-        );
-        assert_eq!(
-            other.to_value(),
-            expected("msess_3", json!("too many"), &["a"])
-        );
-        let again = bodies.body(
-            &change,
-            &model_session("msess_4"),
-            None,
-            &names(&["a", "b"]),
-        );
-        assert_eq!(
-            again.to_value(),
-            expected("msess_4", Value::Null, &["a", "b"])
-        );
+        // The accepted list changes and comes back: a shared list must never
+        // stand in another session's body.
+        let cases: [(&str, Option<&str>, &[&str]); 4] = [
+            ("msess_1", None, &["a", "b"]),
+            ("msess_2", None, &["a", "b"]),
+            ("msess_3", Some("too many"), &["a"]),
+            ("msess_4", None, &["a", "b"]),
+        ];
+        for (id, error, tools) in cases {
+            let body = bodies.body(&change, &model_session(id), error, &names(tools));
+            assert_eq!(body.to_value(), expected(id, json!(error), tools), "{id}");
+        }
     }
 
     /// Catalogs for a hub test: always empty.

@@ -13,8 +13,8 @@
 //! write is committed (WAL, `synchronous = NORMAL`, as the pool), and a batch
 //! that fails is retried one write at a time so each caller gets its own answer.
 //!
-//! A caller that finds the journal idle (nothing queued, the thread not
-//! committing, the connection free) commits its one write itself, on the
+//! A caller whose write is the only one in flight (so nothing is queued and
+//! the thread has no batch) commits it itself, on the
 //! connection the thread owns, instead of waking the thread and being woken by
 //! it: at one call at a time those two hand-offs per write were most of a
 //! call's own cost (BENCHMARKS.md, issue 20). A single-row commit without an
@@ -25,7 +25,7 @@
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use tokio::sync::mpsc;
 
@@ -46,11 +46,9 @@ struct JournalConnection {
 }
 
 /// What the journal thread shares with the writers' handle: the connection
-/// (taken at close), whether the thread is committing a batch, and how many
-/// writes are in flight.
+/// (taken at close) and how many writes are in flight.
 pub(super) struct JournalShared {
     connection: Mutex<Option<JournalConnection>>,
-    busy: AtomicBool,
     writes: AtomicUsize,
 }
 
@@ -77,7 +75,7 @@ impl Drop for Writing<'_> {
 impl std::fmt::Debug for JournalShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JournalShared")
-            .field("busy", &self.busy.load(Ordering::Relaxed))
+            .field("writes", &self.writes.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -96,13 +94,10 @@ impl JournalShared {
         self.connection.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Commits `write` on the caller's thread when the journal is idle; None
-    /// when the thread is committing, another caller holds the connection, or
-    /// the journal is closed (the caller then queues the write).
+    /// Commits `write` on the caller's thread; None when the connection is
+    /// busy (the thread committing a batch left by callers that went away) or
+    /// the journal is closed: the caller then queues the write.
     pub(super) fn try_commit(&self, write: &JournalWrite) -> Option<Result<Admitted>> {
-        if self.busy.load(Ordering::Acquire) {
-            return None;
-        }
         let mut guard = match self.connection.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::WouldBlock) => return None,
@@ -132,7 +127,6 @@ pub(super) fn spawn(
             connection,
             checkpointer,
         })),
-        busy: AtomicBool::new(false),
         writes: AtomicUsize::new(0),
     });
     let thread_shared = shared.clone();
@@ -167,9 +161,6 @@ pub(super) fn apply_settings(connection: &Connection) -> rusqlite::Result<()> {
 fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     let mut closing = None;
     while let Some(message) = receiver.blocking_recv() {
-        // Callers that see the thread busy queue behind it rather than commit
-        // on their own: their writes join the next batch.
-        shared.busy.store(true, Ordering::Release);
         let (batch, close) = gather(message, &mut receiver);
         if !batch.is_empty() {
             let mut guard = shared.lock();
@@ -181,7 +172,6 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
                 None => tracing::error!("the journal's connection is gone; writes dropped"),
             }
         }
-        shared.busy.store(false, Ordering::Release);
         if let Some(done) = close {
             closing = Some(done);
             break;
@@ -295,4 +285,48 @@ impl ToSql for Param<'_> {
 
 fn database_error(err: rusqlite::Error) -> Error {
     Error::Internal(anyhow::Error::new(err).context("journal write"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::ExecutionStatus;
+    use crate::store::ExecutionFinish;
+
+    fn shared(connection: Option<JournalConnection>) -> JournalShared {
+        JournalShared {
+            connection: Mutex::new(connection),
+            writes: AtomicUsize::new(0),
+        }
+    }
+
+    #[test]
+    fn only_a_write_with_none_beside_it_is_alone() {
+        let shared = shared(None);
+        let first = shared.writing();
+        assert!(first.alone());
+        let second = shared.writing();
+        assert!(!second.alone(), "a write overlapping another must queue");
+        drop(first);
+        drop(second);
+        // A caller that went away is counted out.
+        assert!(shared.writing().alone());
+    }
+
+    #[test]
+    fn a_closed_journal_sends_callers_to_the_queue() {
+        let write = JournalWrite::Finish {
+            id: "exec_test".into(),
+            finish: ExecutionFinish {
+                status: ExecutionStatus::Success,
+                provider_started: true,
+                result: serde_json::Value::Null,
+                error_message: None,
+                reason_code: None,
+                commit_outcome: None,
+            },
+            at: 0,
+        };
+        assert!(shared(None).try_commit(&write).is_none());
+    }
 }

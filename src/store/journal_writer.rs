@@ -26,8 +26,8 @@ const QUEUE: usize = 4096;
 #[derive(Debug, Clone)]
 pub(super) struct JournalWriter {
     queue: mpsc::Sender<Message>,
-    /// The journal thread's connection, which a caller finding the journal
-    /// idle commits on itself (SQLite files only).
+    /// The journal thread's connection, which a write alone in flight
+    /// commits on itself (SQLite files only).
     inline: Option<Arc<JournalShared>>,
 }
 
@@ -57,7 +57,6 @@ impl JournalWriter {
         // commit here (see `journal_thread`); writes that overlap go to the
         // thread, whose group commit is what carries the journal under load.
         if writing.alone()
-            && self.queue.capacity() == self.queue.max_capacity()
             && let Some(admitted) = shared.try_commit(&write)
         {
             return admitted;
