@@ -38,7 +38,8 @@ impl BenchDatabase {
 
 /// The seeding connection, on either backend.
 pub(crate) enum SeedConn {
-    Sqlite(sqlx::SqliteConnection),
+    /// The connection and the database file it writes.
+    Sqlite(sqlx::SqliteConnection, std::path::PathBuf),
     Postgres(sqlx::PgConnection),
 }
 
@@ -96,7 +97,7 @@ impl SeedConn {
     /// Runs one statement (BEGIN, COMMIT).
     pub(crate) async fn execute(&mut self, statement: &'static str) -> anyhow::Result<()> {
         match self {
-            SeedConn::Sqlite(conn) => sqlx::query(statement).execute(conn).await.map(drop)?,
+            SeedConn::Sqlite(conn, _) => sqlx::query(statement).execute(conn).await.map(drop)?,
             SeedConn::Postgres(conn) => sqlx::query(statement).execute(conn).await.map(drop)?,
         }
         Ok(())
@@ -113,7 +114,7 @@ impl SeedConn {
          lifecycle_state, commit_outcome, side_effect_level, replay_safety, error_message, duration_ms, \
          started_at, finished_at, delivery_mode, attempt_no, runtime_job_id, replay_parent_execution_id, created_at) ";
         match self {
-            SeedConn::Sqlite(conn) => {
+            SeedConn::Sqlite(conn, _) => {
                 let mut query = sqlx::QueryBuilder::<sqlx::Sqlite>::new(INSERT);
                 seed_insert!(query, account_id, batch);
                 query.build().execute(conn).await?;
@@ -127,20 +128,40 @@ impl SeedConn {
         Ok(())
     }
 
-    /// Checkpoints SQLite's log (PostgreSQL: refreshes the planner's
-    /// statistics, as its autovacuum would soon) and closes.
+    /// Checkpoints SQLite's log into the database file and writes that file
+    /// to disk (PostgreSQL: refreshes the planner's statistics, as its
+    /// autovacuum would soon, and checkpoints), then closes.
+    ///
+    /// The seed is written without syncs, so without the final flush the
+    /// kernel writes its gigabyte back a few seconds later, while the journal
+    /// queries are measured: that writeback (iowait, steal, kernel time on the
+    /// bench's 2 cores) was the queries' 10-30 ms tail, seen with a
+    /// `/proc/vmstat` sampler beside per-request times (BENCHMARKS.md).
     pub(crate) async fn finish(self) -> anyhow::Result<()> {
         match self {
-            SeedConn::Sqlite(mut conn) => {
+            SeedConn::Sqlite(mut conn, path) => {
                 sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
                     .execute(&mut conn)
                     .await?;
                 conn.close().await?;
+                // The log was mostly checkpointed (unsynced) by SQLite's own
+                // auto-checkpoints already, so the checkpoint above may have
+                // nothing to sync: the file is flushed here instead.
+                tokio::task::spawn_blocking(move || std::fs::File::open(&path)?.sync_all())
+                    .await?
+                    .context("flushing the seeded database to disk")?;
             }
             SeedConn::Postgres(mut conn) => {
                 sqlx::query("ANALYZE tool_execution_record")
                     .execute(&mut conn)
                     .await?;
+                // Needs a superuser or pg_checkpoint; without it the tail of
+                // the server's own checkpoint may show in the figures.
+                if let Err(err) = sqlx::query("CHECKPOINT").execute(&mut conn).await {
+                    super::progress(&format!(
+                        "warning: CHECKPOINT after seeding failed ({err}); the seed's writeback may overlap the queries"
+                    ));
+                }
                 conn.close().await?;
             }
         }

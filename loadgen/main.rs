@@ -422,6 +422,14 @@ impl Api {
 
     /// Sends and insists on a 2xx JSON answer.
     async fn json(request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        Self::answer(request).await
+    }
+
+    /// The JSON answer of a successful request as `T`: a type naming only
+    /// the fields a phase checks skips the rest without building it.
+    async fn answer<T: serde::de::DeserializeOwned>(
+        request: reqwest::RequestBuilder,
+    ) -> anyhow::Result<T> {
         let response = request.send().await?;
         let status = response.status();
         let bytes = response.bytes().await?;
@@ -976,6 +984,7 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
                 .synchronous(SqliteSynchronous::Off)
                 .connect()
                 .await?,
+            data_dir.join("toolgate.db"),
         ),
     };
     let started = Instant::now();
@@ -1130,6 +1139,18 @@ pub(crate) struct SeedRow {
     sides: i64,
 }
 
+/// What the journal phase checks of a `GET /tool-executions` answer.
+#[derive(serde::Deserialize)]
+struct JournalAnswer {
+    meta: JournalMeta,
+}
+
+/// A journal page's `meta`.
+#[derive(serde::Deserialize)]
+struct JournalMeta {
+    total: i64,
+}
+
 /// `GET /tool-executions` variants, each measured one request at a time.
 async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Result<()> {
     progress("journal queries over HTTP");
@@ -1211,8 +1232,11 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
             let query = make(&plan, &mut rng.lock().expect("lock"));
             let request = api.get(&format!("/tool-executions?{query}"));
             async move {
-                let answer = Api::json(request).await?;
-                ensure!(answer["meta"]["total"].is_i64(), "no meta.total: {answer}");
+                // The whole page is read and checked as JSON, but only `meta`
+                // is built: a 200-row page is 168 KB, and building it as a
+                // `Value` cost the client more than the server's whole answer.
+                let answer: JournalAnswer = Api::answer(request).await?;
+                ensure!(answer.meta.total >= 0, "a negative meta.total");
                 Ok(())
             }
         })

@@ -278,7 +278,6 @@ impl Store {
         );
         filter("provider_type", query.provider_type.clone());
         let where_sql = conditions.join(" AND ");
-        let (total, total_is_estimate) = self.bounded_total(&where_sql, &binds, &query).await?;
         // Column names below come from closed lists, never from input.
         let page = &query.page;
         let order = page.sort_order.sql();
@@ -289,15 +288,23 @@ impl Store {
              ORDER BY {} {order}{nulls}, id {order} LIMIT ? OFFSET ?",
             page.sort_by
         );
-        // One row past the page says whether another follows, whatever `total`.
+        // The total counts the filter's rows; the page reads past the cursor.
+        let mut page_binds = binds.clone();
         for bind in keyset_binds {
-            binds.push(match bind {
+            page_binds.push(match bind {
                 KeysetValue::Sort(value) => ReadParam::Int(value),
                 KeysetValue::Id(id) => ReadParam::Text(id.to_owned()),
             });
         }
-        binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
-        let mut items = self.read_records(sql, binds).await?;
+        // One row past the page says whether another follows, whatever `total`.
+        page_binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
+        // The count and the page read on two connections at once: on a large
+        // session the count of up to TOTAL_EXACT_UP_TO rows costs about as
+        // much as the page (BENCHMARKS.md, issue 20).
+        let ((total, total_is_estimate), mut items) = tokio::try_join!(
+            self.bounded_total(&where_sql, &binds, &query),
+            self.read_records(sql, page_binds)
+        )?;
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
