@@ -82,8 +82,15 @@ where
 {
     let spans = tracing_subscriber::filter::Targets::new()
         .with_target("toolgate::trace", tracing::Level::INFO);
+    // Neither the OpenTelemetry context as "current" while a span is entered
+    // (nothing here reads `Context::current`: the traceparent is taken from
+    // the span itself) nor busy/idle times: both cost clock reads and
+    // thread-local work on every poll of every instrumented future, the
+    // event streams' included (BENCHMARKS.md, issue 20).
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("toolgate"))
+        .with_context_activation(false)
+        .with_tracked_inactivity(false)
         .with_filter(spans)
 }
 
