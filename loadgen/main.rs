@@ -972,6 +972,7 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
 
     progress(&format!("seeding {rows} journal rows"));
     let data_dir = work.join("data");
+    let database_file = data_dir.join("toolgate.db");
     let store = toolgate::store::Store::open(database_url(), &data_dir).await?;
     let account_id = store.admin_account().await?.context("admin account")?.id;
     store.close().await;
@@ -979,12 +980,12 @@ async fn seed_journal(work: &Path, rows: u64) -> anyhow::Result<SeedPlan> {
         Some(url) => database::SeedConn::Postgres(sqlx::PgConnection::connect(url).await?),
         None => database::SeedConn::Sqlite(
             SqliteConnectOptions::new()
-                .filename(data_dir.join("toolgate.db"))
+                .filename(&database_file)
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Off)
                 .connect()
                 .await?,
-            data_dir.join("toolgate.db"),
+            database_file,
         ),
     };
     let started = Instant::now();

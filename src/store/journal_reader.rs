@@ -6,7 +6,6 @@
 //! in-memory SQLite read through the pool.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -129,9 +128,9 @@ fn query<T>(
     map: fn(&ReaderRow<'_, '_>) -> T,
 ) -> rusqlite::Result<Vec<T>> {
     let mut statement = connection.prepare_cached(sql)?;
-    // Row mappers read by column name; rusqlite finds a name by comparing it
-    // with every column's (a quarter of a page's time, measured), so the
-    // names are indexed once per statement.
+    // Row mappers read by column name; rusqlite finds a name by asking
+    // SQLite for every column's (a quarter of a page's time, measured), so
+    // the names are read once per statement.
     let columns = Columns::of(&statement);
     let values = params.iter().map(|param| match param {
         ReadParam::Text(text) => SqlValue::Text(text.clone()),
@@ -147,25 +146,18 @@ fn query<T>(
     rows.collect()
 }
 
-/// A statement's column names, in order and indexed.
-struct Columns {
-    names: Vec<String>,
-    index: HashMap<String, usize>,
-}
+/// A statement's column names, in order.
+struct Columns(Vec<String>);
 
 impl Columns {
     fn of(statement: &rusqlite::Statement<'_>) -> Self {
-        let names: Vec<String> = statement
-            .column_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let index = names
-            .iter()
-            .enumerate()
-            .map(|(index, name)| (name.clone(), index))
-            .collect();
-        Self { names, index }
+        Self(
+            statement
+                .column_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        )
     }
 }
 
@@ -175,26 +167,22 @@ pub(crate) struct ReaderRow<'a, 'stmt> {
     row: &'a Row<'stmt>,
     columns: &'a Columns,
     /// The column after the last one read: mappers read mostly in the
-    /// statement's order, so one comparison usually finds the next name
-    /// without hashing it (SipHash was 4 % of a 200-row page, measured).
+    /// statement's order, so one comparison usually finds the next name (a
+    /// hash of every name was 4 % of a 200-row page, measured); a miss scans
+    /// the few names, still without rusqlite's per-column FFI calls.
     next: Cell<usize>,
 }
 
 impl ReaderRow<'_, '_> {
     fn position(&self, column: &str) -> usize {
+        let names = &self.columns.0;
         let guess = self.next.get();
-        let index = if self
-            .columns
-            .names
-            .get(guess)
-            .is_some_and(|name| name == column)
-        {
+        let index = if names.get(guess).is_some_and(|name| name == column) {
             guess
         } else {
-            *self
-                .columns
-                .index
-                .get(column)
+            names
+                .iter()
+                .position(|name| name == column)
                 .unwrap_or_else(|| panic!("a journal read has no column {column:?}"))
         };
         self.next.set(index + 1);
