@@ -14,20 +14,16 @@ totals over MANY - FEW calls is the cost of one call, start-up excluded.
 With `--top N` it also prints the N functions whose inclusive count grew most
 per call. Needs valgrind (callgrind_annotate) and Python 3.
 """
-import http.client
 import json
 import os
-import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-TOKEN = "tg_bench_admin_token_0123456789abcdef"
+from callgrind_common import TOKEN, print_top, start_server, take_top, total
+
 ANSWER = b'{"output":{"ok":true,"forecast":"sunny"}}'
 
 
@@ -46,32 +42,9 @@ class Callback(BaseHTTPRequestHandler):
         pass
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run(binary, calls, out, callback_port):
-    port = free_port()
     data = tempfile.mkdtemp(prefix="toolgate-callgrind-")
-    env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=TOKEN)
-    for name in ("TOOLGATE_DATABASE_URL", "TOOLGATE_CONFIG", "TOOLGATE_LISTEN", "TOOLGATE_DATA_DIR"):
-        env.pop(name, None)
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
-         "--listen", f"127.0.0.1:{port}", "--data-dir", data],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(data, "log"), "w"))
-    deadline = time.time() + 120
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            conn.connect()
-            break
-        except OSError:
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit(f"toolgate did not start; see {data}/log")
-            time.sleep(0.2)
+    server, conn = start_server(binary, data, out, data)
 
     def request(method, path, body):
         conn.request(method, path, body=json.dumps(body),
@@ -97,31 +70,12 @@ def run(binary, calls, out, callback_port):
             sys.exit(f"a call did not succeed: {answer}")
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=300)
-    with open(out) as profile:
-        for line in profile:
-            if line.startswith("totals:"):
-                return int(line.split()[1])
-    sys.exit(f"no totals in {out}")
-
-
-def functions(out):
-    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out],
-                          capture_output=True, text=True, check=True).stdout
-    counts = {}
-    for line in text.splitlines():
-        match = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*)", line)
-        if match and "PROGRAM TOTALS" not in line:
-            counts[match.group(2)] = counts.get(match.group(2), 0) + int(match.group(1).replace(",", ""))
-    return counts
+    return total(out)
 
 
 def main():
     args = sys.argv[1:]
-    top = 0
-    if "--top" in args:
-        at = args.index("--top")
-        top = int(args[at + 1])
-        del args[at:at + 2]
+    top = take_top(args)
     if not args:
         sys.exit(__doc__)
     binary = args[0]
@@ -134,10 +88,7 @@ def main():
     print(f"instructions_per_remote_call {(totals[1] - totals[0]) / (many - few):.0f}")
     print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
     if top:
-        before, after = functions(outs[0]), functions(outs[1])
-        grown = sorted(((after.get(k, 0) - before.get(k, 0)) / (many - few), k) for k in after)
-        for per_call, name in reversed(grown[-top:]):
-            print(f"{per_call:10.0f} {name[:160]}")
+        print_top(outs, many - few, top)
 
 
 if __name__ == "__main__":

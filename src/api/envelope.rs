@@ -13,7 +13,7 @@ pub struct Data<T> {
 /// Paging facts of a list response.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListMeta {
-    /// Matching rows; on journal lists exact up to 10,000 (or the page's end),
+    /// Matching rows; on journal lists exact up to 1,000 (or the page's end),
     /// past that a lower bound with `total_is_estimate` true.
     pub total: i64,
     pub limit: i64,

@@ -12,7 +12,7 @@ use crate::journal::query::{
     CallRecordQuery, CallRecordQueryParams, ExecutionQuery, ExecutionQueryParams,
     FloorExecutionQueryParams,
 };
-use crate::journal::{CallRecord, ExecutionRecord};
+use crate::journal::{CallRecord, ExecutionJson, ExecutionRecord};
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,13 +30,13 @@ async fn list_executions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Query(params): Query<ExecutionQueryParams>,
-) -> ApiResult<axum::Json<List<ExecutionRecord>>> {
+) -> ApiResult<axum::Json<List<ExecutionJson>>> {
     let query = ExecutionQuery::parse(params)?;
     Ok(axum::Json(
         state
             .runtime
             .store
-            .query_executions(&account.id, query)
+            .query_executions_json(&account.id, query)
             .await?
             .into(),
     ))
@@ -68,7 +68,7 @@ async fn list_floor_executions(
     CurrentAccount(account): CurrentAccount,
     Path(floor_id): Path<String>,
     Query(params): Query<FloorExecutionQueryParams>,
-) -> ApiResult<axum::Json<List<ExecutionRecord>>> {
+) -> ApiResult<axum::Json<List<ExecutionJson>>> {
     let floor = state
         .runtime
         .store
@@ -79,7 +79,7 @@ async fn list_floor_executions(
         state
             .runtime
             .store
-            .query_executions(&account.id, query)
+            .query_executions_json(&account.id, query)
             .await?
             .into(),
     ))

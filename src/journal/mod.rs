@@ -4,6 +4,7 @@
 pub mod query;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
 use crate::reason::ReasonCode;
@@ -162,17 +163,15 @@ pub fn canonical_json(value: &serde_json::Value) -> String {
 /// JSON as the journal stored it, answered byte for byte: a page of rows is
 /// not parsed into values and serialised again on its way out (issue 20).
 #[derive(Debug, Clone)]
-pub struct StoredJson(Box<serde_json::value::RawValue>);
+pub struct StoredJson(Box<RawValue>);
 
 impl StoredJson {
     /// The stored text, or `null` when there is none (or it is not JSON,
     /// which a row written by the server never is).
     pub fn from_text(text: Option<String>) -> Self {
         let raw = text
-            .and_then(|text| serde_json::value::RawValue::from_string(text).ok())
-            .unwrap_or_else(|| {
-                serde_json::value::RawValue::from_string("null".to_owned()).expect("null is JSON")
-            });
+            .and_then(|text| RawValue::from_string(text).ok())
+            .unwrap_or_else(|| RawValue::from_string("null".to_owned()).expect("null is JSON"));
         Self(raw)
     }
 
@@ -185,6 +184,22 @@ impl StoredJson {
     pub fn to_value(&self) -> serde_json::Value {
         serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
     }
+
+    /// The stored JSON, borrowed.
+    pub fn as_raw(&self) -> &RawValue {
+        &self.0
+    }
+}
+
+/// Stored JSON text borrowed as it is, or `null` when there is none or it is
+/// not JSON (the same rule as [`StoredJson::from_text`], without copying).
+pub fn stored_json_ref<'a>(text: Option<&'a str>) -> &'a RawValue {
+    text.and_then(|text| serde_json::from_str::<&'a RawValue>(text).ok())
+        .unwrap_or_else(null_json)
+}
+
+fn null_json<'a>() -> &'a RawValue {
+    serde_json::from_str("null").expect("null is JSON")
 }
 
 impl Serialize for StoredJson {
@@ -194,7 +209,7 @@ impl Serialize for StoredJson {
 }
 
 /// One journal row as the API shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 pub struct ExecutionRecord {
     pub id: String,
     pub session_id: String,
@@ -233,6 +248,153 @@ pub struct ExecutionRecord {
     /// off), which count as neither steps, replay parents nor budget.
     pub provider_started: bool,
     pub created_at: i64,
+}
+
+impl Serialize for ExecutionRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.borrowed().serialize(serializer)
+    }
+}
+
+impl ExecutionRecord {
+    /// The row borrowed, in the form that writes its JSON.
+    pub fn borrowed(&self) -> ExecutionRecordRef<'_> {
+        ExecutionRecordRef {
+            id: &self.id,
+            session_id: &self.session_id,
+            run_id: self.run_id.as_deref(),
+            floor_id: self.floor_id.as_deref(),
+            page_id: self.page_id.as_deref(),
+            call_id: &self.call_id,
+            caller_slot: &self.caller_slot,
+            provider_id: &self.provider_id,
+            provider_type: &self.provider_type,
+            tool_name: &self.tool_name,
+            args: self.args.as_raw(),
+            result: self.result.as_raw(),
+            status: self.status,
+            lifecycle_state: self.lifecycle_state,
+            commit_outcome: self.commit_outcome,
+            side_effect_level: &self.side_effect_level,
+            replay_safety: &self.replay_safety,
+            error_message: self.error_message.as_deref(),
+            execution_reason_code: self.execution_reason_code,
+            duration_ms: self.duration_ms,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            delivery_mode: &self.delivery_mode,
+            result_visibility: &self.result_visibility,
+            attempt_no: self.attempt_no,
+            runtime_job_id: self.runtime_job_id.as_deref(),
+            replay_parent_execution_id: self.replay_parent_execution_id.as_deref(),
+            provider_started: self.provider_started,
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// A journal row borrowing its text: the one place a row's JSON shape is
+/// written. [`ExecutionRecord`] serialises through it, and a page read from
+/// the database is written from it straight off the statement, without an
+/// owned copy of each of the row's strings (issue 20), so both answer the
+/// same bytes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ExecutionRecordRef<'a> {
+    pub id: &'a str,
+    pub session_id: &'a str,
+    pub run_id: Option<&'a str>,
+    pub floor_id: Option<&'a str>,
+    pub page_id: Option<&'a str>,
+    pub call_id: &'a str,
+    pub caller_slot: &'a str,
+    pub provider_id: &'a str,
+    pub provider_type: &'a str,
+    pub tool_name: &'a str,
+    pub args: &'a RawValue,
+    pub result: &'a RawValue,
+    pub status: ExecutionStatus,
+    pub lifecycle_state: LifecycleState,
+    pub commit_outcome: CommitOutcome,
+    pub side_effect_level: &'a str,
+    pub replay_safety: &'a str,
+    pub error_message: Option<&'a str>,
+    pub execution_reason_code: Option<ReasonCode>,
+    pub duration_ms: i64,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub delivery_mode: &'a str,
+    pub result_visibility: &'a str,
+    pub attempt_no: i64,
+    pub runtime_job_id: Option<&'a str>,
+    pub replay_parent_execution_id: Option<&'a str>,
+    pub provider_started: bool,
+    pub created_at: i64,
+}
+
+impl ExecutionRecordRef<'_> {
+    /// `deferred_receipt` for async-job calls (the model saw a receipt), else
+    /// `immediate`.
+    pub fn result_visibility_of(delivery_mode: &str) -> &'static str {
+        if delivery_mode == "async_job" {
+            "deferred_receipt"
+        } else {
+            "immediate"
+        }
+    }
+
+    /// The row's value of a page's sort column (`created_at`, `finished_at`,
+    /// else `started_at`).
+    pub fn sort_value(&self, sort_by: &str) -> Option<i64> {
+        match sort_by {
+            "created_at" => Some(self.created_at),
+            "finished_at" => self.finished_at,
+            _ => Some(self.started_at),
+        }
+    }
+}
+
+/// A journal row already written as JSON, with what its page's cursor needs:
+/// a page answered by the API is written on the journal reader's thread, not
+/// built as records and serialised again on an async worker (issue 20).
+#[derive(Debug, Clone)]
+pub struct ExecutionJson {
+    json: Box<RawValue>,
+    id: String,
+    sort_value: Option<i64>,
+}
+
+impl ExecutionJson {
+    /// `row` written as JSON, keeping its id and its value of `sort_by`.
+    pub fn new(row: &ExecutionRecordRef<'_>, sort_by: &str) -> Self {
+        Self {
+            // A struct of strings, numbers, closed enums and stored JSON has
+            // no map with non-string keys: serialising it cannot fail.
+            json: serde_json::value::to_raw_value(row).expect("a journal row serialises"),
+            id: row.id.to_owned(),
+            sort_value: row.sort_value(sort_by),
+        }
+    }
+
+    /// The row's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The row's value of its page's sort column.
+    pub fn sort_value(&self) -> Option<i64> {
+        self.sort_value
+    }
+
+    /// The row's JSON text.
+    pub fn as_str(&self) -> &str {
+        self.json.get()
+    }
+}
+
+impl Serialize for ExecutionJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(serializer)
+    }
 }
 
 /// One legacy call-record (the projection; none of the journal-only fields).

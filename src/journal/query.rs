@@ -40,8 +40,11 @@ pub struct ExecutionQueryParams {
 /// `meta.total` counts matching rows exactly up to this many (or up to the
 /// page's end, when that lies further); past it, `total` is a lower bound and
 /// `meta.total_is_estimate` is true, so a page of a huge session never counts
-/// every row.
-pub const TOTAL_EXACT_UP_TO: i64 = 10_000;
+/// every row. It was 10,000 until the count of a large session was found to
+/// cost twice its 50-row page (BENCHMARKS.md, issue 20, sixth pass): a
+/// thousand rows is more than a pager shows, and the total turns exact again
+/// on the pages that reach the end.
+pub const TOTAL_EXACT_UP_TO: i64 = 1_000;
 
 /// Where a keyset page starts: after the row with this sort value and id.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,14 +7,14 @@ use sqlx::AssertSqlSafe;
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_queue::JournalWrite;
-use super::journal_reader::ReadParam;
+use super::journal_reader::{ReadParam, ReaderRow};
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
 use crate::journal::query::{CallRecordQuery, ExecutionQuery, TOTAL_EXACT_UP_TO};
 use crate::journal::{
-    CallRecord, CommitOutcome, ExecutionRecord, ExecutionStatus, LegacyStatus, LifecycleState,
-    StoredJson,
+    CallRecord, CommitOutcome, ExecutionJson, ExecutionRecord, ExecutionRecordRef, ExecutionStatus,
+    LegacyStatus, LifecycleState, StoredJson, stored_json_ref,
 };
 use crate::reason::ReasonCode;
 
@@ -132,15 +132,57 @@ fn record_from_row(row: &impl Record) -> ExecutionRecord {
         duration_ms: row.get("duration_ms"),
         started_at: row.get("started_at"),
         finished_at: row.get("finished_at"),
-        result_visibility: if row.get::<String>("delivery_mode") == "async_job" {
-            "deferred_receipt".to_owned()
-        } else {
-            "immediate".to_owned()
-        },
+        result_visibility: ExecutionRecordRef::result_visibility_of(
+            &row.get::<String>("delivery_mode"),
+        )
+        .to_owned(),
         delivery_mode: row.get("delivery_mode"),
         attempt_no: row.get("attempt_no"),
         runtime_job_id: row.get("runtime_job_id"),
         replay_parent_execution_id: row.get("replay_parent_execution_id"),
+        provider_started: row.get::<i64>("provider_started") != 0,
+        created_at: row.get("created_at"),
+    }
+}
+
+/// A row read by the journal reader, borrowed from its statement: a page
+/// answered as JSON is written from it without an owned copy of each string.
+/// Unparseable states read as in [`record_from_row`].
+fn record_ref_from_row<'r>(row: &ReaderRow<'r, '_>) -> ExecutionRecordRef<'r> {
+    let delivery_mode = row.text("delivery_mode");
+    ExecutionRecordRef {
+        id: row.text("id"),
+        session_id: row.text("session_id"),
+        run_id: row.text_opt("run_id"),
+        floor_id: row.text_opt("floor_id"),
+        page_id: row.text_opt("page_id"),
+        call_id: row.text("call_id"),
+        caller_slot: row.text("caller_slot"),
+        provider_id: row.text("provider_id"),
+        provider_type: row.text("provider_type"),
+        tool_name: row.text("tool_name"),
+        args: stored_json_ref(row.text_opt("args_json")),
+        result: stored_json_ref(row.text_opt("result_json")),
+        status: ExecutionStatus::parse("status", row.text("status"))
+            .unwrap_or(ExecutionStatus::Uncertain),
+        lifecycle_state: LifecycleState::parse("lifecycle_state", row.text("lifecycle_state"))
+            .unwrap_or(LifecycleState::Finished),
+        commit_outcome: CommitOutcome::parse("commit_outcome", row.text("commit_outcome"))
+            .unwrap_or(CommitOutcome::Uncertain),
+        side_effect_level: row.text("side_effect_level"),
+        replay_safety: row.text("replay_safety"),
+        error_message: row.text_opt("error_message"),
+        execution_reason_code: row
+            .text_opt("execution_reason_code")
+            .and_then(ReasonCode::parse),
+        duration_ms: row.get("duration_ms"),
+        started_at: row.get("started_at"),
+        finished_at: row.get("finished_at"),
+        result_visibility: ExecutionRecordRef::result_visibility_of(delivery_mode),
+        delivery_mode,
+        attempt_no: row.get("attempt_no"),
+        runtime_job_id: row.text_opt("runtime_job_id"),
+        replay_parent_execution_id: row.text_opt("replay_parent_execution_id"),
         provider_started: row.get::<i64>("provider_started") != 0,
         created_at: row.get("created_at"),
     }
@@ -245,12 +287,31 @@ impl Store {
             .collect()))
     }
 
-    /// The journal query of `GET /tool-executions`.
+    /// A page of the journal as records (the console builds its pages from
+    /// them).
     pub async fn query_executions(
         &self,
         account_id: &str,
         query: ExecutionQuery,
     ) -> Result<Page<ExecutionRecord>> {
+        self.query_execution_page(account_id, query).await
+    }
+
+    /// A page of the journal with each row already written as JSON: the
+    /// journal query of `GET /tool-executions`.
+    pub async fn query_executions_json(
+        &self,
+        account_id: &str,
+        query: ExecutionQuery,
+    ) -> Result<Page<ExecutionJson>> {
+        self.query_execution_page(account_id, query).await
+    }
+
+    async fn query_execution_page<T: PageRow>(
+        &self,
+        account_id: &str,
+        query: ExecutionQuery,
+    ) -> Result<Page<T>> {
         let mut conditions = vec!["account_id = ?".to_owned()];
         let mut binds = vec![ReadParam::Text(account_id.to_owned())];
         let mut filter = |column: &str, value: Option<String>| {
@@ -303,14 +364,14 @@ impl Store {
         // much as the page (BENCHMARKS.md, issue 20).
         let ((total, total_is_estimate), mut items) = tokio::try_join!(
             self.bounded_total(&where_sql, &binds, &query),
-            self.read_records(sql, page_binds)
+            self.read_page_rows::<T>(sql, page_binds, page.sort_by)
         )?;
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
             .last()
             .filter(|_| more)
-            .map(|last| next_cursor(last, page));
+            .map(|last| next_cursor(last.cursor_key(page.sort_by), page));
         let mut result = Page::new(items, total, query.page);
         result.total_is_estimate = Some(total_is_estimate);
         result.more = Some(more);
@@ -319,14 +380,17 @@ impl Store {
     }
 
     /// The journal rows `sql` selects: on an SQLite file through the journal
-    /// reader, else through the pool.
-    async fn read_records(
+    /// reader (each row built on its thread), else through the pool.
+    async fn read_page_rows<T: PageRow>(
         &self,
         sql: String,
         binds: Vec<ReadParam>,
-    ) -> Result<Vec<ExecutionRecord>> {
+        sort_by: &'static str,
+    ) -> Result<Vec<T>> {
         if let Some(reader) = &self.journal_reader {
-            return reader.rows(sql, binds, |row| record_from_row(row)).await;
+            return reader
+                .rows(sql, binds, move |row| T::from_reader(row, sort_by))
+                .await;
         }
         Ok(sql!(self.conn().await?, c => {
             let mut rows = query(AssertSqlSafe(sql));
@@ -339,8 +403,8 @@ impl Store {
             rows.fetch_all(c)
                 .await?
                 .iter()
-                .map(record_from_row)
-                .collect::<Vec<ExecutionRecord>>()
+                .map(|row| T::from_record(record_from_row(row), sort_by))
+                .collect::<Vec<T>>()
         }))
     }
 
@@ -760,16 +824,121 @@ enum KeysetValue<'a> {
     Id(&'a str),
 }
 
-/// The cursor of the page after the one ending with `last`.
-fn next_cursor(last: &ExecutionRecord, page: &crate::domain::PageRequest) -> String {
-    let value = match page.sort_by {
-        "created_at" => Some(last.created_at),
-        "finished_at" => last.finished_at,
-        _ => Some(last.started_at),
-    };
+/// The cursor of the page after the one whose last row has `key` (its value
+/// of the page's sort column, its id).
+fn next_cursor(key: (Option<i64>, &str), page: &crate::domain::PageRequest) -> String {
+    let (value, id) = key;
     crate::journal::query::Cursor {
         value,
-        id: last.id.clone(),
+        id: id.to_owned(),
     }
     .encode(page)
+}
+
+/// A form the rows of a journal page are read in.
+pub(crate) trait PageRow: Sized + Send + 'static {
+    /// The row, built on the journal reader's thread from the statement.
+    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self;
+    /// The row, built from a record read through the pool.
+    fn from_record(record: ExecutionRecord, sort_by: &str) -> Self;
+    /// The row's value of the page's sort column `sort_by`, and its id.
+    fn cursor_key(&self, sort_by: &str) -> (Option<i64>, &str);
+}
+
+impl PageRow for ExecutionRecord {
+    fn from_reader(row: &ReaderRow<'_, '_>, _sort_by: &str) -> Self {
+        record_from_row(row)
+    }
+
+    fn from_record(record: ExecutionRecord, _sort_by: &str) -> Self {
+        record
+    }
+
+    fn cursor_key(&self, sort_by: &str) -> (Option<i64>, &str) {
+        (self.borrowed().sort_value(sort_by), &self.id)
+    }
+}
+
+impl PageRow for ExecutionJson {
+    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self {
+        ExecutionJson::new(&record_ref_from_row(row), sort_by)
+    }
+
+    fn from_record(record: ExecutionRecord, sort_by: &str) -> Self {
+        ExecutionJson::new(&record.borrowed(), sort_by)
+    }
+
+    fn cursor_key(&self, _sort_by: &str) -> (Option<i64>, &str) {
+        // Taken when the row was written, with the same page's sort.
+        (self.sort_value(), self.id())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two rows as the journal reader reads them: one with every column set,
+    /// one with every nullable column NULL, states no server writes and
+    /// stored JSON that is not JSON.
+    fn read_both_ways() -> Vec<(ExecutionRecord, ExecutionJson)> {
+        let connection = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        connection
+            .execute_batch(&format!(
+                "CREATE TABLE tool_execution_record ({COLUMNS});
+                 INSERT INTO tool_execution_record ({COLUMNS}) VALUES
+                 ('texec_1', 'sess_1', 'run_1', 'floor_1', 'page_1', 'call_1', 'narrator',
+                  'plugin:x', 'http_callback', 'send\"mail\\\\', '{{\"to\": \"a\\u00e9\"}}',
+                  '[1, {{\"ok\": true}}]', 'error', 'finished', 'committed', 'external',
+                  'unsafe', 'line\none', 12, 1000, 1012, 'async_job', 2, 'job_1', 'texec_0', 1,
+                  'mcp_remote_error', 999),
+                 ('texec_2', 'sess_1', NULL, NULL, NULL, 'call_2', 'verifier', 'builtin',
+                  'builtin', 'roll_dice', 'not json', NULL, 'exploded', 'gone', 'maybe',
+                  'none', 'safe', NULL, 0, 2000, NULL, 'inline', 1, NULL, NULL, 0, NULL, 2000);"
+            ))
+            .expect("rows written");
+        super::super::journal_reader::query(
+            &connection,
+            &format!("SELECT {COLUMNS} FROM tool_execution_record ORDER BY id"),
+            &[],
+            |row| {
+                (
+                    record_from_row(row),
+                    <ExecutionJson as PageRow>::from_reader(row, "finished_at"),
+                )
+            },
+        )
+        .expect("rows read")
+    }
+
+    #[test]
+    fn a_page_written_off_the_statement_is_the_records_json() {
+        let rows = read_both_ways();
+        assert_eq!(rows.len(), 2);
+        for (record, json) in &rows {
+            assert_eq!(
+                json.as_str(),
+                serde_json::to_string(record).expect("a record serialises")
+            );
+            assert_eq!(
+                json.cursor_key("finished_at"),
+                record.cursor_key("finished_at")
+            );
+        }
+        let first: serde_json::Value = serde_json::from_str(rows[0].1.as_str()).expect("JSON");
+        assert_eq!(first["tool_name"], "send\"mail\\\\");
+        assert_eq!(first["args"]["to"], "a\u{e9}");
+        assert_eq!(first["result"][1]["ok"], true);
+        assert_eq!(first["result_visibility"], "deferred_receipt");
+        assert_eq!(first["execution_reason_code"], "mcp_remote_error");
+        assert_eq!(first["provider_started"], true);
+        let second: serde_json::Value = serde_json::from_str(rows[1].1.as_str()).expect("JSON");
+        assert_eq!(second["args"], serde_json::Value::Null);
+        assert_eq!(second["result"], serde_json::Value::Null);
+        assert_eq!(second["status"], "uncertain");
+        assert_eq!(second["finished_at"], serde_json::Value::Null);
+        assert_eq!(second["run_id"], serde_json::Value::Null);
+        assert_eq!(second["result_visibility"], "immediate");
+        assert_eq!(rows[1].1.cursor_key("finished_at"), (None, "texec_2"));
+    }
 }

@@ -23,8 +23,8 @@ const MAX_READS: usize = 4;
 /// by their filters and sort).
 const PREPARED_STATEMENTS: usize = 64;
 /// Each reader's page cache, in KiB (SQLite's default is 2 MiB): a large
-/// session's count walks 10,000 index entries, and lists of other sessions
-/// in between should not evict them.
+/// session's count and deep pages walk thousands of index entries, and lists
+/// of other sessions in between should not evict them.
 const CACHE_KIB: i64 = 16 * 1024;
 
 /// A parameter of a journal read.
@@ -71,7 +71,7 @@ impl JournalReader {
         &self,
         sql: String,
         params: Vec<ReadParam>,
-        map: fn(&ReaderRow<'_, '_>) -> T,
+        map: impl Fn(&ReaderRow<'_, '_>) -> T + Send + 'static,
     ) -> Result<Vec<T>> {
         let _permit = self
             .inner
@@ -102,7 +102,7 @@ impl Inner {
         &self,
         sql: &str,
         params: &[ReadParam],
-        map: fn(&ReaderRow<'_, '_>) -> T,
+        map: impl Fn(&ReaderRow<'_, '_>) -> T,
     ) -> Result<Vec<T>> {
         let popped = self.idle().pop();
         let connection = match popped {
@@ -121,11 +121,11 @@ impl Inner {
     }
 }
 
-fn query<T>(
+pub(super) fn query<T>(
     connection: &Connection,
     sql: &str,
     params: &[ReadParam],
-    map: fn(&ReaderRow<'_, '_>) -> T,
+    map: impl Fn(&ReaderRow<'_, '_>) -> T,
 ) -> rusqlite::Result<Vec<T>> {
     let mut statement = connection.prepare_cached(sql)?;
     // Row mappers read by column name; rusqlite finds a name by asking
@@ -190,10 +190,29 @@ impl ReaderRow<'_, '_> {
     }
 }
 
-impl ReaderRow<'_, '_> {
+impl<'a> ReaderRow<'a, '_> {
     /// The first column (a scalar query's answer).
     pub fn first<T: rusqlite::types::FromSql>(&self) -> rusqlite::Result<T> {
         self.row.get(0)
+    }
+
+    /// A text column borrowed from the statement (no copy), None for NULL.
+    /// Panics when the column is missing or not text, as [`Record::get`]
+    /// does: a mistake in the statement, not in the data.
+    ///
+    /// [`Record::get`]: super::backend::Record::get
+    pub fn text_opt(&self, column: &str) -> Option<&'a str> {
+        let index = self.position(column);
+        let row: &'a Row<'_> = self.row;
+        row.get_ref(index)
+            .and_then(|value| Ok(value.as_str_or_null()?))
+            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
+    }
+
+    /// A text column that is never NULL, borrowed.
+    pub fn text(&self, column: &str) -> &'a str {
+        self.text_opt(column)
+            .unwrap_or_else(|| panic!("column {column:?} of a journal read is NULL"))
     }
 }
 

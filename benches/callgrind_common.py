@@ -1,0 +1,79 @@
+"""What the callgrind scripts beside this file share: a free port, a server
+start under callgrind, a profile's total and its per-function counts, and the
+`--top N` report of what grew between two runs."""
+import http.client
+import os
+import re
+import subprocess
+import sys
+import time
+
+TOKEN = "tg_bench_admin_token_0123456789abcdef"
+
+
+def free_port():
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(binary, data, out, log_dir, timeout=120):
+    """The toolgate binary under callgrind on `data`; returns the process and
+    a connection to it once it listens."""
+    port = free_port()
+    env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=TOKEN)
+    for name in ("TOOLGATE_DATABASE_URL", "TOOLGATE_CONFIG", "TOOLGATE_LISTEN", "TOOLGATE_DATA_DIR"):
+        env.pop(name, None)
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
+         "--listen", f"127.0.0.1:{port}", "--data-dir", data],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(log_dir, "log"), "w"))
+    deadline = time.time() + timeout
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            conn.connect()
+            return server, conn
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                sys.exit(f"toolgate did not start; see {log_dir}/log")
+            time.sleep(0.2)
+
+
+def total(out):
+    with open(out) as profile:
+        for line in profile:
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    sys.exit(f"no totals in {out}")
+
+
+def functions(out):
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out],
+                          capture_output=True, text=True, check=True).stdout
+    counts = {}
+    for line in text.splitlines():
+        match = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*)", line)
+        if match and "PROGRAM TOTALS" not in line:
+            counts[match.group(2)] = counts.get(match.group(2), 0) + int(match.group(1).replace(",", ""))
+    return counts
+
+
+def take_top(args):
+    """`--top N` taken out of `args`; 0 when absent."""
+    if "--top" not in args:
+        return 0
+    at = args.index("--top")
+    top = int(args[at + 1])
+    del args[at:at + 2]
+    return top
+
+
+def print_top(outs, units, top):
+    """The `top` functions whose inclusive count grew most per unit of work
+    between the two profiles."""
+    before, after = functions(outs[0]), functions(outs[1])
+    grown = sorted(((after.get(k, 0) - before.get(k, 0)) / units, k) for k in after)
+    for per_unit, name in reversed(grown[-top:]):
+        print(f"{per_unit:12.0f} {name[:160]}")
