@@ -99,14 +99,14 @@ impl ToolRuntime {
             permissions,
         } = match checked {
             Ok(checked) => checked,
-            Err(refused) => return journal.not_run(refused).await,
+            // The paths a call rarely takes are boxed, so that the future of
+            // every call is not as large as theirs (BENCHMARKS.md, issue 20).
+            Err(refused) => return Box::pin(journal.not_run(refused)).await,
         };
         let admission = admission(&scope, &call, &permissions);
         if permissions.needs_approval(&call.name, &entry.spec.metadata) {
             let held = (entry, &args, replay.as_ref());
-            return self
-                .hold_for_approval(&journal, held, admission, &permissions)
-                .await;
+            return Box::pin(self.hold_for_approval(&journal, held, admission, &permissions)).await;
         }
         let admitted = journal
             .start(entry, &args, replay.as_ref(), admission)
@@ -122,9 +122,7 @@ impl ToolRuntime {
                 return Ok(result);
             }
             Opened::Refused(refusal) => {
-                return journal
-                    .refused_admission(entry, refusal, &permissions)
-                    .await;
+                return Box::pin(journal.refused_admission(entry, refusal, &permissions)).await;
             }
         };
         let cx = CallContext {
@@ -251,10 +249,15 @@ impl ToolRuntime {
             return Ok(ReplayCheck::Proceed(None));
         };
         let canonical = canonical_json(args);
-        let Some(parent) = self
-            .store
-            .replay_parent(scope.floor_id, scope.run_id, &entry.spec.name, &canonical)
-            .await?
+        // Boxed: only calls in a floor or run read a replay parent, and the
+        // read's futures would otherwise make every call's future larger.
+        let Some(parent) = Box::pin(self.store.replay_parent(
+            scope.floor_id,
+            scope.run_id,
+            &entry.spec.name,
+            &canonical,
+        ))
+        .await?
         else {
             return Ok(ReplayCheck::Proceed(None));
         };
@@ -390,7 +393,11 @@ impl CallJournal<'_> {
             .then(|| job_snapshot(entry, self.call, args))
             .flatten();
         match deferred {
-            Some(invocation) => self.defer(entry, args, replay, admission, invocation).await,
+            // Boxed: the async-job path's futures are the largest of a call's,
+            // and inline every call's future would carry them.
+            Some(invocation) => {
+                Box::pin(self.defer(entry, args, replay, admission, invocation)).await
+            }
             None => self.open(entry, args, replay, admission).await,
         }
     }

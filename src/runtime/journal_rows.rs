@@ -33,7 +33,11 @@ impl CallScope {
         call: &ToolCall,
     ) -> Result<Self> {
         if let Some(run_id) = &call.run_id {
-            let run = store.run(account_id, run_id).await?;
+            // Boxed here and below: a lookup's database futures are kilobytes,
+            // and inline they would be part of every call's future, copied
+            // whole on each call with no floor or run too (BENCHMARKS.md,
+            // issue 20).
+            let run = Box::pin(store.run(account_id, run_id)).await?;
             if run.session_id != session.id {
                 return Err(Error::not_found(format!("run {run_id:?}")));
             }
@@ -53,7 +57,7 @@ impl CallScope {
             });
         }
         if let Some(floor_id) = &call.floor_id {
-            let floor = store.floor_ref(account_id, floor_id).await?;
+            let floor = Box::pin(store.floor_ref(account_id, floor_id)).await?;
             if floor.session_id != session.id {
                 return Err(Error::not_found(format!("floor {floor_id:?}")));
             }

@@ -84,6 +84,15 @@ impl Store {
             }
             return Err(Error::not_found(format!("session {id:?}")));
         }
+        // Boxed: the read's database futures are kilobytes, and inline they
+        // would make every caller's future that large, copied whole into its
+        // box on every cached lookup too (a tenth of a register fan-out's
+        // instructions, BENCHMARKS.md issue 20).
+        Box::pin(self.read_session(account_id, id)).await
+    }
+
+    /// The account's session read from the database, then cached.
+    async fn read_session(&self, account_id: &str, id: &str) -> Result<Session> {
         let generation = self.session_cache.generation();
         let sql = format!("{SELECT} WHERE s.id = ?");
         let session = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Instructions per register fan-out of a toolgate binary, under callgrind.
+
+`toolgate-bench`'s register figure (one `POST /api/tools/register` with
+`role: null` into N characters, each with a live model session) moves with
+this VM's noise as much as with the code, so changes to the fan-out are
+decided by counting instructions (BENCHMARKS.md, issue 20). The server runs
+under `valgrind --tool=callgrind` twice on a fresh data directory with N
+characters (`Lanlan` and `Bench001`...), one session each whose event stream is
+held open and drained, and answers FEW and then MANY register + unregister
+pairs into every role; the difference of the two totals over MANY - FEW is one
+pair (two fan-outs), start-up and the sessions' opening excluded. Every answer
+is checked: each register reaches all N roles, each unregister removes.
+
+    python3 benches/callgrind_register.py target/release/toolgate [N FEW MANY]
+
+With `--top N` it also prints the N functions whose inclusive count grew most
+per pair. Needs valgrind (callgrind_annotate) and Python 3.
+"""
+import http.client
+import json
+import signal
+import sys
+import tempfile
+import threading
+
+from callgrind_common import TOKEN, print_top, start_server, take_top, total
+
+
+def drain(port, session, ready):
+    """Holds `GET /sessions/{id}/events` open, sets `ready` at its first
+    event, then reads until the server closes it."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    conn.request("GET", f"/sessions/{session}/events",
+                 headers={"authorization": f"Bearer {TOKEN}"})
+    answer = conn.getresponse()
+    if answer.status != 200:
+        print(f"events of {session}: HTTP {answer.status}", file=sys.stderr)
+        return
+    while True:
+        line = answer.fp.readline()
+        if not line:
+            return
+        if line.startswith(b"event: ready"):
+            ready.release()
+
+
+def run(binary, characters, pairs, out):
+    data = tempfile.mkdtemp(prefix="toolgate-callgrind-register-")
+    server, conn = start_server(binary, data, out, data)
+    port = conn.port
+
+    def request(method, path, body):
+        conn.request(method, path, body=json.dumps(body),
+                     headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+        answer = conn.getresponse()
+        text = answer.read()
+        if answer.status >= 300:
+            sys.exit(f"{method} {path}: HTTP {answer.status}: {text[:300]!r}")
+        return json.loads(text)
+
+    ready = threading.Semaphore(0)
+    for n in range(characters):
+        name = "Lanlan" if n == 0 else f"Bench{n:03}"
+        if n:
+            request("POST", "/characters", {"name": name})
+        session = request("POST", "/sessions", {"character": name, "title": "bench"})["data"]["id"]
+        threading.Thread(target=drain, args=(port, session, ready), daemon=True).start()
+    for _ in range(characters):
+        if not ready.acquire(timeout=600):
+            sys.exit("an event stream did not become ready")
+    for i in range(pairs):
+        name = f"bench_reg_{i}"
+        answer = request("POST", "/api/tools/register", {
+            "name": name, "description": "bench tool",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            "callback_url": "http://127.0.0.1:9/cb", "role": None, "source": "plugin:bench"})
+        if len(answer.get("affected_roles", [])) != characters or answer.get("failed_roles"):
+            sys.exit(f"register reached {len(answer.get('affected_roles', []))} of {characters}: {answer}")
+        if request("POST", "/api/tools/unregister", {"name": name, "role": None}).get("removed") is not True:
+            sys.exit(f"unregister of {name} did not remove it")
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=600)
+    return total(out)
+
+
+def main():
+    args = sys.argv[1:]
+    top = take_top(args)
+    if not args:
+        sys.exit(__doc__)
+    binary = args[0]
+    characters, few, many = (int(a) for a in args[1:4]) if len(args) >= 4 else (100, 4, 24)
+    work = tempfile.mkdtemp(prefix="toolgate-callgrind-out-")
+    outs = [f"{work}/callgrind.{n}.out" for n in (few, many)]
+    totals = [run(binary, characters, n, out) for n, out in zip((few, many), outs)]
+    print(f"instructions_per_register_unregister_pair {(totals[1] - totals[0]) / (many - few):.0f}")
+    print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
+    if top:
+        print_top(outs, many - few, top)
+
+
+if __name__ == "__main__":
+    main()
