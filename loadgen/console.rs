@@ -66,8 +66,12 @@ async fn seed(api: &Api, concurrency: usize, session: &str) -> anyhow::Result<St
     )
     .await;
     stats.check("console_seed")?;
-    let rows =
-        Api::json(api.get(&format!("/tool-executions?session_id={session}&limit=1"))).await?;
+    // The last seeded row's page: `meta.total` is exact up to a page's end.
+    let rows = Api::json(api.get(&format!(
+        "/tool-executions?session_id={session}&limit=1&offset={}",
+        CONSOLE_ROWS - 1
+    )))
+    .await?;
     ensure!(
         rows["meta"]["total"].as_i64() >= Some(CONSOLE_ROWS as i64),
         "seeded {rows}"
