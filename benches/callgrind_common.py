@@ -77,3 +77,38 @@ def print_top(outs, units, top):
     grown = sorted(((after.get(k, 0) - before.get(k, 0)) / units, k) for k in after)
     for per_unit, name in reversed(grown[-top:]):
         print(f"{per_unit:12.0f} {name[:160]}")
+
+
+def json_request(conn, method, path, body):
+    """A JSON request with the bench's token; exits on any status >= 300."""
+    import json
+    conn.request(method, path, body=json.dumps(body),
+                 headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    answer = conn.getresponse()
+    text = answer.read()
+    if answer.status >= 300:
+        sys.exit(f"{method} {path}: HTTP {answer.status}: {text[:300]!r}")
+    return json.loads(text)
+
+
+def stop(server, out, timeout=600):
+    """Stops the server (SIGTERM, as an operator would) and returns its
+    profile's total."""
+    import signal
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=timeout)
+    return total(out)
+
+
+def measure(figure, few, many, run, top):
+    """Runs `run(n, out)` for FEW and then MANY units of work, each with its
+    own profile file, and prints `figure`: the instructions per unit (the
+    difference of the totals over MANY - FEW), then `--top` if asked."""
+    import tempfile
+    work = tempfile.mkdtemp(prefix="toolgate-callgrind-out-")
+    outs = [os.path.join(work, f"callgrind.{n}.out") for n in (few, many)]
+    totals = [run(n, out) for n, out in zip((few, many), outs)]
+    print(f"{figure} {(totals[1] - totals[0]) / (many - few):.0f}")
+    print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
+    if top:
+        print_top(outs, many - few, top)

@@ -22,12 +22,11 @@ valgrind (callgrind_annotate) and Python 3.
 import json
 import os
 import shutil
-import signal
 import sqlite3
 import sys
 import tempfile
 
-from callgrind_common import TOKEN, print_top, start_server, take_top, total
+from callgrind_common import TOKEN, measure, start_server, stop, take_top
 
 DEFAULT_QUERY = "session_id={heavy}&sort_by=created_at&limit=200&offset=1000"
 
@@ -60,11 +59,10 @@ def run(binary, seeded, query, pages, out):
         sizes.add(len(json.loads(text)["data"]))
     if sizes == {0} or len(sizes) != 1:
         sys.exit(f"the pages had {sorted(sizes)} rows: pick a query that matches rows")
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=600)
+    result = stop(server, out)
     shutil.rmtree(work, ignore_errors=True)
     print(f"rows per page: {sizes.pop()}", file=sys.stderr)
-    return total(out)
+    return result
 
 
 def main():
@@ -83,13 +81,8 @@ def main():
         query = rest.pop(0)
     query = query.format(heavy=heavy_session(database))
     few, many = (int(rest[0]), int(rest[1])) if len(rest) >= 2 else (10, 60)
-    work = tempfile.mkdtemp(prefix="toolgate-callgrind-out-")
-    outs = [os.path.join(work, f"callgrind.{n}.out") for n in (few, many)]
-    totals = [run(binary, seeded, query, n, out) for n, out in zip((few, many), outs)]
-    print(f"instructions_per_journal_page {(totals[1] - totals[0]) / (many - few):.0f}")
-    print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
-    if top:
-        print_top(outs, many - few, top)
+    measure("instructions_per_journal_page", few, many,
+            lambda n, out: run(binary, seeded, query, n, out), top)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ With `--top N` it also prints the N functions whose inclusive count grew most
 per pair. Needs valgrind (callgrind_annotate) and Python 3.
 """
 import http.client
-import json
-import signal
 import sys
 import tempfile
 import threading
 
-from callgrind_common import TOKEN, print_top, start_server, take_top, total
+from callgrind_common import TOKEN, json_request, measure, start_server, stop, take_top
 
 
 def drain(port, session, ready):
@@ -51,13 +49,7 @@ def run(binary, characters, pairs, out):
     port = conn.port
 
     def request(method, path, body):
-        conn.request(method, path, body=json.dumps(body),
-                     headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
-        answer = conn.getresponse()
-        text = answer.read()
-        if answer.status >= 300:
-            sys.exit(f"{method} {path}: HTTP {answer.status}: {text[:300]!r}")
-        return json.loads(text)
+        return json_request(conn, method, path, body)
 
     ready = threading.Semaphore(0)
     for n in range(characters):
@@ -79,9 +71,7 @@ def run(binary, characters, pairs, out):
             sys.exit(f"register reached {len(answer.get('affected_roles', []))} of {characters}: {answer}")
         if request("POST", "/api/tools/unregister", {"name": name, "role": None}).get("removed") is not True:
             sys.exit(f"unregister of {name} did not remove it")
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=600)
-    return total(out)
+    return stop(server, out)
 
 
 def main():
@@ -91,13 +81,8 @@ def main():
         sys.exit(__doc__)
     binary = args[0]
     characters, few, many = (int(a) for a in args[1:4]) if len(args) >= 4 else (100, 4, 24)
-    work = tempfile.mkdtemp(prefix="toolgate-callgrind-out-")
-    outs = [f"{work}/callgrind.{n}.out" for n in (few, many)]
-    totals = [run(binary, characters, n, out) for n, out in zip((few, many), outs)]
-    print(f"instructions_per_register_unregister_pair {(totals[1] - totals[0]) / (many - few):.0f}")
-    print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
-    if top:
-        print_top(outs, many - few, top)
+    measure("instructions_per_register_unregister_pair", few, many,
+            lambda n, out: run(binary, characters, n, out), top)
 
 
 if __name__ == "__main__":

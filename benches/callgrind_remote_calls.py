@@ -15,14 +15,12 @@ With `--top N` it also prints the N functions whose inclusive count grew most
 per call. Needs valgrind (callgrind_annotate) and Python 3.
 """
 import json
-import os
-import signal
 import sys
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from callgrind_common import TOKEN, print_top, start_server, take_top, total
+from callgrind_common import json_request, measure, start_server, stop, take_top
 
 ANSWER = b'{"output":{"ok":true,"forecast":"sunny"}}'
 
@@ -47,13 +45,7 @@ def run(binary, calls, out, callback_port):
     server, conn = start_server(binary, data, out, data)
 
     def request(method, path, body):
-        conn.request(method, path, body=json.dumps(body),
-                     headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
-        answer = conn.getresponse()
-        text = answer.read()
-        if answer.status >= 300:
-            sys.exit(f"{method} {path}: HTTP {answer.status}: {text[:300]!r}")
-        return json.loads(text)
+        return json_request(conn, method, path, body)
 
     session = request("POST", "/sessions", {"character": "Lanlan"})["data"]["id"]
     request("POST", "/api/tools/register", {
@@ -68,9 +60,7 @@ def run(binary, calls, out, callback_port):
                          {"name": "bench_weather", "arguments": {"location": "Shanghai", "days": 3}})
         if '"success"' not in json.dumps(answer):
             sys.exit(f"a call did not succeed: {answer}")
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=300)
-    return total(out)
+    return stop(server, out)
 
 
 def main():
@@ -82,13 +72,8 @@ def main():
     few, many = (int(args[1]), int(args[2])) if len(args) >= 3 else (20, 220)
     callback = HTTPServer(("127.0.0.1", 0), Callback)
     threading.Thread(target=callback.serve_forever, daemon=True).start()
-    work = tempfile.mkdtemp(prefix="toolgate-callgrind-out-")
-    outs = [os.path.join(work, f"callgrind.{n}.out") for n in (few, many)]
-    totals = [run(binary, n, out, callback.server_port) for n, out in zip((few, many), outs)]
-    print(f"instructions_per_remote_call {(totals[1] - totals[0]) / (many - few):.0f}")
-    print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
-    if top:
-        print_top(outs, many - few, top)
+    measure("instructions_per_remote_call", few, many,
+            lambda n, out: run(binary, n, out, callback.server_port), top)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ async fn list_executions(
         state
             .runtime
             .store
-            .query_executions_json(&account.id, query)
+            .query_executions_as(&account.id, query)
             .await?
             .into(),
     ))
@@ -79,7 +79,7 @@ async fn list_floor_executions(
         state
             .runtime
             .store
-            .query_executions_json(&account.id, query)
+            .query_executions_as(&account.id, query)
             .await?
             .into(),
     ))

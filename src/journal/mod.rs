@@ -185,6 +185,11 @@ impl StoredJson {
         serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Stored JSON copied from a borrowed one.
+    pub fn from_raw(raw: &RawValue) -> Self {
+        Self(raw.to_owned())
+    }
+
     /// The stored JSON, borrowed.
     pub fn as_raw(&self) -> &RawValue {
         &self.0
@@ -332,6 +337,42 @@ pub struct ExecutionRecordRef<'a> {
 }
 
 impl ExecutionRecordRef<'_> {
+    /// The row with its text copied (the reverse of [`ExecutionRecord::borrowed`]).
+    pub fn to_record(&self) -> ExecutionRecord {
+        let owned = |text: Option<&str>| text.map(str::to_owned);
+        ExecutionRecord {
+            id: self.id.to_owned(),
+            session_id: self.session_id.to_owned(),
+            run_id: owned(self.run_id),
+            floor_id: owned(self.floor_id),
+            page_id: owned(self.page_id),
+            call_id: self.call_id.to_owned(),
+            caller_slot: self.caller_slot.to_owned(),
+            provider_id: self.provider_id.to_owned(),
+            provider_type: self.provider_type.to_owned(),
+            tool_name: self.tool_name.to_owned(),
+            args: StoredJson::from_raw(self.args),
+            result: StoredJson::from_raw(self.result),
+            status: self.status,
+            lifecycle_state: self.lifecycle_state,
+            commit_outcome: self.commit_outcome,
+            side_effect_level: self.side_effect_level.to_owned(),
+            replay_safety: self.replay_safety.to_owned(),
+            error_message: owned(self.error_message),
+            execution_reason_code: self.execution_reason_code,
+            duration_ms: self.duration_ms,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            delivery_mode: self.delivery_mode.to_owned(),
+            result_visibility: self.result_visibility.to_owned(),
+            attempt_no: self.attempt_no,
+            runtime_job_id: owned(self.runtime_job_id),
+            replay_parent_execution_id: owned(self.replay_parent_execution_id),
+            provider_started: self.provider_started,
+            created_at: self.created_at,
+        }
+    }
+
     /// `deferred_receipt` for async-job calls (the model saw a receipt), else
     /// `immediate`.
     pub fn result_visibility_of(delivery_mode: &str) -> &'static str {

@@ -227,16 +227,34 @@ pub(crate) trait Record {
     /// The column's value; panics when the column is missing or of another
     /// type (a mistake in the statement, not in the data).
     fn get<T: Value>(&self, column: &str) -> T;
+
+    /// A text column borrowed from the row, without a copy; None for NULL.
+    /// Panics as [`Record::get`] does.
+    fn text_opt(&self, column: &str) -> Option<&str>;
+
+    /// A text column that is never NULL, borrowed.
+    fn text(&self, column: &str) -> &str {
+        self.text_opt(column)
+            .unwrap_or_else(|| panic!("column {column:?} is NULL"))
+    }
 }
 
 impl Record for SqliteRow {
     fn get<T: Value>(&self, column: &str) -> T {
         sqlx::Row::get(self, column)
     }
+
+    fn text_opt(&self, column: &str) -> Option<&str> {
+        sqlx::Row::get(self, column)
+    }
 }
 
 impl Record for PgRow {
     fn get<T: Value>(&self, column: &str) -> T {
+        sqlx::Row::get(self, column)
+    }
+
+    fn text_opt(&self, column: &str) -> Option<&str> {
         sqlx::Row::get(self, column)
     }
 }

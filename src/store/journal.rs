@@ -102,53 +102,13 @@ const COLUMNS: &str = "id, session_id, run_id, floor_id, page_id, call_id, calle
     execution_reason_code, created_at";
 
 fn record_from_row(row: &impl Record) -> ExecutionRecord {
-    let parse = |column: &str| row.get::<String>(column);
-    ExecutionRecord {
-        id: row.get("id"),
-        session_id: row.get("session_id"),
-        run_id: row.get("run_id"),
-        floor_id: row.get("floor_id"),
-        page_id: row.get("page_id"),
-        call_id: row.get("call_id"),
-        caller_slot: row.get("caller_slot"),
-        provider_id: row.get("provider_id"),
-        provider_type: row.get("provider_type"),
-        tool_name: row.get("tool_name"),
-        args: StoredJson::from_text(row.get("args_json")),
-        result: StoredJson::from_text(row.get("result_json")),
-        status: ExecutionStatus::parse("status", &parse("status"))
-            .unwrap_or(ExecutionStatus::Uncertain),
-        lifecycle_state: LifecycleState::parse("lifecycle_state", &parse("lifecycle_state"))
-            .unwrap_or(LifecycleState::Finished),
-        commit_outcome: CommitOutcome::parse("commit_outcome", &parse("commit_outcome"))
-            .unwrap_or(CommitOutcome::Uncertain),
-        side_effect_level: row.get("side_effect_level"),
-        replay_safety: row.get("replay_safety"),
-        error_message: row.get("error_message"),
-        execution_reason_code: row
-            .get::<Option<String>>("execution_reason_code")
-            .as_deref()
-            .and_then(ReasonCode::parse),
-        duration_ms: row.get("duration_ms"),
-        started_at: row.get("started_at"),
-        finished_at: row.get("finished_at"),
-        result_visibility: ExecutionRecordRef::result_visibility_of(
-            &row.get::<String>("delivery_mode"),
-        )
-        .to_owned(),
-        delivery_mode: row.get("delivery_mode"),
-        attempt_no: row.get("attempt_no"),
-        runtime_job_id: row.get("runtime_job_id"),
-        replay_parent_execution_id: row.get("replay_parent_execution_id"),
-        provider_started: row.get::<i64>("provider_started") != 0,
-        created_at: row.get("created_at"),
-    }
+    record_ref_from_row(row).to_record()
 }
 
-/// A row read by the journal reader, borrowed from its statement: a page
-/// answered as JSON is written from it without an owned copy of each string.
-/// Unparseable states read as in [`record_from_row`].
-fn record_ref_from_row<'r>(row: &ReaderRow<'r, '_>) -> ExecutionRecordRef<'r> {
+/// A journal row borrowed from its result row: a page answered as JSON is
+/// written from it without an owned copy of each string, and records are
+/// copied from it. States no server writes read as the least certain ones.
+fn record_ref_from_row(row: &impl Record) -> ExecutionRecordRef<'_> {
     let delivery_mode = row.text("delivery_mode");
     ExecutionRecordRef {
         id: row.text("id"),
@@ -287,27 +247,20 @@ impl Store {
             .collect()))
     }
 
-    /// A page of the journal as records (the console builds its pages from
-    /// them).
+    /// A page of the journal matching `query`, as records (the console
+    /// builds its pages from them).
     pub async fn query_executions(
         &self,
         account_id: &str,
         query: ExecutionQuery,
     ) -> Result<Page<ExecutionRecord>> {
-        self.query_execution_page(account_id, query).await
+        self.query_executions_as(account_id, query).await
     }
 
-    /// A page of the journal with each row already written as JSON: the
-    /// journal query of `GET /tool-executions`.
-    pub async fn query_executions_json(
-        &self,
-        account_id: &str,
-        query: ExecutionQuery,
-    ) -> Result<Page<ExecutionJson>> {
-        self.query_execution_page(account_id, query).await
-    }
-
-    async fn query_execution_page<T: PageRow>(
+    /// A page of the journal matching `query`, each row in the form `T`:
+    /// records, or rows already written as JSON (the API's
+    /// `GET /tool-executions`).
+    pub(crate) async fn query_executions_as<T: PageRow>(
         &self,
         account_id: &str,
         query: ExecutionQuery,

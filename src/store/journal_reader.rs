@@ -190,29 +190,10 @@ impl ReaderRow<'_, '_> {
     }
 }
 
-impl<'a> ReaderRow<'a, '_> {
+impl ReaderRow<'_, '_> {
     /// The first column (a scalar query's answer).
     pub fn first<T: rusqlite::types::FromSql>(&self) -> rusqlite::Result<T> {
         self.row.get(0)
-    }
-
-    /// A text column borrowed from the statement (no copy), None for NULL.
-    /// Panics when the column is missing or not text, as [`Record::get`]
-    /// does: a mistake in the statement, not in the data.
-    ///
-    /// [`Record::get`]: super::backend::Record::get
-    pub fn text_opt(&self, column: &str) -> Option<&'a str> {
-        let index = self.position(column);
-        let row: &'a Row<'_> = self.row;
-        row.get_ref(index)
-            .and_then(|value| Ok(value.as_str_or_null()?))
-            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
-    }
-
-    /// A text column that is never NULL, borrowed.
-    pub fn text(&self, column: &str) -> &'a str {
-        self.text_opt(column)
-            .unwrap_or_else(|| panic!("column {column:?} of a journal read is NULL"))
     }
 }
 
@@ -221,6 +202,14 @@ impl super::backend::Record for ReaderRow<'_, '_> {
         let index = self.position(column);
         self.row
             .get(index)
+            .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
+    }
+
+    fn text_opt(&self, column: &str) -> Option<&str> {
+        let index = self.position(column);
+        self.row
+            .get_ref(index)
+            .and_then(|value| Ok(value.as_str_or_null()?))
             .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
     }
 }
