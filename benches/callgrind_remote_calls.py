@@ -10,6 +10,11 @@ callback (a Python HTTP server) answers at once; the difference of the two
 totals over MANY - FEW calls is the cost of one call, start-up excluded.
 
     python3 benches/callgrind_remote_calls.py target/release/toolgate [FEW MANY]
+    python3 benches/callgrind_remote_calls.py --builtin target/release/toolgate [FEW MANY]
+
+With `--builtin` every call is the bench's builtin call instead
+(`roll_dice`, sides 20, count 2: the `builtin` phase's), and the figure is
+`instructions_per_builtin_call`.
 
 With `--top N` it also prints the N functions whose inclusive count grew most
 per call. Needs valgrind (callgrind_annotate) and Python 3.
@@ -18,7 +23,7 @@ import json
 import sys
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from callgrind_common import json_request, measure, start_server, stop, take_top
 
@@ -40,7 +45,11 @@ class Callback(BaseHTTPRequestHandler):
         pass
 
 
-def run(binary, calls, out, callback_port):
+REMOTE_CALL = {"name": "bench_weather", "arguments": {"location": "Shanghai", "days": 3}}
+BUILTIN_CALL = {"name": "roll_dice", "arguments": {"sides": 20, "count": 2}}
+
+
+def run(binary, calls, out, callback_port, call):
     data = tempfile.mkdtemp(prefix="toolgate-callgrind-")
     server, conn = start_server(binary, data, out, data)
 
@@ -56,8 +65,7 @@ def run(binary, calls, out, callback_port):
         "callback_url": f"http://127.0.0.1:{callback_port}/cb", "role": "Lanlan",
         "source": "plugin:bench", "timeout_seconds": 60})
     for _ in range(calls):
-        answer = request("POST", f"/sessions/{session}/tool-calls",
-                         {"name": "bench_weather", "arguments": {"location": "Shanghai", "days": 3}})
+        answer = request("POST", f"/sessions/{session}/tool-calls", call)
         if '"success"' not in json.dumps(answer):
             sys.exit(f"a call did not succeed: {answer}")
     return stop(server, out)
@@ -66,14 +74,21 @@ def run(binary, calls, out, callback_port):
 def main():
     args = sys.argv[1:]
     top = take_top(args)
+    builtin = "--builtin" in args
+    if builtin:
+        args.remove("--builtin")
     if not args:
         sys.exit(__doc__)
     binary = args[0]
     few, many = (int(args[1]), int(args[2])) if len(args) >= 3 else (20, 220)
-    callback = HTTPServer(("127.0.0.1", 0), Callback)
+    # Threaded: a keep-alive connection held by one toolgate connection must
+    # not keep another (a second pooled connection) waiting.
+    callback = ThreadingHTTPServer(("127.0.0.1", 0), Callback)
     threading.Thread(target=callback.serve_forever, daemon=True).start()
-    measure("instructions_per_remote_call", few, many,
-            lambda n, out: run(binary, n, out, callback.server_port), top)
+    figure, call = (("instructions_per_builtin_call", BUILTIN_CALL) if builtin
+                    else ("instructions_per_remote_call", REMOTE_CALL))
+    measure(figure, few, many,
+            lambda n, out: run(binary, n, out, callback.server_port, call), top)
 
 
 if __name__ == "__main__":

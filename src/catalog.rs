@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -322,12 +323,18 @@ impl Catalog {
     /// Builds a catalog from every provider's entries, marking shared names as conflicts.
     pub fn assemble(session_id: &str, mut entries: Vec<CatalogEntry>) -> Self {
         // This runs for every call and every live model session's sync, and
-        // conflicts are rare: sorted borrowed names show whether any name
-        // repeats before anything is grouped.
-        let mut names: Vec<&str> = entries.iter().map(|e| e.spec.name.as_str()).collect();
-        names.sort_unstable();
-        let repeated = names.windows(2).any(|pair| pair[0] == pair[1]);
-        let conflicts = if repeated {
+        // conflicts are rare: the names' hashes, sorted as integers, show
+        // whether any name may repeat before anything is grouped (sorting the
+        // names themselves cost more than the rest of the assembly). Equal
+        // hashes only send the catalog to the exact grouping below.
+        let hasher = foldhash::fast::FixedState::default();
+        let mut hashes: Vec<u64> = entries
+            .iter()
+            .map(|entry| hasher.hash_one(entry.spec.name.as_str()))
+            .collect();
+        hashes.sort_unstable();
+        let may_repeat = hashes.windows(2).any(|pair| pair[0] == pair[1]);
+        let conflicts = if may_repeat {
             conflicts_of(&entries)
         } else {
             Vec::new()

@@ -12,6 +12,7 @@ pub mod config;
 pub mod console;
 pub mod domain;
 pub mod error;
+pub mod fast_map;
 pub mod ids;
 pub mod journal;
 pub mod listener;

@@ -11,7 +11,7 @@
 //! concurrently with a mutation sees either the state before it (and then gets the
 //! event) or after it.
 
-use std::collections::HashMap;
+use crate::fast_map::FastMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use futures::future::BoxFuture;
 
 use crate::catalog::{Availability, Catalog, CatalogChange, CatalogScope};
-use crate::domain::tool::Slot;
+use crate::domain::tool::{Slot, ToolSpec};
 use crate::error::{Error, Result};
 use crate::store::Session;
 
@@ -82,13 +82,35 @@ pub enum ModelProvider {
     OpenAiCompatible,
 }
 
-/// `^[a-zA-Z0-9_-]{1,64}$`, checked per byte: it runs for every tool of
-/// every live model session on each catalog change.
+/// The bytes `^[a-zA-Z0-9_-]{1,64}$` allows, as a table: the check runs for
+/// every tool of every live model session on each catalog change.
+const OPENAI_NAME_BYTES: [bool; 256] = {
+    let mut allowed = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        allowed[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+        byte += 1;
+    }
+    allowed
+};
+
+/// `^[a-zA-Z0-9_-]{1,64}$`.
 fn openai_tool_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
+            .all(|byte| OPENAI_NAME_BYTES[usize::from(byte)])
+}
+
+/// A name's first eight bytes as a number, zero-padded: numbers compare as
+/// the names' starts do, so sorting by it first leaves only names that share
+/// eight bytes to compare as strings.
+fn name_prefix(name: &str) -> u64 {
+    let mut start = [0u8; 8];
+    let length = name.len().min(8);
+    start[..length].copy_from_slice(&name.as_bytes()[..length]);
+    u64::from_be_bytes(start)
 }
 
 impl ModelProvider {
@@ -103,17 +125,24 @@ impl ModelProvider {
 
     /// Checks the tools a model request would carry against the provider's limits.
     pub fn check_tools(self, names: &[&str]) -> std::result::Result<(), String> {
+        self.check_names(names.iter().copied())
+    }
+
+    fn check_names<'a>(
+        self,
+        names: impl ExactSizeIterator<Item = &'a str>,
+    ) -> std::result::Result<(), String> {
         match self {
             ModelProvider::OpenAiCompatible => {
-                if let Some(bad) = names.iter().find(|name| !openai_tool_name(name)) {
+                let count = names.len();
+                if let Some(bad) = names.into_iter().find(|name| !openai_tool_name(name)) {
                     return Err(format!(
                         "tool name {bad:?} is not accepted by the OpenAI-compatible provider (names must match ^[a-zA-Z0-9_-]{{1,64}}$)"
                     ));
                 }
-                if names.len() > Self::OPENAI_MAX_TOOLS {
+                if count > Self::OPENAI_MAX_TOOLS {
                     return Err(format!(
-                        "the catalog has {} tools; the OpenAI-compatible provider accepts at most {}",
-                        names.len(),
+                        "the catalog has {count} tools; the OpenAI-compatible provider accepts at most {}",
                         Self::OPENAI_MAX_TOOLS
                     ));
                 }
@@ -122,26 +151,33 @@ impl ModelProvider {
         }
     }
 
-    /// The names the model would be offered: available entries only, because
-    /// unavailable and conflicting tools are never sent to the model.
-    fn offered_names(catalog: &Catalog) -> Vec<String> {
-        let mut names: Vec<String> = catalog
+    /// The tools the model would be offered, by name: available entries only,
+    /// because unavailable and conflicting tools are never sent to the model.
+    /// The specs are the catalog's own (shared), not copies of their names:
+    /// this runs for every live model session on each catalog change.
+    fn offered_tools(catalog: &Catalog) -> AcceptedTools {
+        let mut keyed: Vec<(u64, Arc<ToolSpec>)> = catalog
             .entries
             .iter()
             .filter(|entry| entry.availability == Availability::Available)
-            .map(|entry| entry.spec.name.clone())
+            .map(|entry| (name_prefix(&entry.spec.name), entry.spec.clone()))
             .collect();
-        names.sort();
-        names
+        keyed.sort_unstable_by(|(a_start, a), (b_start, b)| {
+            a_start.cmp(b_start).then_with(|| a.name.cmp(&b.name))
+        });
+        keyed.into_iter().map(|(_, tool)| tool).collect()
     }
 
-    /// The names to take from `catalog`, or why this provider cannot take it.
-    fn accept(self, catalog: &Catalog) -> std::result::Result<Vec<String>, String> {
-        let names = Self::offered_names(catalog);
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        self.check_tools(&refs).map(|()| names)
+    /// The tools to take from `catalog`, or why this provider cannot take it.
+    fn accept(self, catalog: &Catalog) -> std::result::Result<AcceptedTools, String> {
+        let tools = Self::offered_tools(catalog);
+        self.check_names(tools.iter().map(|tool| tool.name.as_str()))
+            .map(|()| tools)
     }
 }
+
+/// The tools a model session took, ordered by name.
+type AcceptedTools = Vec<Arc<ToolSpec>>;
 
 /// Builds what a live model session is offered: the session's catalog with its
 /// permissions applied for the model session's slot (the runtime implements it).
@@ -158,11 +194,15 @@ struct ModelSession {
     slot: Slot,
     provider: ModelProvider,
     events: mpsc::Sender<ModelSessionEvent>,
-    /// Names of the catalog this session took last; what its next model request uses.
-    accepted: Mutex<Vec<String>>,
+    /// The tools of the catalog this session took last; what its next model
+    /// request uses.
+    accepted: Mutex<AcceptedTools>,
     /// A watcher (the web console's live journal), not a model: it takes no
     /// catalog, so syncs pass it by, and only it receives journal events.
     observer: bool,
+    /// The start of this session's `catalog_changed` bodies: the object's
+    /// fields naming the session, serialized once (see [`ChangedBodies`]).
+    body_head: Box<str>,
 }
 
 /// Why an event could not be queued.
@@ -173,6 +213,28 @@ enum Delivery {
 }
 
 impl ModelSession {
+    fn new(
+        id: String,
+        session: Session,
+        slot: Slot,
+        provider: ModelProvider,
+        events: mpsc::Sender<ModelSessionEvent>,
+        accepted: AcceptedTools,
+        observer: bool,
+    ) -> Self {
+        let body_head = body_head(&id, &session);
+        Self {
+            id,
+            session,
+            slot,
+            provider,
+            events,
+            accepted: Mutex::new(accepted),
+            observer,
+            body_head,
+        }
+    }
+
     fn deliver(&self, event: ModelSessionEvent) -> Delivery {
         match self.events.try_send(event) {
             Ok(()) => Delivery::Queued,
@@ -181,7 +243,7 @@ impl ModelSession {
         }
     }
 
-    fn accepted(&self) -> MutexGuard<'_, Vec<String>> {
+    fn accepted(&self) -> MutexGuard<'_, AcceptedTools> {
         self.accepted.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -190,48 +252,79 @@ impl ModelSession {
 /// sessions share is serialized once, not once per session: a change's names
 /// (a registration into every role is one change per role, all naming the
 /// same tool) and the accepted tool list (the same for every session offered
-/// the same catalog). A registration into every role reaches every live model
-/// session of the server.
+/// the same catalog). What names the session is serialized once per model
+/// session, when it opens (`body_head`). A registration into every role
+/// reaches every live model session of the server.
 #[derive(Default)]
 struct ChangedBodies {
-    added: Fragment,
-    updated: Fragment,
-    removed: Fragment,
-    tools: Fragment,
+    added: Fragment<String>,
+    updated: Fragment<String>,
+    removed: Fragment<String>,
+    tools: Fragment<Arc<ToolSpec>>,
 }
 
-/// A list of names and its JSON, kept while the next list is the same.
-#[derive(Default)]
-struct Fragment(Option<(Vec<String>, Box<RawValue>)>);
+/// An item of a list of names.
+trait Named: Clone {
+    fn name(&self) -> &str;
+}
 
-impl Fragment {
-    fn json(&mut self, names: &[String]) -> &RawValue {
-        if self
-            .0
-            .as_ref()
-            .is_some_and(|(kept, _)| kept.as_slice() != names)
-        {
+impl Named for String {
+    fn name(&self) -> &str {
+        self
+    }
+}
+
+impl Named for Arc<ToolSpec> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A list of names and its JSON, kept while the next list names the same.
+struct Fragment<T>(Option<(Vec<T>, Box<RawValue>)>);
+
+impl<T> Default for Fragment<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<T: Named> Fragment<T> {
+    fn json(&mut self, items: &[T]) -> &RawValue {
+        let same = |kept: &[T]| {
+            kept.len() == items.len() && kept.iter().zip(items).all(|(a, b)| a.name() == b.name())
+        };
+        if self.0.as_ref().is_some_and(|(kept, _)| !same(kept)) {
             self.0 = None;
         }
-        let (_, json) = self
-            .0
-            .get_or_insert_with(|| (names.to_vec(), raw_json(&names)));
+        let (_, json) = self.0.get_or_insert_with(|| {
+            let names: Vec<&str> = items.iter().map(Named::name).collect();
+            (items.to_vec(), raw_json(&names))
+        });
         json
     }
 }
 
-/// A `catalog_changed` body, with the shared parts already serialized.
+/// What names a model session in its `catalog_changed` bodies.
 #[derive(serde::Serialize)]
-struct ChangedBody<'a> {
+struct BodyHead<'a> {
     model_session_id: &'a str,
     session_id: &'a str,
     role: &'a str,
-    added: &'a RawValue,
-    updated: &'a RawValue,
-    removed: &'a RawValue,
-    accepted: bool,
-    error: Option<&'a str>,
-    tools: &'a RawValue,
+}
+
+/// `BodyHead` as JSON without its closing brace: the body's other fields
+/// follow it (see `ChangedBodies::body`).
+fn body_head(model_session_id: &str, session: &Session) -> Box<str> {
+    let mut head = raw_json(&BodyHead {
+        model_session_id,
+        session_id: &session.id,
+        role: &session.character,
+    })
+    .get()
+    .to_owned();
+    head.pop();
+    head.into()
 }
 
 /// The body a console watcher gets: only what changed.
@@ -248,24 +341,43 @@ fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
 }
 
 impl ChangedBodies {
+    /// A `catalog_changed` body: `model_session`'s head, then the shared
+    /// fragments, each already JSON, joined as an object's fields (the same
+    /// text serde would write for the whole object).
     fn body(
         &mut self,
         change: &CatalogChange,
         model_session: &ModelSession,
         error: Option<&str>,
-        tools: &[String],
+        tools: &[Arc<ToolSpec>],
     ) -> EventData {
-        EventData::serialized(&ChangedBody {
-            model_session_id: &model_session.id,
-            session_id: &model_session.session.id,
-            role: &model_session.session.character,
-            added: self.added.json(&change.added),
-            updated: self.updated.json(&change.updated),
-            removed: self.removed.json(&change.removed),
-            accepted: error.is_none(),
-            error,
-            tools: self.tools.json(tools),
-        })
+        let accepted = if error.is_none() { "true" } else { "false" };
+        let error = match error {
+            Some(reason) => raw_json(&reason),
+            None => raw_json(&()),
+        };
+        let fields: [(&str, &str); 6] = [
+            (",\"added\":", self.added.json(&change.added).get()),
+            (",\"updated\":", self.updated.json(&change.updated).get()),
+            (",\"removed\":", self.removed.json(&change.removed).get()),
+            (",\"accepted\":", accepted),
+            (",\"error\":", error.get()),
+            (",\"tools\":", self.tools.json(tools).get()),
+        ];
+        let length = model_session.body_head.len()
+            + fields
+                .iter()
+                .map(|(key, value)| key.len() + value.len())
+                .sum::<usize>()
+            + 1;
+        let mut text = String::with_capacity(length);
+        text.push_str(&model_session.body_head);
+        for (key, value) in fields {
+            text.push_str(key);
+            text.push_str(value);
+        }
+        text.push('}');
+        EventData(text.into())
     }
 
     fn watcher_body(&mut self, change: &CatalogChange) -> EventData {
@@ -287,7 +399,7 @@ pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>
 #[derive(Debug, Default)]
 struct Live {
     closed: bool,
-    by_character: HashMap<String, Vec<Arc<ModelSession>>>,
+    by_character: FastMap<String, Vec<Arc<ModelSession>>>,
 }
 
 /// Every live model session of the server, by character id.
@@ -349,16 +461,17 @@ impl ModelSessionHub {
             Ok(names) => (names, None),
             Err(reason) => (Vec::new(), Some(reason)),
         };
+        let names: Vec<&str> = accepted.iter().map(|tool| tool.name.as_str()).collect();
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
-        let model_session = Arc::new(ModelSession {
-            id: crate::ids::new_id("msess"),
+        let model_session = Arc::new(ModelSession::new(
+            crate::ids::new_id("msess"),
             session,
             slot,
             provider,
-            events: sender,
-            accepted: Mutex::new(accepted.clone()),
-            observer: false,
-        });
+            sender,
+            accepted.clone(),
+            false,
+        ));
         let ready = ModelSessionEvent::new(
             "ready",
             &json!({
@@ -369,7 +482,7 @@ impl ModelSessionHub {
                 "provider": provider.as_str(),
                 "accepted": error.is_none(),
                 "error": error,
-                "tools": accepted,
+                "tools": names,
             }),
         );
         // The channel is empty, so this cannot fail.
@@ -410,15 +523,15 @@ impl ModelSessionHub {
     /// a catalog, so it cannot refuse one. Refused once shutdown has begun.
     pub fn observe(self: &Arc<Self>, session: Session) -> Result<Subscription> {
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
-        let observer = Arc::new(ModelSession {
-            id: crate::ids::new_id("watch"),
+        let observer = Arc::new(ModelSession::new(
+            crate::ids::new_id("watch"),
             session,
-            slot: Slot::Narrator,
-            provider: ModelProvider::OpenAiCompatible,
-            events: sender,
-            accepted: Mutex::new(Vec::new()),
-            observer: true,
-        });
+            Slot::Narrator,
+            ModelProvider::OpenAiCompatible,
+            sender,
+            Vec::new(),
+            true,
+        ));
         self.join(observer, receiver)
     }
 
@@ -677,15 +790,75 @@ mod tests {
     }
 
     fn model_session(id: &str) -> ModelSession {
-        ModelSession {
-            id: id.into(),
-            session: session(),
-            slot: Slot::Narrator,
-            provider: ModelProvider::OpenAiCompatible,
-            events: mpsc::channel(1).0,
-            accepted: Mutex::new(Vec::new()),
-            observer: false,
+        ModelSession::new(
+            id.into(),
+            session(),
+            Slot::Narrator,
+            ModelProvider::OpenAiCompatible,
+            mpsc::channel(1).0,
+            Vec::new(),
+            false,
+        )
+    }
+
+    fn spec(name: &str) -> Arc<ToolSpec> {
+        use crate::domain::tool::{ProviderType, SideEffectLevel, ToolMetadata};
+        Arc::new(ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}).into(),
+            validator: Default::default(),
+            provider_id: "builtin".into(),
+            provider_type: ProviderType::Builtin,
+            source: "builtin".into(),
+            metadata: ToolMetadata::declared(SideEffectLevel::None, Vec::new(), None),
+        })
+    }
+
+    #[derive(Debug)]
+    struct NeverRun;
+
+    impl crate::catalog::ToolHandler for NeverRun {
+        fn invoke<'a>(
+            &'a self,
+            _cx: &'a crate::catalog::CallContext<'a>,
+            _args: &'a Value,
+        ) -> BoxFuture<'a, crate::call::ToolOutcome> {
+            unreachable!("catalog tests never call a tool")
         }
+    }
+
+    #[test]
+    fn accepted_tools_are_ordered_by_name() {
+        // Names sharing their first eight bytes, a name that is another's
+        // start, and bytes past ASCII: the order must be the names' own.
+        let names = [
+            "bench_reg_10",
+            "get_time",
+            "bench_reg_2",
+            "bench_re",
+            "a",
+            "bench_reg_1",
+            "zz",
+            "bench_r",
+            "Z_upper",
+        ];
+        let entries = names
+            .iter()
+            .map(|name| crate::catalog::CatalogEntry::available(spec(name), Arc::new(NeverRun)))
+            .collect();
+        let catalog = Catalog::assemble("sess_test", entries);
+        let accepted = ModelProvider::OpenAiCompatible.accept(&catalog).unwrap();
+        let accepted: Vec<&str> = accepted.iter().map(|tool| tool.name.as_str()).collect();
+        let mut expected = names.to_vec();
+        expected.sort_unstable();
+        assert_eq!(accepted, expected);
+        let mut beyond_ascii = ["ab\u{e9}", "ab", "ab\u{1}", "abcdefgh\u{e9}", "abcdefgh"];
+        let prefixes = beyond_ascii.map(name_prefix);
+        beyond_ascii.sort_unstable();
+        let mut by_prefix = prefixes.to_vec();
+        by_prefix.sort_unstable();
+        assert_eq!(beyond_ascii.map(name_prefix).to_vec(), by_prefix);
     }
 
     #[test]
@@ -697,7 +870,7 @@ mod tests {
             removed: vec!["old".into()],
         };
         let mut bodies = ChangedBodies::default();
-        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let names = |list: &[&str]| list.iter().map(|n| spec(n)).collect::<Vec<_>>();
         let expected = |id: &str, error: Value, tools: &[&str]| {
             json!({
                 "model_session_id": id,
@@ -716,7 +889,7 @@ mod tests {
         let cases: [(&str, Option<&str>, &[&str]); 4] = [
             ("msess_1", None, &["a", "b"]),
             ("msess_2", None, &["a", "b"]),
-            ("msess_3", Some("too many"), &["a"]),
+            ("msess_3", Some("too \"many\""), &["a"]),
             ("msess_4", None, &["a", "b"]),
         ];
         for (id, error, tools) in cases {

@@ -21,6 +21,7 @@ mod mcp_sessions;
 mod memories;
 pub mod operations;
 mod permissions;
+mod request_trace;
 mod runs;
 mod runtime_tools;
 mod sessions;
@@ -35,7 +36,6 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 
@@ -285,12 +285,6 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, state: AppState) {
     }
 }
 
-/// One span per request, a child of the caller's trace when it sends a
-/// `traceparent`.
-fn request_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
-    crate::telemetry::request_span(request.method(), request.uri().path(), request.headers())
-}
-
 /// `GET /healthz`: up, and which start of the server answers (`boot_id`, see
 /// [`AppState::boot_id`]), so a plugin polling it notices a restart.
 async fn health(State(state): State<AppState>) -> axum::Json<serde_json::Value> {
@@ -337,7 +331,7 @@ pub fn router(state: AppState) -> Router {
             StatusCode::REQUEST_TIMEOUT,
             Duration::from_secs(600),
         ))
-        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(axum::middleware::from_fn(request_trace::trace_request))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)

@@ -79,7 +79,7 @@ impl ToolRuntime {
         session_id: &str,
         call: ToolCall,
     ) -> Result<ToolCallResult> {
-        let session = self.store.session(account_id, session_id).await?;
+        let session = self.store.shared_session(account_id, session_id).await?;
         let scope = CallScope::resolve(&self.store, account_id, &session, &call).await?;
         let catalog = self.catalog(&session).await?;
         let journal = CallJournal {

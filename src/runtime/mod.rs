@@ -229,7 +229,10 @@ impl OfferedCatalogs for ToolRuntime {
         Box::pin(async move {
             // A model session holds the session as it was when it opened; its
             // permissions may have changed since.
-            let current = self.store.session(&session.account_id, &session.id).await?;
+            let current = self
+                .store
+                .shared_session(&session.account_id, &session.id)
+                .await?;
             self.offered_catalog(&current, Some(slot)).await
         })
     }

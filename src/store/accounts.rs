@@ -1,6 +1,6 @@
 //! Accounts (tenants) and their API keys, stored as SHA-256 hashes.
 
-use std::collections::HashMap;
+use crate::fast_map::FastMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -45,14 +45,14 @@ fn hash_key(api_key: &str) -> String {
 /// server's back (directly in the database) could go unnoticed.
 #[derive(Debug, Default)]
 pub(super) struct KeyCache {
-    entries: Mutex<HashMap<String, (Account, Instant)>>,
+    entries: Mutex<FastMap<String, (Account, Instant)>>,
 }
 
 impl KeyCache {
     const TTL: Duration = Duration::from_secs(30);
     const MAX_ENTRIES: usize = 10_000;
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Account, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<String, (Account, Instant)>> {
         // Every update is a single insert or clear: a poisoned map is still whole.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -7,7 +7,7 @@
 //! before the write. Instances sharing a PostgreSQL database invalidate each
 //! other's caches through `store::cluster` (LISTEN/NOTIFY).
 
-use std::collections::HashMap;
+use crate::fast_map::FastMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,14 +18,14 @@ const MAX_ENTRIES: usize = 10_000;
 #[derive(Debug)]
 pub struct GenerationCache<V> {
     generation: AtomicU64,
-    entries: Mutex<HashMap<String, V>>,
+    entries: Mutex<FastMap<String, V>>,
 }
 
 impl<V> Default for GenerationCache<V> {
     fn default() -> Self {
         Self {
             generation: AtomicU64::new(0),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(FastMap::default()),
         }
     }
 }

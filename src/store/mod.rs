@@ -70,7 +70,7 @@ pub struct Store {
     definition_cache:
         Arc<cache::GenerationCache<Arc<Vec<crate::domain::definition::ToolDefinition>>>>,
     /// Sessions by id: read on every call.
-    session_cache: Arc<cache::GenerationCache<Session>>,
+    session_cache: Arc<cache::GenerationCache<Arc<Session>>>,
     /// Every character (the roles of `/api/tools`): read by every registration
     /// inside the catalog mutation.
     character_cache: Arc<cache::GenerationCache<Arc<Vec<Character>>>>,

@@ -1,5 +1,7 @@
 //! Sessions: one chat between a user and a character.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
@@ -73,6 +75,14 @@ impl Store {
     /// permissions decide the next call, and another instance may have changed
     /// them a moment ago (its announcement may still be on its way).
     pub async fn session(&self, account_id: &str, id: &str) -> Result<Session> {
+        self.shared_session(account_id, id)
+            .await
+            .map(Arc::unwrap_or_clone)
+    }
+
+    /// [`Store::session`], shared with the cache rather than copied: what a
+    /// call or a live model session's catalog reads and then lets go.
+    pub async fn shared_session(&self, account_id: &str, id: &str) -> Result<Arc<Session>> {
         let cached = if self.shared_database() {
             None
         } else {
@@ -92,7 +102,7 @@ impl Store {
     }
 
     /// The account's session read from the database, then cached.
-    async fn read_session(&self, account_id: &str, id: &str) -> Result<Session> {
+    async fn read_session(&self, account_id: &str, id: &str) -> Result<Arc<Session>> {
         let generation = self.session_cache.generation();
         let sql = format!("{SELECT} WHERE s.id = ?");
         let session = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
@@ -103,6 +113,7 @@ impl Store {
             .map(from_row));
         match session {
             Some(session) => {
+                let session = Arc::new(session);
                 self.session_cache.put(id, generation, session.clone());
                 if session.account_id == account_id {
                     Ok(session)

@@ -10,7 +10,7 @@ mod supervisor;
 pub mod tools;
 mod traced_http;
 
-use std::collections::HashMap;
+use crate::fast_map::FastMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rmcp::model::Tool;
@@ -94,13 +94,13 @@ struct Shared {
     /// Largest tool result kept (the callback response limit).
     max_result_bytes: usize,
     listener: OnceLock<Arc<dyn McpListener>>,
-    snapshots: Mutex<HashMap<String, Snapshot>>,
+    snapshots: Mutex<FastMap<String, Snapshot>>,
 }
 
 /// Every MCP server the runtime has attached, and the connection of each.
 pub struct McpHub {
     shared: Arc<Shared>,
-    slots: RwLock<HashMap<String, Arc<Slot>>>,
+    slots: RwLock<FastMap<String, Arc<Slot>>>,
 }
 
 impl std::fmt::Debug for McpHub {
@@ -120,9 +120,9 @@ impl McpHub {
                 max_schema_bytes,
                 max_result_bytes,
                 listener: OnceLock::new(),
-                snapshots: Mutex::new(HashMap::new()),
+                snapshots: Mutex::new(FastMap::default()),
             }),
-            slots: RwLock::new(HashMap::new()),
+            slots: RwLock::new(FastMap::default()),
         }
     }
 

@@ -10,6 +10,8 @@ mod manager;
 mod provider;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::fast_map::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -361,10 +363,10 @@ type ToolsByName = BTreeMap<String, Arc<RemoteTool>>;
 /// always changed together under one lock.
 #[derive(Debug, Default)]
 struct Registries {
-    by_character: HashMap<String, ToolsByName>,
+    by_character: FastMap<String, ToolsByName>,
     /// Per source, each tool name and how many registries hold it: a tool
     /// registered for N roles is one tool here, held N times.
-    holders: HashMap<String, HashMap<String, usize>>,
+    holders: FastMap<String, FastMap<String, usize>>,
     /// Distinct (source, name) tools: the sum of the inner maps' lengths.
     tools: usize,
 }
@@ -464,7 +466,7 @@ impl Registries {
         if roles.is_empty() || source_tools.is_some_and(|names| names.contains_key(&tool.name)) {
             return Ok(());
         }
-        let in_source = source_tools.map_or(0, HashMap::len);
+        let in_source = source_tools.map_or(0, FastMap::len);
         if in_source >= limits.max_tools_per_source {
             return Err(Error::refused(
                 ErrorCode::LimitExceeded,
