@@ -400,6 +400,10 @@ pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>
 struct Live {
     closed: bool,
     by_character: FastMap<String, Vec<Arc<ModelSession>>>,
+    /// How many of the live ones are observers: every call publishes its
+    /// journal row to the session's observers, and without any there is no
+    /// live session to scan.
+    observers: usize,
 }
 
 /// Every live model session of the server, by character id.
@@ -506,6 +510,7 @@ impl ModelSessionHub {
         if live.closed {
             return Err(shutting_down());
         }
+        live.observers += usize::from(model_session.observer);
         live.by_character
             .entry(character_id.clone())
             .or_default()
@@ -705,12 +710,28 @@ impl ModelSessionHub {
 
     fn remove(&self, character_id: &str, id: &str) {
         let mut live = self.live();
-        if let Some(sessions) = live.by_character.get_mut(character_id) {
-            sessions.retain(|session| session.id != id);
+        let Live {
+            by_character,
+            observers,
+            ..
+        } = &mut *live;
+        if let Some(sessions) = by_character.get_mut(character_id) {
+            sessions.retain(|session| {
+                let removed = session.id == id;
+                if removed && session.observer {
+                    *observers -= 1;
+                }
+                !removed
+            });
             if sessions.is_empty() {
-                live.by_character.remove(character_id);
+                by_character.remove(character_id);
             }
         }
+    }
+
+    /// Whether any observer (a console watcher) is live.
+    pub fn any_observers(&self) -> bool {
+        self.live().observers > 0
     }
 
     /// Ends every stream (at shutdown) so that open connections can close, and
@@ -720,6 +741,7 @@ impl ModelSessionHub {
         let mut live = self.live();
         live.closed = true;
         live.by_character.clear();
+        live.observers = 0;
         self.closing.cancel();
     }
 
@@ -912,6 +934,34 @@ mod tests {
                 Vec::new(),
             ))))
         }
+    }
+
+    #[tokio::test]
+    async fn observers_are_counted_as_they_come_and_go() {
+        let hub = Arc::new(ModelSessionHub::default());
+        let model = hub
+            .open(
+                &EmptyCatalogs,
+                session(),
+                Slot::Narrator,
+                ModelProvider::OpenAiCompatible,
+            )
+            .await
+            .unwrap();
+        assert!(!hub.any_observers(), "a model session is not an observer");
+        let first = hub.observe(session()).unwrap();
+        let second = hub.observe(session()).unwrap();
+        assert!(hub.any_observers());
+        drop(first);
+        assert!(hub.any_observers(), "one observer is still live");
+        drop(model);
+        drop(second);
+        assert!(!hub.any_observers());
+        let third = hub.observe(session()).unwrap();
+        hub.close_all();
+        assert!(!hub.any_observers());
+        drop(third);
+        assert!(!hub.any_observers());
     }
 
     #[tokio::test]

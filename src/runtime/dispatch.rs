@@ -63,6 +63,11 @@ impl ToolRuntime {
     /// Tells the session's observers (the web console) that a journal row
     /// was written; they read the row itself through the store.
     fn publish_journal_row(&self, session_id: &str, result: &ToolCallResult) {
+        // Watchers are rare; without one, neither the event nor a scan of
+        // every live model session.
+        if !self.model_sessions.any_observers() {
+            return;
+        }
         let event = crate::model_sessions::ModelSessionEvent::new(
             "journal",
             &serde_json::json!({
