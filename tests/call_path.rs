@@ -133,12 +133,6 @@ async fn start_callbacks() -> Callbacks {
     state
 }
 
-/// A loopback port where nothing listens (connections are refused).
-async fn refused_port() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 // ---------------------------------------------------------------------------
 // API helpers.
 // ---------------------------------------------------------------------------
@@ -452,7 +446,8 @@ async fn an_irreversible_call_refused_for_its_arguments_is_no_replay_parent_nor_
 async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_nor_step() {
     let server = spawn_app().await;
     let callbacks = start_callbacks().await;
-    let port = refused_port().await;
+    let refused = common::ports::dead_port();
+    let port = refused.port;
     register(
         &server,
         json!({"name": "post_tweet", "callback_url": format!("http://127.0.0.1:{port}/tweet"),

@@ -456,12 +456,12 @@ async fn a_400_is_not_retried() {
 
 #[tokio::test]
 async fn a_refused_connection_is_retried_then_reported_as_unreachable() {
-    // A port that was just free: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port bound but never listening: nothing listens there, and no server
+    // another test starts can be given it while the socket lives.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .unwrap();
+    let port = held.local_addr().unwrap().port();
     let tuning = Tuning {
         backoff: Duration::from_millis(50),
         ..Tuning::default()

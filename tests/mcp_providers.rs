@@ -355,7 +355,8 @@ async fn a_server_never_reached_is_unavailable_with_a_reason_and_disable_removes
     let server = spawn_app().await;
     let session = server.create_session().await;
     let mut events = common::events::Events::open(&server, &session).await;
-    let dead = create_server(&server, http_body("dead", &dead_url(), json!({}))).await;
+    let (unreachable, _held) = dead_url();
+    let dead = create_server(&server, http_body("dead", &unreachable, json!({}))).await;
     // From the very first response: no snapshot and no connection.
     let first = catalog(&server, &session).await;
     let entry = server_entry(&first, &dead).expect("an entry for every enabled server");
@@ -447,9 +448,10 @@ async fn disconnect_connect_and_test_leave_the_real_connection_alone() {
     assert_eq!(connect.status, StatusCode::OK, "{connect:?}");
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
 
+    let (unreachable, _held) = dead_url();
     let dead = create_server(
         &server,
-        http_body("dead", &dead_url(), json!({"connect_timeout_ms": 2000})),
+        http_body("dead", &unreachable, json!({"connect_timeout_ms": 2000})),
     )
     .await;
     let tested = server

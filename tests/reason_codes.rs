@@ -54,12 +54,6 @@ async fn set_permissions(server: &TestServer, session: &str, body: Value) {
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
 }
 
-/// A loopback port where nothing listens (connections are refused).
-async fn refused_port() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 // ---------------------------------------------------------------------------
 // Callback servers.
 // ---------------------------------------------------------------------------
@@ -191,7 +185,8 @@ async fn every_remote_callback_failure_has_its_code() {
     let base = start_callbacks().await;
     let dropped = start_raw_callback(Misbehaviour::Drop).await;
     let cut_short = start_raw_callback(Misbehaviour::CutShort).await;
-    let unreachable = format!("http://127.0.0.1:{}/cb", refused_port().await);
+    let refused = common::ports::dead_port();
+    let unreachable = refused.url("/cb");
     let tools = [
         ("fine", format!("{base}/ok"), "none"),
         ("fails", format!("{base}/tool_error"), "none"),
@@ -249,7 +244,8 @@ async fn every_remote_callback_failure_has_its_code() {
 #[tokio::test]
 async fn the_connection_failure_that_evicts_a_plugin_says_so() {
     let server = spawn_app().await;
-    let url = format!("http://127.0.0.1:{}/cb", refused_port().await);
+    let refused = common::ports::dead_port();
+    let url = refused.url("/cb");
     common::register_remote(
         &server,
         json!({"name": "weather", "callback_url": url, "source": "plugin:weather"}),

@@ -276,8 +276,9 @@ async fn start_callbacks() -> Callbacks {
     }
 }
 
-/// A loopback port where nothing listens (connections are refused).
-async fn dead_port() -> u16 {
+/// A loopback port that was free a moment ago (for a server the test starts
+/// on it later).
+async fn free_port() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap().port()
 }
@@ -392,7 +393,8 @@ async fn defaults_apply_and_a_same_named_registration_replaces() {
 #[tokio::test]
 async fn declared_allowed_slots_decide_which_slots_may_call() {
     let server = spawn_app().await;
-    let url = format!("http://127.0.0.1:{}/x", dead_port().await);
+    let dead = common::ports::dead_port();
+    let url = format!("http://127.0.0.1:{}/x", dead.port);
     register_ok(
         &server,
         json!({"name": "directed", "callback_url": url, "allowed_slots": ["director"]}),
@@ -892,6 +894,7 @@ async fn registrations_are_not_persisted_across_restart() {
 
 #[tokio::test]
 async fn callback_outcomes_reach_the_model() {
+    let refused = common::ports::dead_port();
     let server = spawn_app().await;
     let callbacks = start_callbacks().await;
     let session = server.create_session().await;
@@ -937,7 +940,7 @@ async fn callback_outcomes_reach_the_model() {
         ),
         (
             "refused",
-            format!("http://127.0.0.1:{}/cb", dead_port().await),
+            format!("http://127.0.0.1:{}/cb", refused.port),
             json!({"type": "object"}),
         ),
         (
@@ -1134,8 +1137,9 @@ async fn three_connection_failures_evict_only_that_plugin_origin() {
     create_character(&server, "Mio").await;
     let callbacks = start_callbacks().await;
     let session = server.create_session().await;
-    let dead = format!("http://127.0.0.1:{}", dead_port().await);
-    let other_dead = format!("http://127.0.0.1:{}", dead_port().await);
+    let (dead_one, dead_two) = (common::ports::dead_port(), common::ports::dead_port());
+    let dead = format!("http://127.0.0.1:{}", dead_one.port);
+    let other_dead = format!("http://127.0.0.1:{}", dead_two.port);
     let register_as = |name: &'static str, url: String, source: &'static str, role: Value| {
         let server = &server;
         async move {
@@ -1217,7 +1221,7 @@ struct Flaky {
 impl Flaky {
     async fn new() -> Self {
         Self {
-            port: dead_port().await,
+            port: free_port().await,
             mode: Arc::new(Mutex::new("ok")),
             task: None,
         }

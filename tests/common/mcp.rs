@@ -164,10 +164,8 @@ impl HttpMcp {
     }
 }
 
-/// A loopback URL nothing listens on.
-pub fn dead_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    format!("http://127.0.0.1:{port}/mcp")
+/// A loopback MCP URL nothing listens on, while the port lives.
+pub fn dead_url() -> (String, super::ports::DeadPort) {
+    let port = super::ports::dead_port();
+    (port.url("/mcp"), port)
 }

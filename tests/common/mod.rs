@@ -9,6 +9,7 @@ pub mod events;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod ports;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
