@@ -369,3 +369,41 @@ impl Catalog {
         }
     }
 }
+
+/// Catalog entries for unit tests that build catalogs but never call a tool.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use crate::domain::tool::{ProviderType, ToolMetadata};
+
+    /// A handler these tests never run.
+    #[derive(Debug)]
+    pub struct NeverRun;
+
+    impl ToolHandler for NeverRun {
+        fn invoke<'a>(
+            &'a self,
+            _cx: &'a CallContext<'a>,
+            _args: &'a Value,
+        ) -> BoxFuture<'a, ToolOutcome> {
+            unreachable!("catalog tests never call a tool")
+        }
+    }
+
+    /// An available remote tool `name` of `provider_id` with `metadata`.
+    pub fn entry(name: &str, provider_id: &str, metadata: ToolMetadata) -> CatalogEntry {
+        CatalogEntry::available(
+            ToolSpec {
+                name: name.into(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
+                validator: Default::default(),
+                provider_id: provider_id.into(),
+                provider_type: ProviderType::Remote,
+                source: "plugin:test".into(),
+                metadata,
+            },
+            Arc::new(NeverRun),
+        )
+    }
+}

@@ -11,7 +11,6 @@
 //! concurrently with a mutation sees either the state before it (and then gets the
 //! event) or after it.
 
-use crate::fast_map::FastMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -25,6 +24,7 @@ use futures::future::BoxFuture;
 use crate::catalog::{Availability, Catalog, CatalogChange, CatalogScope};
 use crate::domain::tool::{Slot, ToolSpec};
 use crate::error::{Error, Result};
+use crate::fast_map::FastMap;
 use crate::store::Session;
 
 /// Events a model session's stream may hold before the session counts as stuck.
@@ -200,9 +200,9 @@ struct ModelSession {
     /// A watcher (the web console's live journal), not a model: it takes no
     /// catalog, so syncs pass it by, and only it receives journal events.
     observer: bool,
-    /// The start of this session's `catalog_changed` bodies: the object's
-    /// fields naming the session, serialized once (see [`ChangedBodies`]).
-    body_head: Box<str>,
+    /// What names this session in its `catalog_changed` bodies, serialized
+    /// once (see [`ChangedBodies`]).
+    names_json: SessionNames,
 }
 
 /// Why an event could not be queued.
@@ -222,7 +222,11 @@ impl ModelSession {
         accepted: AcceptedTools,
         observer: bool,
     ) -> Self {
-        let body_head = body_head(&id, &session);
+        let names_json = SessionNames {
+            model_session_id: raw_json(&id),
+            session_id: raw_json(&session.id),
+            role: raw_json(&session.character),
+        };
         Self {
             id,
             session,
@@ -231,7 +235,7 @@ impl ModelSession {
             events,
             accepted: Mutex::new(accepted),
             observer,
-            body_head,
+            names_json,
         }
     }
 
@@ -253,7 +257,7 @@ impl ModelSession {
 /// (a registration into every role is one change per role, all naming the
 /// same tool) and the accepted tool list (the same for every session offered
 /// the same catalog). What names the session is serialized once per model
-/// session, when it opens (`body_head`). A registration into every role
+/// session, when it opens (`names_json`). A registration into every role
 /// reaches every live model session of the server.
 #[derive(Default)]
 struct ChangedBodies {
@@ -305,26 +309,27 @@ impl<T: Named> Fragment<T> {
     }
 }
 
-/// What names a model session in its `catalog_changed` bodies.
-#[derive(serde::Serialize)]
-struct BodyHead<'a> {
-    model_session_id: &'a str,
-    session_id: &'a str,
-    role: &'a str,
+/// A model session's ids and role as JSON strings.
+#[derive(Debug)]
+struct SessionNames {
+    model_session_id: Box<RawValue>,
+    session_id: Box<RawValue>,
+    role: Box<RawValue>,
 }
 
-/// `BodyHead` as JSON without its closing brace: the body's other fields
-/// follow it (see `ChangedBodies::body`).
-fn body_head(model_session_id: &str, session: &Session) -> Box<str> {
-    let mut head = raw_json(&BodyHead {
-        model_session_id,
-        session_id: &session.id,
-        role: &session.character,
-    })
-    .get()
-    .to_owned();
-    head.pop();
-    head.into()
+/// A `catalog_changed` body, every part but `accepted` and `error` already
+/// serialized.
+#[derive(serde::Serialize)]
+struct ChangedBody<'a> {
+    model_session_id: &'a RawValue,
+    session_id: &'a RawValue,
+    role: &'a RawValue,
+    added: &'a RawValue,
+    updated: &'a RawValue,
+    removed: &'a RawValue,
+    accepted: bool,
+    error: Option<&'a str>,
+    tools: &'a RawValue,
 }
 
 /// The body a console watcher gets: only what changed.
@@ -341,9 +346,6 @@ fn raw_json(value: &impl serde::Serialize) -> Box<RawValue> {
 }
 
 impl ChangedBodies {
-    /// A `catalog_changed` body: `model_session`'s head, then the shared
-    /// fragments, each already JSON, joined as an object's fields (the same
-    /// text serde would write for the whole object).
     fn body(
         &mut self,
         change: &CatalogChange,
@@ -351,33 +353,18 @@ impl ChangedBodies {
         error: Option<&str>,
         tools: &[Arc<ToolSpec>],
     ) -> EventData {
-        let accepted = if error.is_none() { "true" } else { "false" };
-        let error = match error {
-            Some(reason) => raw_json(&reason),
-            None => raw_json(&()),
-        };
-        let fields: [(&str, &str); 6] = [
-            (",\"added\":", self.added.json(&change.added).get()),
-            (",\"updated\":", self.updated.json(&change.updated).get()),
-            (",\"removed\":", self.removed.json(&change.removed).get()),
-            (",\"accepted\":", accepted),
-            (",\"error\":", error.get()),
-            (",\"tools\":", self.tools.json(tools).get()),
-        ];
-        let length = model_session.body_head.len()
-            + fields
-                .iter()
-                .map(|(key, value)| key.len() + value.len())
-                .sum::<usize>()
-            + 1;
-        let mut text = String::with_capacity(length);
-        text.push_str(&model_session.body_head);
-        for (key, value) in fields {
-            text.push_str(key);
-            text.push_str(value);
-        }
-        text.push('}');
-        EventData(text.into())
+        let names = &model_session.names_json;
+        EventData::serialized(&ChangedBody {
+            model_session_id: &names.model_session_id,
+            session_id: &names.session_id,
+            role: &names.role,
+            added: self.added.json(&change.added),
+            updated: self.updated.json(&change.updated),
+            removed: self.removed.json(&change.removed),
+            accepted: error.is_none(),
+            error,
+            tools: self.tools.json(tools),
+        })
     }
 
     fn watcher_body(&mut self, change: &CatalogChange) -> EventData {
@@ -673,11 +660,20 @@ impl ModelSessionHub {
     }
 
     /// Queues an event for the observers of one chat session only (a journal
-    /// row was written); model sessions never see it.
-    pub fn publish_to_observers(&self, session_id: &str, event: ModelSessionEvent) -> usize {
+    /// row was written); model sessions never see it. Every call publishes
+    /// here and watchers are rare: without one, the event is not even made,
+    /// and no live session is scanned.
+    pub fn publish_to_observers(
+        &self,
+        session_id: &str,
+        event: impl FnOnce() -> ModelSessionEvent,
+    ) -> usize {
+        if !self.any_observers() {
+            return 0;
+        }
         self.publish_where(
             |session, observer| observer && session.id == session_id,
-            event,
+            event(),
         )
     }
 
@@ -730,7 +726,7 @@ impl ModelSessionHub {
     }
 
     /// Whether any observer (a console watcher) is live.
-    pub fn any_observers(&self) -> bool {
+    fn any_observers(&self) -> bool {
         self.live().observers > 0
     }
 
@@ -824,30 +820,13 @@ mod tests {
     }
 
     fn spec(name: &str) -> Arc<ToolSpec> {
-        use crate::domain::tool::{ProviderType, SideEffectLevel, ToolMetadata};
-        Arc::new(ToolSpec {
-            name: name.into(),
-            description: String::new(),
-            parameters: json!({"type": "object"}).into(),
-            validator: Default::default(),
-            provider_id: "builtin".into(),
-            provider_type: ProviderType::Builtin,
-            source: "builtin".into(),
-            metadata: ToolMetadata::declared(SideEffectLevel::None, Vec::new(), None),
-        })
+        entry(name).spec
     }
 
-    #[derive(Debug)]
-    struct NeverRun;
-
-    impl crate::catalog::ToolHandler for NeverRun {
-        fn invoke<'a>(
-            &'a self,
-            _cx: &'a crate::catalog::CallContext<'a>,
-            _args: &'a Value,
-        ) -> BoxFuture<'a, crate::call::ToolOutcome> {
-            unreachable!("catalog tests never call a tool")
-        }
+    fn entry(name: &str) -> crate::catalog::CatalogEntry {
+        use crate::domain::tool::{SideEffectLevel, ToolMetadata};
+        let metadata = ToolMetadata::declared(SideEffectLevel::None, Vec::new(), None);
+        crate::catalog::testing::entry(name, "remote:test", metadata)
     }
 
     #[test]
@@ -865,10 +844,7 @@ mod tests {
             "bench_r",
             "Z_upper",
         ];
-        let entries = names
-            .iter()
-            .map(|name| crate::catalog::CatalogEntry::available(spec(name), Arc::new(NeverRun)))
-            .collect();
+        let entries = names.iter().map(|name| entry(name)).collect();
         let catalog = Catalog::assemble("sess_test", entries);
         let accepted = ModelProvider::OpenAiCompatible.accept(&catalog).unwrap();
         let accepted: Vec<&str> = accepted.iter().map(|tool| tool.name.as_str()).collect();
@@ -949,9 +925,14 @@ mod tests {
             .await
             .unwrap();
         assert!(!hub.any_observers(), "a model session is not an observer");
+        let unmade = || -> ModelSessionEvent { panic!("an event made for no observer") };
+        assert_eq!(hub.publish_to_observers("sess_test", unmade), 0);
         let first = hub.observe(session()).unwrap();
         let second = hub.observe(session()).unwrap();
         assert!(hub.any_observers());
+        let journal = || ModelSessionEvent::new("journal", &json!({}));
+        assert_eq!(hub.publish_to_observers("sess_test", journal), 2);
+        assert_eq!(hub.publish_to_observers("sess_other", journal), 0);
         drop(first);
         assert!(hub.any_observers(), "one observer is still live");
         drop(model);

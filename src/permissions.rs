@@ -533,26 +533,9 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::ToolOutcome;
-    use crate::catalog::{CallContext, CatalogEntry, NotCallable, ToolHandler};
+    use crate::catalog::{CatalogEntry, NotCallable};
 
-    /// A handler these catalog tests never run.
-    #[derive(Debug)]
-    struct Unused;
-
-    impl ToolHandler for Unused {
-        fn invoke<'a>(
-            &'a self,
-            _cx: &'a CallContext<'a>,
-            _args: &'a Value,
-        ) -> futures::future::BoxFuture<'a, ToolOutcome> {
-            Box::pin(std::future::ready(ToolOutcome::error(
-                ReasonCode::BuiltinToolError,
-                "unused",
-            )))
-        }
-    }
-    use crate::domain::tool::{Basis, ProviderType, SideEffectLevel, ToolSpec};
+    use crate::domain::tool::{Basis, SideEffectLevel};
 
     fn meta(level: SideEffectLevel, slots: Vec<Slot>) -> ToolMetadata {
         ToolMetadata::declared(level, slots, None)
@@ -652,19 +635,7 @@ mod tests {
     }
 
     fn entry(name: &str, provider_id: &str, level: SideEffectLevel) -> CatalogEntry {
-        CatalogEntry::available(
-            ToolSpec {
-                name: name.into(),
-                description: String::new(),
-                parameters: json!({"type": "object", "properties": {}}).into(),
-                validator: Default::default(),
-                provider_id: provider_id.into(),
-                provider_type: ProviderType::Remote,
-                source: "plugin:test".into(),
-                metadata: meta(level, vec![]),
-            },
-            std::sync::Arc::new(Unused),
-        )
+        crate::catalog::testing::entry(name, provider_id, meta(level, vec![]))
     }
 
     #[test]

@@ -63,19 +63,15 @@ impl ToolRuntime {
     /// Tells the session's observers (the web console) that a journal row
     /// was written; they read the row itself through the store.
     fn publish_journal_row(&self, session_id: &str, result: &ToolCallResult) {
-        // Watchers are rare; without one, neither the event nor a scan of
-        // every live model session.
-        if !self.model_sessions.any_observers() {
-            return;
-        }
-        let event = crate::model_sessions::ModelSessionEvent::new(
-            "journal",
-            &serde_json::json!({
-                "execution_id": result.execution_id,
-                "status": result.status,
-            }),
-        );
-        self.model_sessions.publish_to_observers(session_id, event);
+        self.model_sessions.publish_to_observers(session_id, || {
+            crate::model_sessions::ModelSessionEvent::new(
+                "journal",
+                &serde_json::json!({
+                    "execution_id": result.execution_id,
+                    "status": result.status,
+                }),
+            )
+        });
     }
 
     async fn run_call(

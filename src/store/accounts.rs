@@ -1,12 +1,12 @@
 //! Accounts (tenants) and their API keys, stored as SHA-256 hashes.
 
-use crate::fast_map::FastMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::Store;
 use super::backend::{Record, sql};
 use crate::error::{Error, Result};
+use crate::fast_map::FastMap;
 use crate::ids::{new_id, now_ms};
 use rand::Rng;
 use serde::Serialize;

@@ -7,9 +7,10 @@
 //! before the write. Instances sharing a PostgreSQL database invalidate each
 //! other's caches through `store::cluster` (LISTEN/NOTIFY).
 
-use crate::fast_map::FastMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::fast_map::FastMap;
 
 /// Entries kept before the cache starts over (it only ever saves a query).
 const MAX_ENTRIES: usize = 10_000;

@@ -10,7 +10,6 @@ mod supervisor;
 pub mod tools;
 mod traced_http;
 
-use crate::fast_map::FastMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rmcp::model::Tool;
@@ -20,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope, mutate_with};
 use crate::domain::mcp::McpServer;
+use crate::fast_map::FastMap;
 use crate::store::Store;
 
 pub use provider::McpProvider;
