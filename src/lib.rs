@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod model_sessions;
 pub mod operator;
 pub mod permissions;
+pub mod poll_again;
 pub mod reason;
 pub mod runtime;
 pub mod schema;

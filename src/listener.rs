@@ -42,11 +42,12 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::config::Settings;
+use crate::poll_again::PollAgain;
 
 /// Descriptors kept free beyond the connection cap: the database and its WAL,
 /// log files, outgoing callback and MCP connections, the listener itself.
@@ -243,34 +244,37 @@ async fn serve_connection(
     let connection = http1::Builder::new()
         .header_read_timeout(None)
         .serve_connection(io, service);
-    let mut connection = std::pin::pin!(watcher.watch(connection));
-    loop {
-        let deadline = activity.deadline(&limits);
-        let expiry = async {
-            match deadline {
-                Some((at, _)) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
+    let mut connection = std::pin::pin!(PollAgain::new(watcher.watch(connection)));
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(Instant::now()));
+    let mut armed_for: Option<Instant> = None;
+    // The phase changes only inside the connection's own poll (its reads, its
+    // requests' start and end), so reading it after each poll is enough. A
+    // wake-up of this task per change (a `Notify`) made every request poll the
+    // task twice and wake an idle worker thread to steal it (BENCHMARKS.md,
+    // issue 20, eighth pass).
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+            if let Err(err) = result {
+                tracing::debug!(%peer, %err, "connection ended with an error");
             }
-        };
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(err) = result {
-                    tracing::debug!(%peer, %err, "connection ended with an error");
-                }
-                return;
-            }
-            () = activity.changed.notified() => {}
-            () = expiry => {
-                // No request is in flight in either state, so dropping the
-                // connection loses nothing.
-                if let Some((at, reason)) = activity.deadline(&limits)
-                    && at <= Instant::now() {
-                        tracing::debug!(%peer, reason, "closing connection");
-                        return;
-                    }
-            }
+            return Poll::Ready(());
         }
-    }
+        let Some((at, reason)) = activity.deadline(&limits) else {
+            return Poll::Pending;
+        };
+        if armed_for != Some(at) {
+            timer.as_mut().reset(at);
+            armed_for = Some(at);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        // No request is in flight in either state, so dropping the
+        // connection loses nothing.
+        tracing::debug!(%peer, reason, "closing connection");
+        Poll::Ready(())
+    })
+    .await;
 }
 
 /// Where a connection stands, for its timeouts.
@@ -286,8 +290,6 @@ enum Phase {
 
 struct Activity {
     phase: Mutex<Phase>,
-    /// Woken when the phase changes, so the connection task re-reads its deadline.
-    changed: Notify,
 }
 
 impl Activity {
@@ -296,7 +298,6 @@ impl Activity {
             phase: Mutex::new(Phase::Head {
                 since: Instant::now(),
             }),
-            changed: Notify::new(),
         }
     }
 
@@ -307,18 +308,13 @@ impl Activity {
 
     /// Bytes arrived: on an idle connection they start the next request head.
     fn bytes_read(&self) {
-        let started = self.with_phase(|phase| match phase {
-            Phase::Idle { .. } => {
+        self.with_phase(|phase| {
+            if let Phase::Idle { .. } = phase {
                 *phase = Phase::Head {
                     since: Instant::now(),
                 };
-                true
             }
-            _ => false,
         });
-        if started {
-            self.changed.notify_one();
-        }
     }
 
     /// A request head arrived whole; the guard ends the request when its
@@ -332,7 +328,6 @@ impl Activity {
                 _ => Phase::Busy { requests: 1 },
             }
         });
-        self.changed.notify_one();
         RequestGuard(self.clone())
     }
 
@@ -350,7 +345,6 @@ impl Activity {
                 };
             }
         });
-        self.changed.notify_one();
     }
 
     /// When the connection is to be closed, and why; None while busy.

@@ -30,6 +30,7 @@ mod session_metadata;
 mod sessions;
 mod state_names;
 pub mod variables;
+mod wal_vfs;
 
 use std::path::Path;
 use std::sync::Arc;
