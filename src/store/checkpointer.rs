@@ -8,6 +8,17 @@
 //! runs passive checkpoints instead, which never block a writer: when the
 //! journal writer has committed [`COMMITS_PER_CHECKPOINT`] times, and at least
 //! every [`INTERVAL`] for the store's other writes.
+//!
+//! A passive checkpoint copies the frames the log held when it began, and
+//! SQLite starts the log over from its beginning only when a writer finds every
+//! frame copied. Under a steady stream of journal writes that never happened:
+//! each checkpoint took tens of milliseconds (two fsyncs), the writer added
+//! frames meanwhile, and the log grew without bound (144 MB after 3,300 calls,
+//! never reused), with every commit's wal-index insert walking longer hash
+//! chains (BENCHMARKS.md, issue 20, eighth pass). So after each pass the thread
+//! holds the journal's writes back (the `hold_writes` given at spawn) while it
+//! copies the few frames written during the pass; the next journal commit then
+//! starts the log over. Writers wait that short catch-up, not the whole pass.
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
@@ -30,8 +41,12 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    /// Opens the thread's connection to `path` and starts it.
-    pub(super) fn spawn(path: &Path) -> anyhow::Result<Self> {
+    /// Opens the thread's connection to `path` and starts it; `hold_writes`
+    /// runs what it is given while no journal write can commit.
+    pub(super) fn spawn(
+        path: &Path,
+        hold_writes: impl Fn(&dyn Fn()) + Send + 'static,
+    ) -> anyhow::Result<Self> {
         use anyhow::Context;
         let connection = Connection::open(path)
             .with_context(|| format!("opening the checkpoint connection to {}", path.display()))?;
@@ -39,7 +54,7 @@ impl Checkpointer {
         let (nudge, nudges) = sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("toolgate-checkpoint".into())
-            .spawn(move || run(connection, nudges))
+            .spawn(move || run(connection, nudges, hold_writes))
             .context("starting the checkpoint thread")?;
         Ok(Self {
             nudge,
@@ -71,27 +86,42 @@ impl Checkpointer {
     }
 }
 
-fn run(connection: Connection, nudges: Receiver<()>) {
+fn run(connection: Connection, nudges: Receiver<()>, hold_writes: impl Fn(&dyn Fn())) {
     loop {
         match nudges.recv_timeout(INTERVAL) {
-            Ok(()) | Err(RecvTimeoutError::Timeout) => checkpoint(&connection),
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {
+                if checkpoint(&connection, "pass") {
+                    hold_writes(&|| {
+                        checkpoint(&connection, "catch-up");
+                    });
+                }
+            }
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
 
-fn checkpoint(connection: &Connection) {
+/// A passive checkpoint; true when it copied every frame the log held as it
+/// began (so a catch-up can leave nothing uncopied).
+fn checkpoint(connection: &Connection, kind: &'static str) -> bool {
     let started = std::time::Instant::now();
     let result = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
         Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
     });
     match result {
-        Ok((log_frames, checkpointed)) => tracing::debug!(
-            log_frames,
-            checkpointed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "write-ahead log checkpointed"
-        ),
-        Err(error) => tracing::warn!(%error, "write-ahead log checkpoint failed"),
+        Ok((log_frames, checkpointed)) => {
+            tracing::debug!(
+                kind,
+                log_frames,
+                checkpointed,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "write-ahead log checkpointed"
+            );
+            log_frames > 0 && checkpointed == log_frames
+        }
+        Err(error) => {
+            tracing::warn!(kind, %error, "write-ahead log checkpoint failed");
+            false
+        }
     }
 }

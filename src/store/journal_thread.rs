@@ -26,7 +26,7 @@ use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 use tokio::sync::mpsc;
 
 use super::checkpointer::Checkpointer;
@@ -121,7 +121,18 @@ pub(super) fn spawn(
     use anyhow::Context;
     let connection = open(path)
         .with_context(|| format!("opening the journal's connection to {}", path.display()))?;
-    let checkpointer = Checkpointer::spawn(path)?;
+    // The checkpoint thread holds writes back through the connection's lock;
+    // it only gets a weak handle, so it never keeps the journal alive.
+    let journal: Arc<OnceLock<Weak<JournalShared>>> = Arc::default();
+    let checkpointer = Checkpointer::spawn(path, {
+        let journal = journal.clone();
+        move |catch_up: &dyn Fn()| {
+            if let Some(shared) = journal.get().and_then(Weak::upgrade) {
+                let _no_commits = shared.lock();
+                catch_up();
+            }
+        }
+    })?;
     let shared = Arc::new(JournalShared {
         connection: Mutex::new(Some(JournalConnection {
             connection,
@@ -129,6 +140,7 @@ pub(super) fn spawn(
         })),
         writes: AtomicUsize::new(0),
     });
+    let _ = journal.set(Arc::downgrade(&shared));
     let thread_shared = shared.clone();
     std::thread::Builder::new()
         .name("toolgate-journal".into())

@@ -104,6 +104,9 @@ pub(super) const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
     // Checkpoints run on a thread of their own, not inside whichever write
     // passes the threshold (store/checkpointer.rs).
     ("wal_autocheckpoint", "0"),
+    // When the log starts over after a burst grew it, its file is cut back to
+    // this size instead of keeping the burst's size on disk.
+    ("journal_size_limit", "16777216"),
 ];
 
 /// The page size of a database the store creates (an existing database keeps
