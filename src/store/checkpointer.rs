@@ -16,9 +16,10 @@
 //! frames meanwhile, and the log grew without bound (144 MB after 3,300 calls,
 //! never reused), with every commit's wal-index insert walking longer hash
 //! chains (BENCHMARKS.md, issue 20, eighth pass). So after each pass the thread
+//! runs further passes until few frames were written during the last one, then
 //! holds the journal's writes back (the `hold_writes` given at spawn) while it
-//! copies the few frames written during the pass; the next journal commit then
-//! starts the log over. Writers wait that short catch-up, not the whole pass.
+//! copies those; the next journal commit then starts the log over. Writers
+//! wait that short catch-up, not a whole pass.
 
 use std::path::Path;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
@@ -90,20 +91,41 @@ fn run(connection: Connection, nudges: Receiver<()>, hold_writes: impl Fn(&dyn F
     loop {
         match nudges.recv_timeout(INTERVAL) {
             Ok(()) | Err(RecvTimeoutError::Timeout) => {
-                if checkpoint(&connection, "pass") {
-                    hold_writes(&|| {
-                        checkpoint(&connection, "catch-up");
-                    });
-                }
+                checkpoint_and_restart(&connection, &hold_writes)
             }
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
 }
 
-/// A passive checkpoint; true when it copied every frame the log held as it
-/// began (so a catch-up can leave nothing uncopied).
-fn checkpoint(connection: &Connection, kind: &'static str) -> bool {
+/// Passes while writes go on, each copying what the one before saw written,
+/// until the frames written during a pass are few; then the last pass with
+/// journal writes held back. A pass's two fsyncs and its copying take
+/// milliseconds per thousand frames, so the writers wait only for the few.
+fn checkpoint_and_restart(connection: &Connection, hold_writes: &impl Fn(&dyn Fn())) {
+    let Some(mut seen) = checkpoint(connection, "pass") else {
+        return;
+    };
+    for _ in 0..MAX_PASSES_BEFORE_HOLDING {
+        match checkpoint(connection, "pass") {
+            Some(now) if now - seen > FEW_FRAMES => seen = now,
+            Some(_) => break,
+            None => return,
+        }
+    }
+    hold_writes(&|| {
+        checkpoint(connection, "catch-up");
+    });
+}
+
+/// Frames written during a pass that the writers may wait for.
+const FEW_FRAMES: i64 = 256;
+/// Passes after the first one before writes are held back anyway.
+const MAX_PASSES_BEFORE_HOLDING: usize = 3;
+
+/// A passive checkpoint; the log's frame count when it copied every frame the
+/// log held as it began (so a pass after it can leave nothing uncopied).
+fn checkpoint(connection: &Connection, kind: &'static str) -> Option<i64> {
     let started = std::time::Instant::now();
     let result = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
         Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
@@ -117,11 +139,11 @@ fn checkpoint(connection: &Connection, kind: &'static str) -> bool {
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "write-ahead log checkpointed"
             );
-            log_frames > 0 && checkpointed == log_frames
+            (log_frames > 0 && checkpointed == log_frames).then_some(log_frames)
         }
         Err(error) => {
             tracing::warn!(kind, %error, "write-ahead log checkpoint failed");
-            false
+            None
         }
     }
 }
