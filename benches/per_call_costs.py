@@ -123,6 +123,7 @@ def main():
                 print(f"{name}_per_call {float(parts[0].replace(',', '')) / calls:.4f}")
     for log in glob.glob(os.path.join(data, "*.db-wal")):
         print(f"wal_bytes {os.path.getsize(log)}")
+    print(f"server log: {data}/log", file=sys.stderr)
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
 

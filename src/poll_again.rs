@@ -181,8 +181,8 @@ mod tests {
     #[test]
     fn a_wake_up_after_the_poll_reaches_the_task() {
         let (count, waker) = task_waker();
-        let (tx, mut rx) = futures::channel::oneshot::channel::<u8>();
-        let mut future = PollAgain::new(async move { (&mut rx).await });
+        let (tx, rx) = futures::channel::oneshot::channel::<u8>();
+        let mut future = PollAgain::new(rx);
         let polled = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
         assert!(polled.is_pending());
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
