@@ -21,13 +21,20 @@ def free_port():
 def start_server(binary, data, out, log_dir, timeout=120):
     """The toolgate binary under callgrind on `data`; returns the process and
     a connection to it once it listens."""
+    return launch(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary],
+                  data, log_dir, timeout)
+
+
+def launch(command, data, log_dir, timeout=120):
+    """`command` (the toolgate binary, maybe behind a wrapper) serving on
+    `data` with the bench's admin token, its log in `log_dir`/log; returns the
+    process and a connection to it once it listens."""
     port = free_port()
     env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=TOKEN)
     for name in ("TOOLGATE_DATABASE_URL", "TOOLGATE_CONFIG", "TOOLGATE_LISTEN", "TOOLGATE_DATA_DIR"):
         env.pop(name, None)
     server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "serve",
-         "--listen", f"127.0.0.1:{port}", "--data-dir", data],
+        command + ["serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data],
         env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(log_dir, "log"), "w"))
     deadline = time.time() + timeout
     while True:

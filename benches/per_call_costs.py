@@ -17,7 +17,6 @@ registers a remote tool whose callback (a Python HTTP server in this process,
 answering in one write) answers at once. Needs perf, or strace for `--strace`.
 """
 import glob
-import http.client
 import json
 import os
 import signal
@@ -28,7 +27,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from callgrind_common import TOKEN, free_port
+from callgrind_common import TOKEN, launch
 
 HEADERS = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 ANSWER = b'{"output":{"ok":true}}'
@@ -56,22 +55,8 @@ def main():
     if not args:
         sys.exit(__doc__)
     binary, calls = args[0], int(args[1]) if len(args) > 1 else 3000
-    port, data = free_port(), tempfile.mkdtemp(prefix="toolgate-per-call-")
-    env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=TOKEN)
-    for name in ("TOOLGATE_DATABASE_URL", "TOOLGATE_CONFIG", "TOOLGATE_LISTEN", "TOOLGATE_DATA_DIR"):
-        env.pop(name, None)
-    server = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data],
-                              env=env, stdout=subprocess.DEVNULL, stderr=open(data + "/log", "w"))
-    deadline = time.time() + 60
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port)
-            conn.connect()
-            break
-        except OSError:
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit(f"toolgate did not start; see {data}/log")
-            time.sleep(0.1)
+    data = tempfile.mkdtemp(prefix="toolgate-per-call-")
+    server, conn = launch([binary], data, data, timeout=60)
 
     def request(method, path, body):
         conn.request(method, path, body=body, headers=HEADERS)

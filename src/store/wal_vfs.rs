@@ -265,20 +265,16 @@ unsafe extern "C" fn log_write(
             return ffi::SQLITE_OK;
         }
         let ends_no_transaction = len == FRAME_HEADER_BYTES && bytes[4..8] == [0; 4];
-        if continues && ends_no_transaction && log.run.len() < RUN_LIMIT_BYTES {
+        if !(ends_no_transaction && continues && log.run.len() < RUN_LIMIT_BYTES) {
+            let rc = write_run(log);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        if ends_no_transaction {
             if log.run.is_empty() {
                 log.run_at = offset;
             }
-            log.run.extend_from_slice(bytes);
-            log.awaiting_page = true;
-            return ffi::SQLITE_OK;
-        }
-        let rc = write_run(log);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        if ends_no_transaction {
-            log.run_at = offset;
             log.run.extend_from_slice(bytes);
             log.awaiting_page = true;
             return ffi::SQLITE_OK;
@@ -364,7 +360,7 @@ vfs_passed_on!(current_time_int64, xCurrentTimeInt64, (out: *mut ffi::sqlite3_in
 mod tests {
     use super::*;
     use rusqlite::{Connection, OpenFlags};
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     fn open_through_vfs(path: &Path) -> Connection {
         let connection = Connection::open_with_flags_and_vfs(
@@ -382,17 +378,29 @@ mod tests {
         connection
     }
 
+    /// A new database in a temporary directory, opened through the VFS.
+    fn fresh_database() -> (tempfile::TempDir, PathBuf, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let writer = open_through_vfs(&path);
+        (dir, path, writer)
+    }
+
+    fn scalar<T: rusqlite::types::FromSql>(connection: &Connection, sql: &str) -> T {
+        connection.query_row(sql, [], |row| row.get(0)).unwrap()
+    }
+
     fn count(connection: &Connection) -> i64 {
-        connection
-            .query_row("SELECT count(*) FROM rows", [], |row| row.get(0))
-            .unwrap()
+        scalar(connection, "SELECT count(*) FROM rows")
+    }
+
+    fn assert_intact(connection: &Connection) {
+        assert_eq!(scalar::<String>(connection, "PRAGMA integrity_check"), "ok");
     }
 
     #[test]
     fn each_commit_is_visible_to_another_connection_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let writer = open_through_vfs(&path);
+        let (_dir, path, writer) = fresh_database();
         writer
             .execute_batch(
                 "CREATE TABLE rows (id INTEGER PRIMARY KEY, a TEXT, b TEXT);
@@ -410,17 +418,12 @@ mod tests {
                 .unwrap();
             assert_eq!(count(&reader), id + 1);
         }
-        let checked: String = reader
-            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(checked, "ok");
+        assert_intact(&reader);
     }
 
     #[test]
     fn the_log_on_disk_recovers_every_commit_even_with_frames_rewritten_in_a_transaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let writer = open_through_vfs(&path);
+        let (dir, path, writer) = fresh_database();
         // A tiny cache makes a large transaction spill pages into the log
         // before its commit and write some of them again, the path on which
         // SQLite rewrites frames and their checksums in place.
@@ -462,26 +465,20 @@ mod tests {
         .unwrap();
         let recovered = Connection::open(&copy).unwrap();
         assert_eq!(count(&recovered), 3_050);
-        let rewritten: i64 = recovered
-            .query_row(
-                "SELECT count(*) FROM rows WHERE b = 'rewritten'",
-                [],
-                |row| row.get(0),
-            )
-            .unwrap();
-        assert_eq!(rewritten, 500);
-        let checked: String = recovered
-            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(checked, "ok");
+        assert_eq!(
+            scalar::<i64>(
+                &recovered,
+                "SELECT count(*) FROM rows WHERE b = 'rewritten'"
+            ),
+            500
+        );
+        assert_intact(&recovered);
         drop(writer);
     }
 
     #[test]
     fn a_commit_larger_than_one_write_reaches_the_log_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let writer = open_through_vfs(&path);
+        let (_dir, path, writer) = fresh_database();
         writer
             .execute_batch("CREATE TABLE rows (id INTEGER PRIMARY KEY, a TEXT, b TEXT)")
             .unwrap();
@@ -492,17 +489,15 @@ mod tests {
             .execute("INSERT INTO rows (id, a, b) VALUES (1, 'big', ?1)", [&big])
             .unwrap();
         let reader = Connection::open(&path).unwrap();
-        let read: String = reader
-            .query_row("SELECT b FROM rows WHERE id = 1", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(read.len(), big.len());
+        assert_eq!(
+            scalar::<String>(&reader, "SELECT b FROM rows WHERE id = 1").len(),
+            big.len()
+        );
     }
 
     #[test]
     fn files_other_than_the_log_are_the_default_vfs_own() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite");
-        let writer = open_through_vfs(&path);
+        let (dir, _path, writer) = fresh_database();
         writer
             .execute_batch("CREATE TABLE rows (id INTEGER PRIMARY KEY)")
             .unwrap();
@@ -520,9 +515,6 @@ mod tests {
                 "CREATE TABLE t (x); BEGIN; INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); COMMIT;",
             )
             .unwrap();
-        let rows: i64 = rollback
-            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
-            .unwrap();
-        assert_eq!(rows, 2);
+        assert_eq!(scalar::<i64>(&rollback, "SELECT count(*) FROM t"), 2);
     }
 }
