@@ -1,8 +1,13 @@
 //! Response envelopes shared by every route: `{"data": ...}` and lists with `meta`.
 
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::error::ApiError;
 use crate::domain::Page;
+use crate::error::Error;
+use crate::journal::ExecutionJson;
 
 /// A single resource: `{"data": ...}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -57,6 +62,56 @@ impl<T> From<Page<T>> for List<T> {
     }
 }
 
+/// A list of journal rows already written as JSON: the body is their text
+/// joined into the list's envelope, without parsing or escaping them again
+/// (issue 20). Its JSON is the same as a `List` of the rows' records.
+#[derive(Debug)]
+pub struct WrittenList(pub List<ExecutionJson>);
+
+impl From<Page<ExecutionJson>> for WrittenList {
+    fn from(page: Page<ExecutionJson>) -> Self {
+        Self(page.into())
+    }
+}
+
+impl WrittenList {
+    fn body(&self) -> serde_json::Result<Vec<u8>> {
+        let List { data, meta } = &self.0;
+        let rows_len: usize = data.iter().map(|row| row.as_str().len() + 1).sum();
+        let mut body = Vec::with_capacity(rows_len + 256);
+        body.extend_from_slice(b"{\"data\":[");
+        for (index, row) in data.iter().enumerate() {
+            if index > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(row.as_str().as_bytes());
+        }
+        body.extend_from_slice(b"],\"meta\":");
+        serde_json::to_writer(&mut body, meta)?;
+        body.push(b'}');
+        Ok(body)
+    }
+}
+
+impl IntoResponse for WrittenList {
+    fn into_response(self) -> Response {
+        match self.body() {
+            Ok(body) => (
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                body,
+            )
+                .into_response(),
+            Err(err) => ApiError::from(Error::Internal(
+                anyhow::Error::new(err).context("writing a journal page"),
+            ))
+            .into_response(),
+        }
+    }
+}
+
 /// `limit`, `offset`, `sort_by`, `sort_order` as they arrive in a query string.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -82,5 +137,55 @@ impl ListParams {
             self.sort_order.as_deref(),
             allowed_sorts,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{ExecutionRecord, sample_row};
+
+    fn meta(total: i64) -> ListMeta {
+        ListMeta {
+            total,
+            limit: 50,
+            offset: 0,
+            has_more: true,
+            sort_by: "started_at".to_owned(),
+            sort_order: "desc".to_owned(),
+            total_is_estimate: Some(false),
+            next_cursor: Some("c\"ursor".to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_written_list_is_the_list_of_its_records() {
+        let args: &serde_json::value::RawValue =
+            serde_json::from_str(r#"{"q": "a\"b"}"#).expect("JSON");
+        for texts in [vec![], vec!["one"], vec!["one", "t\"wo", "three\n"]] {
+            let records: Vec<ExecutionRecord> = texts
+                .iter()
+                .map(|text| sample_row(text, args).to_record())
+                .collect();
+            let rows = records
+                .iter()
+                .map(|record| ExecutionJson::new(&record.borrowed(), "started_at"))
+                .collect();
+            let written = WrittenList(List {
+                data: rows,
+                meta: meta(7),
+            })
+            .body()
+            .expect("a page is written");
+            let expected = serde_json::to_vec(&List {
+                data: records,
+                meta: meta(7),
+            })
+            .expect("a list serialises");
+            assert_eq!(
+                String::from_utf8(written).expect("UTF-8"),
+                String::from_utf8(expected).expect("UTF-8")
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
-use super::envelope::{Data, List};
+use super::envelope::{Data, List, WrittenList};
 use super::error::ApiResult;
 use super::extract::{Path, Query};
 use crate::journal::query::{
@@ -30,16 +30,14 @@ async fn list_executions(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Query(params): Query<ExecutionQueryParams>,
-) -> ApiResult<axum::Json<List<ExecutionJson>>> {
+) -> ApiResult<WrittenList> {
     let query = ExecutionQuery::parse(params)?;
-    Ok(axum::Json(
-        state
-            .runtime
-            .store
-            .query_executions_as(&account.id, query)
-            .await?
-            .into(),
-    ))
+    Ok(state
+        .runtime
+        .store
+        .query_executions_as::<ExecutionJson>(&account.id, query)
+        .await?
+        .into())
 }
 
 /// One journal row.
@@ -68,21 +66,19 @@ async fn list_floor_executions(
     CurrentAccount(account): CurrentAccount,
     Path(floor_id): Path<String>,
     Query(params): Query<FloorExecutionQueryParams>,
-) -> ApiResult<axum::Json<List<ExecutionJson>>> {
+) -> ApiResult<WrittenList> {
     let floor = state
         .runtime
         .store
         .floor_ref(&account.id, &floor_id)
         .await?;
     let query = ExecutionQuery::parse(params.with_floor(floor.id))?;
-    Ok(axum::Json(
-        state
-            .runtime
-            .store
-            .query_executions_as(&account.id, query)
-            .await?
-            .into(),
-    ))
+    Ok(state
+        .runtime
+        .store
+        .query_executions_as::<ExecutionJson>(&account.id, query)
+        .await?
+        .into())
 }
 
 /// Legacy call-records: a projection of the journal with five statuses.

@@ -223,38 +223,40 @@ impl<T> Value for T where
 
 /// A result row of either backend, read by column name; row mappers take
 /// `&impl Record` so one mapper serves both.
+/// Column names are part of their statements, never input: `'static`,
+/// which lets the journal reader recognise a name by its address.
 pub(crate) trait Record {
     /// The column's value; panics when the column is missing or of another
     /// type (a mistake in the statement, not in the data).
-    fn get<T: Value>(&self, column: &str) -> T;
+    fn get<T: Value>(&self, column: &'static str) -> T;
 
     /// A text column borrowed from the row, without a copy; None for NULL.
     /// Panics as [`Record::get`] does.
-    fn text_opt(&self, column: &str) -> Option<&str>;
+    fn text_opt(&self, column: &'static str) -> Option<&str>;
 
     /// A text column that is never NULL, borrowed.
-    fn text(&self, column: &str) -> &str {
+    fn text(&self, column: &'static str) -> &str {
         self.text_opt(column)
             .unwrap_or_else(|| panic!("column {column:?} is NULL"))
     }
 }
 
 impl Record for SqliteRow {
-    fn get<T: Value>(&self, column: &str) -> T {
+    fn get<T: Value>(&self, column: &'static str) -> T {
         sqlx::Row::get(self, column)
     }
 
-    fn text_opt(&self, column: &str) -> Option<&str> {
+    fn text_opt(&self, column: &'static str) -> Option<&str> {
         sqlx::Row::get(self, column)
     }
 }
 
 impl Record for PgRow {
-    fn get<T: Value>(&self, column: &str) -> T {
+    fn get<T: Value>(&self, column: &'static str) -> T {
         sqlx::Row::get(self, column)
     }
 
-    fn text_opt(&self, column: &str) -> Option<&str> {
+    fn text_opt(&self, column: &'static str) -> Option<&str> {
         sqlx::Row::get(self, column)
     }
 }

@@ -28,8 +28,8 @@ fn corrupt(column: &str, err: impl std::fmt::Display) -> Error {
 }
 
 fn from_row(row: &impl Record) -> Result<ToolDefinition> {
-    let text = |column: &str| -> String { row.get(column) };
-    let json = |column: &str| -> Result<serde_json::Value> {
+    let text = |column: &'static str| -> String { row.get(column) };
+    let json = |column: &'static str| -> Result<serde_json::Value> {
         serde_json::from_str(&text(column)).map_err(|err| corrupt(column, err))
     };
     let side_effect_level: SideEffectLevel =

@@ -56,7 +56,7 @@ const COLUMNS: &str = "id, account_id, session_id, execution_id, run_id, tool_na
     attempts, result_json, error_message, lease_expires_at, created_at, updated_at, started_at, finished_at";
 
 fn from_row(row: &impl Record) -> RuntimeJob {
-    let json = |column: &str| {
+    let json = |column: &'static str| {
         row.get::<Option<String>>(column)
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or(serde_json::Value::Null)

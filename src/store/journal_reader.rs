@@ -5,10 +5,11 @@
 //! the finished page crosses threads (BENCHMARKS.md, issue 20). PostgreSQL and
 //! in-memory SQLite read through the pool.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rusqlite::config::DbConfig;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OpenFlags, Row};
 use tokio::sync::Semaphore;
@@ -132,6 +133,7 @@ pub(super) fn query<T>(
     // SQLite for every column's (a quarter of a page's time, measured), so
     // the names are read once per statement.
     let columns = Columns::of(&statement);
+    let order = ReadOrder::default();
     let values = params.iter().map(|param| match param {
         ReadParam::Text(text) => SqlValue::Text(text.clone()),
         ReadParam::Int(n) => SqlValue::Integer(*n),
@@ -140,7 +142,8 @@ pub(super) fn query<T>(
         Ok(map(&ReaderRow {
             row,
             columns: &columns,
-            next: Cell::new(0),
+            order: &order,
+            reads: Cell::new(0),
         }))
     })?;
     rows.collect()
@@ -161,31 +164,66 @@ impl Columns {
     }
 }
 
+/// The column each read of the last row went to, in the order of the reads:
+/// a mapper reads every row alike, so the n-th read of the next row is
+/// usually the same name, passed as the same `'static` text, and its column
+/// is known from the text's address without comparing names (which, with
+/// SQLite's per-column calls, was most of a page's column lookups, measured).
+#[derive(Default)]
+struct ReadOrder(RefCell<Vec<(&'static str, usize)>>);
+
+impl ReadOrder {
+    /// The column of the `read`-th read of the last row, when it was `column`.
+    fn known(&self, read: usize, column: &'static str) -> Option<usize> {
+        let order = self.0.borrow();
+        // Same address and length: the same static text, so the same name.
+        let &(name, index) = order.get(read)?;
+        std::ptr::eq(name, column).then_some(index)
+    }
+
+    fn remember(&self, read: usize, column: &'static str, index: usize) {
+        let mut order = self.0.borrow_mut();
+        if read < order.len() {
+            order[read] = (column, index);
+        } else if read == order.len() {
+            order.push((column, index));
+        }
+    }
+}
+
 /// A row of a journal read, read by column name through the statement's
-/// index of names.
+/// names.
 pub(crate) struct ReaderRow<'a, 'stmt> {
     row: &'a Row<'stmt>,
     columns: &'a Columns,
-    /// The column after the last one read: mappers read mostly in the
-    /// statement's order, so one comparison usually finds the next name (a
-    /// hash of every name was 4 % of a 200-row page, measured); a miss scans
-    /// the few names, still without rusqlite's per-column FFI calls.
-    next: Cell<usize>,
+    order: &'a ReadOrder,
+    /// How many columns of this row were read so far.
+    reads: Cell<usize>,
 }
 
 impl ReaderRow<'_, '_> {
-    fn position(&self, column: &str) -> usize {
+    fn position(&self, column: &'static str) -> usize {
+        let read = self.reads.get();
+        self.reads.set(read + 1);
+        if let Some(index) = self.order.known(read, column) {
+            return index;
+        }
         let names = &self.columns.0;
-        let guess = self.next.get();
-        let index = if names.get(guess).is_some_and(|name| name == column) {
-            guess
+        // Mappers read mostly in the statement's order: try the column after
+        // the previous read's first.
+        let after_previous = read
+            .checked_sub(1)
+            .and_then(|previous| self.order.0.borrow().get(previous).map(|&(_, i)| i + 1))
+            .unwrap_or(0);
+        let index = if names.get(after_previous).is_some_and(|name| name == column) {
+            after_previous
         } else {
             names
                 .iter()
                 .position(|name| name == column)
                 .unwrap_or_else(|| panic!("a journal read has no column {column:?}"))
         };
-        self.next.set(index + 1);
+        self.order.remember(read, column, index);
         index
     }
 }
@@ -198,14 +236,14 @@ impl ReaderRow<'_, '_> {
 }
 
 impl super::backend::Record for ReaderRow<'_, '_> {
-    fn get<T: super::backend::Value>(&self, column: &str) -> T {
+    fn get<T: super::backend::Value>(&self, column: &'static str) -> T {
         let index = self.position(column);
         self.row
             .get(index)
             .unwrap_or_else(|err| panic!("column {column:?} of a journal read: {err}"))
     }
 
-    fn text_opt(&self, column: &str) -> Option<&str> {
+    fn text_opt(&self, column: &'static str) -> Option<&str> {
         let index = self.position(column);
         self.row
             .get_ref(index)
@@ -220,6 +258,12 @@ fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     connection.busy_timeout(SQLITE_BUSY_TIMEOUT)?;
+    // The journal's reads filter by equality and follow an index's order, so
+    // their plans never depend on the values bound. Without the planner's
+    // stability guarantee SQLite reads a bound LIMIT while planning and then
+    // prepares the statement again at every execution: 0.37 M of the 0.65 M
+    // instructions of a small page (BENCHMARKS.md, issue 20, tenth pass).
+    connection.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     connection.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS);
     connection.pragma_update(None, "cache_size", -CACHE_KIB)?;
     Ok(connection)
@@ -256,5 +300,85 @@ mod tests {
             rows,
             vec![vec![1, 2, 3, 1, 3, 3, 2], vec![10, 20, 30, 10, 30, 30, 20]]
         );
+    }
+
+    /// Reads in an order that depends on the row, with names that are the
+    /// same text at other addresses, so that the order remembered from one
+    /// row is wrong for the next.
+    fn read_by_row(row: &ReaderRow<'_, '_>) -> Vec<i64> {
+        let a_again: &'static str = String::from("a").leak();
+        let first = row.get::<i64>("a");
+        let order: &[&'static str] = match first {
+            1 => &["b", "c", "a"],
+            10 => &["c", "b", a_again],
+            _ => &["a", "a", "c", "b"],
+        };
+        std::iter::once(first)
+            .chain(order.iter().map(|column| row.get::<i64>(column)))
+            .collect()
+    }
+
+    #[test]
+    fn columns_are_found_when_rows_are_read_differently() {
+        let connection = Connection::open_in_memory().expect("in-memory database");
+        let rows = query(
+            &connection,
+            "SELECT 1 AS a, 2 AS b, 3 AS c UNION ALL SELECT 10, 20, 30 \
+             UNION ALL SELECT 100, 200, 300 UNION ALL SELECT 1, 2, 3",
+            &[],
+            read_by_row,
+        )
+        .expect("the query runs");
+        assert_eq!(
+            rows,
+            vec![
+                vec![1, 2, 3, 1],
+                vec![10, 30, 20, 10],
+                vec![100, 100, 100, 300, 200],
+                vec![1, 2, 3, 1],
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cached_read_is_not_prepared_again_for_new_values() {
+        let dir = std::env::temp_dir().join(format!(
+            "toolgate-reader-{}-{}",
+            std::process::id(),
+            crate::ids::now_ms()
+        ));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let path = dir.join("journal.db");
+        Connection::open(&path)
+            .and_then(|db| {
+                db.execute_batch(
+                    "CREATE TABLE t (a INTEGER, b TEXT); CREATE INDEX t_a ON t (a, b); \
+                     INSERT INTO t VALUES (1, 'x'), (1, 'y'), (2, 'z');",
+                )
+            })
+            .expect("a database");
+        let connection = open(&path).expect("a reader");
+        let sql = "SELECT b FROM t WHERE a = ? ORDER BY b LIMIT ? OFFSET ?";
+        let read = |a: i64, limit: i64, offset: i64| {
+            let params = [
+                ReadParam::Int(a),
+                ReadParam::Int(limit),
+                ReadParam::Int(offset),
+            ];
+            query(&connection, sql, &params, |row| {
+                row.first::<String>().expect("b")
+            })
+            .expect("the read runs")
+        };
+        assert_eq!(read(1, 10, 0), ["x", "y"]);
+        assert_eq!(read(1, 1, 1), ["y"]);
+        assert_eq!(read(2, 5, 0), ["z"]);
+        let reprepared = connection
+            .prepare_cached(sql)
+            .expect("still cached")
+            .get_status(rusqlite::StatementStatus::RePrepare);
+        assert_eq!(reprepared, 0, "the read was prepared again for new values");
+        drop(connection);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
