@@ -201,6 +201,12 @@ async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_a_thousand() {
     let (status, html) = console.get(&format!("/console/sessions/{session}")).await;
     assert_eq!(status, 200);
     assert!(html.contains("of at least 1001"), "the pager: {html}");
+    // Any offset is a request like another, the largest included.
+    let (status, html) = console
+        .get(&format!("/console/sessions/{session}?offset={}", i64::MAX))
+        .await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains("of 1050"), "the pager: {html}");
 
     // A page past the bound counts to its end: exact again.
     let deep = server
@@ -213,6 +219,36 @@ async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_a_thousand() {
     assert_eq!(deep["meta"]["total"], 1_050);
     assert_eq!(deep["meta"]["has_more"], false);
     assert_eq!(deep["data"].as_array().unwrap().len(), 50);
+
+    // Pages ending at or past the bound take their total from their own
+    // rows (no count beside them): the same totals as a count would give.
+    for (offset, limit, rows, total, estimate, more) in [
+        (900, 100, 100, 1_001, true, true),
+        (950, 100, 100, 1_050, false, false),
+        (1_000, 50, 50, 1_050, false, false),
+        (1_049, 200, 1, 1_050, false, false),
+        (1_050, 10, 0, 1_050, false, false),
+        (5_000, 200, 0, 1_050, false, false),
+        (i64::MAX, 200, 0, 1_050, false, false),
+    ] {
+        let page = server
+            .get(&format!(
+                "/tool-executions?session_id={session}&limit={limit}&offset={offset}"
+            ))
+            .await
+            .body;
+        let meta = &page["meta"];
+        assert_eq!(
+            (
+                page["data"].as_array().unwrap().len(),
+                meta["total"].as_i64(),
+                meta["total_is_estimate"].as_bool(),
+                meta["has_more"].as_bool()
+            ),
+            (rows, Some(total), Some(estimate), Some(more)),
+            "offset {offset}, limit {limit}: {meta}"
+        );
+    }
 
     // Filtered queries under the bound stay exact.
     let errors = server

@@ -25,6 +25,9 @@ const SHUTDOWN_ITERATIONS: usize = 40;
 const OPENERS: usize = 16;
 /// How long a server may take to exit after SIGTERM.
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
+/// How long one start, SIGTERM and exit may take in all (a generous bound:
+/// the steps take about a second on a busy 2-core machine).
+const ITERATION_WITHIN: Duration = Duration::from_secs(120);
 
 /// Names of the tools `GET /api/tools?role=<role>` lists.
 async fn tools_of(server: &TestServer, role: &str) -> BTreeSet<String> {
@@ -175,38 +178,59 @@ async fn open_streams(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_while_event_streams_open_always_exits() {
     for iteration in 0..SHUTDOWN_ITERATIONS {
-        let mut server = spawn_app().await;
-        let session = server.create_session().await;
-        let opened = Arc::new(AtomicUsize::new(0));
-        let openers: Vec<_> = (0..OPENERS)
-            .map(|_| {
-                tokio::spawn(open_streams(
-                    server.base_url.clone(),
-                    server.token.clone(),
-                    session.clone(),
-                    opened.clone(),
-                ))
-            })
-            .collect();
-        // SIGTERM lands while the openers keep opening streams.
-        wait_until(Duration::from_secs(30), "the first event streams", || {
-            let opened = opened.clone();
-            async move { opened.load(Ordering::SeqCst) >= OPENERS }
-        })
+        // A step that never ends fails the test by name instead of holding
+        // the suite until CI's own limit (seen once in a full run, not
+        // reproduced alone).
+        let step = Arc::new(std::sync::Mutex::new("starting the server"));
+        let ended = tokio::time::timeout(
+            ITERATION_WITHIN,
+            shutdown_while_streams_open(iteration, step.clone()),
+        )
         .await;
-        server.terminate();
-        let status = server.wait_exit(EXIT_WITHIN).await;
-        let status = status.unwrap_or_else(|| {
-            panic!(
-                "iteration {iteration}: the server did not exit within {EXIT_WITHIN:?} of SIGTERM ({} streams opened)",
-                opened.load(Ordering::SeqCst)
-            )
-        });
-        assert!(status.success(), "iteration {iteration}: {status:?}");
-        for opener in openers {
-            for holder in opener.await.expect("opener") {
-                holder.await.expect("stream holder");
-            }
+        if ended.is_err() {
+            let step = *step.lock().unwrap_or_else(|p| p.into_inner());
+            panic!("iteration {iteration}: stuck {ITERATION_WITHIN:?} while {step}");
+        }
+    }
+}
+
+async fn shutdown_while_streams_open(iteration: usize, step: Arc<std::sync::Mutex<&'static str>>) {
+    let enter = |name: &'static str| *step.lock().unwrap_or_else(|p| p.into_inner()) = name;
+    let mut server = spawn_app().await;
+    enter("creating a session");
+    let session = server.create_session().await;
+    let opened = Arc::new(AtomicUsize::new(0));
+    let openers: Vec<_> = (0..OPENERS)
+        .map(|_| {
+            tokio::spawn(open_streams(
+                server.base_url.clone(),
+                server.token.clone(),
+                session.clone(),
+                opened.clone(),
+            ))
+        })
+        .collect();
+    // SIGTERM lands while the openers keep opening streams.
+    enter("waiting for the first event streams");
+    wait_until(Duration::from_secs(30), "the first event streams", || {
+        let opened = opened.clone();
+        async move { opened.load(Ordering::SeqCst) >= OPENERS }
+    })
+    .await;
+    enter("waiting for the server to exit after SIGTERM");
+    server.terminate();
+    let status = server.wait_exit(EXIT_WITHIN).await;
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "iteration {iteration}: the server did not exit within {EXIT_WITHIN:?} of SIGTERM ({} streams opened)",
+            opened.load(Ordering::SeqCst)
+        )
+    });
+    assert!(status.success(), "iteration {iteration}: {status:?}");
+    enter("waiting for the openers and their streams to end after the server exited");
+    for opener in openers {
+        for holder in opener.await.expect("opener") {
+            holder.await.expect("stream holder");
         }
     }
 }

@@ -32,12 +32,7 @@ async fn list_executions(
     Query(params): Query<ExecutionQueryParams>,
 ) -> ApiResult<WrittenList> {
     let query = ExecutionQuery::parse(params)?;
-    Ok(state
-        .runtime
-        .store
-        .query_executions_as::<ExecutionJson>(&account.id, query)
-        .await?
-        .into())
+    journal_page(&state, &account.id, query).await
 }
 
 /// One journal row.
@@ -73,10 +68,19 @@ async fn list_floor_executions(
         .floor_ref(&account.id, &floor_id)
         .await?;
     let query = ExecutionQuery::parse(params.with_floor(floor.id))?;
+    journal_page(&state, &account.id, query).await
+}
+
+/// A page of the journal written as the API answers it.
+async fn journal_page(
+    state: &AppState,
+    account_id: &str,
+    query: ExecutionQuery,
+) -> ApiResult<WrittenList> {
     Ok(state
         .runtime
         .store
-        .query_executions_as::<ExecutionJson>(&account.id, query)
+        .query_executions_as::<ExecutionJson>(account_id, query)
         .await?
         .into())
 }

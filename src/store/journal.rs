@@ -312,13 +312,14 @@ impl Store {
         }
         // One row past the page says whether another follows, whatever `total`.
         page_binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
-        // The count and the page read on two connections at once: on a large
-        // session the count of up to TOTAL_EXACT_UP_TO rows costs about as
-        // much as the page (BENCHMARKS.md, issue 20).
-        let ((total, total_is_estimate), mut items) = tokio::try_join!(
-            self.bounded_total(&where_sql, &binds, &query),
-            self.read_page_rows::<T>(sql, page_binds, page.sort_by)
-        )?;
+        let counted = PageCount {
+            where_sql: &where_sql,
+            binds: &binds,
+            from_page: keyset_sql.is_empty() && page_end(page) >= TOTAL_EXACT_UP_TO,
+        };
+        let ((total, total_is_estimate), mut items) = self
+            .rows_and_total::<T>(sql, page_binds, counted, &query)
+            .await?;
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
@@ -330,6 +331,40 @@ impl Store {
         result.more = Some(more);
         result.next_cursor = next_cursor;
         Ok(result)
+    }
+
+    /// A page's rows and its bounded total.
+    async fn rows_and_total<T: PageRow>(
+        &self,
+        sql: String,
+        page_binds: Vec<ReadParam>,
+        count: PageCount<'_>,
+        query: &ExecutionQuery,
+    ) -> Result<((i64, bool), Vec<T>)> {
+        let page = &query.page;
+        if count.from_page {
+            // A page that ends at or past the bound tells the bounded total
+            // itself, unless it is past the last row: no count walks the
+            // same index beside it (BENCHMARKS.md, issue 20).
+            let items = self
+                .read_page_rows::<T>(sql, page_binds, page.sort_by)
+                .await?;
+            let total = match total_from_page(items.len() as i64, page) {
+                Some(total) => total,
+                None => {
+                    self.bounded_total(count.where_sql, count.binds, query)
+                        .await?
+                }
+            };
+            return Ok((total, items));
+        }
+        // The count and the page read on two connections at once: on a large
+        // session the count of up to TOTAL_EXACT_UP_TO rows costs about as
+        // much as the page.
+        tokio::try_join!(
+            self.bounded_total(count.where_sql, count.binds, query),
+            self.read_page_rows::<T>(sql, page_binds, page.sort_by)
+        )
     }
 
     /// The journal rows `sql` selects: on an SQLite file through the journal
@@ -369,12 +404,12 @@ impl Store {
         binds: &[ReadParam],
         query: &ExecutionQuery,
     ) -> Result<(i64, bool)> {
-        let bound = TOTAL_EXACT_UP_TO.max(query.page.offset + query.page.limit);
+        let bound = TOTAL_EXACT_UP_TO.max(page_end(&query.page));
         let sql = format!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM tool_execution_record WHERE {where_sql} LIMIT ?) AS matching"
         );
         let mut binds = binds.to_vec();
-        binds.push(ReadParam::Int(bound + 1));
+        binds.push(ReadParam::Int(bound.saturating_add(1)));
         let counted = match &self.journal_reader {
             Some(reader) => reader
                 .rows(sql, binds, |row| row.first::<i64>().unwrap_or(0))
@@ -775,6 +810,37 @@ fn keyset_condition(query: &ExecutionQuery) -> (String, Vec<KeysetValue<'_>>) {
 enum KeysetValue<'a> {
     Sort(i64),
     Id(&'a str),
+}
+
+/// How a page's total is counted: its filter, and whether the page's own
+/// rows may tell it ([`total_from_page`]).
+struct PageCount<'a> {
+    where_sql: &'a str,
+    binds: &'a [ReadParam],
+    from_page: bool,
+}
+
+/// `offset + limit`: where an offset page ends (an offset can be any
+/// non-negative number, so it saturates instead of overflowing).
+fn page_end(page: &crate::domain::PageRequest) -> i64 {
+    page.offset.saturating_add(page.limit)
+}
+
+/// What [`Store::bounded_total`] would count for an offset page whose end
+/// (`offset + limit`) is at or past [`TOTAL_EXACT_UP_TO`], from the `read`
+/// rows it got (up to `limit + 1`), when they tell: with a row past the page
+/// the count would stop at its bound, `offset + limit + 1`, flagged; with
+/// some rows but none past it the page holds the last row. None for a page
+/// past the last row, which needs the count.
+fn total_from_page(read: i64, page: &crate::domain::PageRequest) -> Option<(i64, bool)> {
+    debug_assert!(page_end(page) >= TOTAL_EXACT_UP_TO);
+    if read > page.limit {
+        Some((page_end(page).saturating_add(1), true))
+    } else if read > 0 || page.offset == 0 {
+        Some((page.offset.saturating_add(read), false))
+    } else {
+        None
+    }
 }
 
 /// The cursor of the page after the one whose last row has `key` (its value

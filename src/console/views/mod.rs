@@ -117,16 +117,18 @@ pub fn pager(base: &str, offset: i64, limit: i64, total: i64) -> Markup {
 /// stopped counting at its bound).
 pub fn pager_of(base: &str, offset: i64, limit: i64, total: i64, at_least: bool) -> Markup {
     let sep = if base.contains('?') { '&' } else { '?' };
+    // Any non-negative offset is a valid request: the end saturates.
+    let end = offset.saturating_add(limit);
     html! {
         p.pager {
-            "Rows " (offset.min(total)) "–" ((offset + limit).min(total)) " of "
+            "Rows " (offset.min(total)) "–" (end.min(total)) " of "
             @if at_least { "at least " }
             (total) " "
             @if offset > 0 {
                 a href={ (base) (sep) "offset=" ((offset - limit).max(0)) } { "newer" } " "
             }
-            @if offset + limit < total {
-                a href={ (base) (sep) "offset=" (offset + limit) } { "older" }
+            @if end < total {
+                a href={ (base) (sep) "offset=" (end) } { "older" }
             }
         }
     }
