@@ -42,6 +42,17 @@ async fn cursors_walk_the_same_rows_as_offsets_in_the_same_order() {
         .await
         .body;
     copy_row(&server, first["data"][0]["id"].as_str().unwrap(), 3, true).await;
+    // The page's body is joined from rows written beforehand, not by a JSON
+    // extractor: it still says what it is.
+    let response = server
+        .client
+        .get(server.url(&format!("/tool-executions?session_id={session}")))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
     for sort in [
         "sort_by=started_at&sort_order=desc",
         "sort_by=created_at&sort_order=asc",

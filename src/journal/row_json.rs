@@ -4,7 +4,7 @@
 //! escaping was the largest single cost of a 200-row journal page (1.55 M of
 //! its 8.3 M instructions, BENCHMARKS.md "Issue 20, ninth look"). Here the
 //! keys are constants and a string is checked for bytes that need escaping
-//! sixteen at a time; only a string that has one goes through serde_json.
+//! eight at a time; only a string that has one goes through serde_json.
 //!
 //! The shape stays `ExecutionRecordRef`'s `Serialize` derive: [`write_row`]
 //! destructures the row without `..`, so a new field does not compile until
@@ -176,11 +176,14 @@ fn string(out: &mut String, value: &str) {
 /// cost); a string of eight bytes or more ends with its last eight, which
 /// may overlap the word before, as an any-test allows.
 fn needs_escaping(bytes: &[u8]) -> bool {
-    let Some(last) = bytes.len().checked_sub(8) else {
+    let Some(last) = bytes.last_chunk::<8>() else {
         return bytes.iter().any(|&byte| escaped(byte));
     };
-    let mut words = bytes.chunks_exact(8);
-    words.by_ref().any(word_needs_escaping) || word_needs_escaping(&bytes[last..])
+    let (words, _) = bytes.as_chunks::<8>();
+    words
+        .iter()
+        .chain([last])
+        .any(|&word| word_needs_escaping(word))
 }
 
 fn escaped(byte: u8) -> bool {
@@ -190,22 +193,14 @@ fn escaped(byte: u8) -> bool {
 /// Whether any of eight bytes is below 0x20, `"` or `\`, by the word tests
 /// of "Bit Twiddling Hacks" (`hasless`, `haszero`): exact as yes-or-no
 /// answers, which is all this needs.
-fn word_needs_escaping(word: &[u8]) -> bool {
+fn word_needs_escaping(word: [u8; 8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH_BITS: u64 = ONES * 0x80;
-    let Ok(bytes) = <[u8; 8]>::try_from(word) else {
-        return word.iter().any(|&byte| escaped(byte));
-    };
-    let word = u64::from_ne_bytes(bytes);
+    let word = u64::from_ne_bytes(word);
     let has_byte_below =
         |word: u64, limit: u8| word.wrapping_sub(ONES * u64::from(limit)) & !word & HIGH_BITS != 0;
     let has_byte = |byte: u8| has_byte_below(word ^ (ONES * u64::from(byte)), 1);
     has_byte_below(word, 0x20) || has_byte(b'"') || has_byte(b'\\')
-}
-
-#[cfg(test)]
-fn null_json() -> &'static RawValue {
-    serde_json::from_str("null").expect("JSON")
 }
 
 /// A row whose free text fields are all `text` (for tests of the writer).
@@ -223,7 +218,7 @@ pub(crate) fn sample_row<'a>(text: &'a str, args: &'a RawValue) -> ExecutionReco
         provider_type: "http_callback",
         tool_name: text,
         args,
-        result: null_json(),
+        result: super::null_json(),
         status: super::ExecutionStatus::Success,
         lifecycle_state: super::LifecycleState::Finished,
         commit_outcome: super::CommitOutcome::Committed,
@@ -290,7 +285,7 @@ mod tests {
 
     #[test]
     fn every_state_and_reason_is_written_like_serde() {
-        let args = null_json();
+        let args = super::super::null_json();
         for status in ExecutionStatus::ALL {
             for lifecycle_state in [LifecycleState::Opened, LifecycleState::Finished] {
                 let mut row = sample_row("id", args);
@@ -325,7 +320,7 @@ mod tests {
         // Seeded, so that a failure can be repeated.
         let mut rng = rand::rngs::StdRng::seed_from_u64(20);
         let alphabet: Vec<char> = "ab\"\\\n\u{0}\u{1f}\u{7f}é漢🎲 /".chars().collect();
-        let args = null_json();
+        let args = super::super::null_json();
         for _ in 0..2_000 {
             let len = rng.random_range(0..70);
             let text: String = (0..len)

@@ -223,6 +223,7 @@ impl<T> Value for T where
 
 /// A result row of either backend, read by column name; row mappers take
 /// `&impl Record` so one mapper serves both.
+///
 /// Column names are part of their statements, never input: `'static`,
 /// which lets the journal reader recognise a name by its address.
 pub(crate) trait Record {

@@ -312,13 +312,8 @@ impl Store {
         }
         // One row past the page says whether another follows, whatever `total`.
         page_binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
-        let counted = PageCount {
-            where_sql: &where_sql,
-            binds: &binds,
-            from_page: keyset_sql.is_empty() && page_end(page) >= TOTAL_EXACT_UP_TO,
-        };
         let ((total, total_is_estimate), mut items) = self
-            .rows_and_total::<T>(sql, page_binds, counted, &query)
+            .rows_and_total::<T>(sql, page_binds, &where_sql, &binds, &query)
             .await?;
         let more = items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
@@ -333,28 +328,31 @@ impl Store {
         Ok(result)
     }
 
-    /// A page's rows and its bounded total.
+    /// A page's rows (`sql` with `page_binds`) and its bounded total (the
+    /// rows `where_sql` with `binds` matches).
     async fn rows_and_total<T: PageRow>(
         &self,
         sql: String,
         page_binds: Vec<ReadParam>,
-        count: PageCount<'_>,
+        where_sql: &str,
+        binds: &[ReadParam],
         query: &ExecutionQuery,
     ) -> Result<((i64, bool), Vec<T>)> {
         let page = &query.page;
-        if count.from_page {
-            // A page that ends at or past the bound tells the bounded total
-            // itself, unless it is past the last row: no count walks the
-            // same index beside it (BENCHMARKS.md, issue 20).
+        // A page that ends at or past the bound tells the bounded total
+        // itself, unless it is past the last row: no count walks the same
+        // index beside it (BENCHMARKS.md, issue 20). Only offset pages get
+        // there: a cursor comes without an offset, so its page ends at
+        // `limit`, far below the bound (it never reads the rows before its
+        // cursor, so it could not tell).
+        if page_end(page) >= TOTAL_EXACT_UP_TO {
+            debug_assert!(query.cursor.is_none(), "a cursor page has no offset");
             let items = self
                 .read_page_rows::<T>(sql, page_binds, page.sort_by)
                 .await?;
             let total = match total_from_page(items.len() as i64, page) {
                 Some(total) => total,
-                None => {
-                    self.bounded_total(count.where_sql, count.binds, query)
-                        .await?
-                }
+                None => self.bounded_total(where_sql, binds, query).await?,
             };
             return Ok((total, items));
         }
@@ -362,7 +360,7 @@ impl Store {
         // session the count of up to TOTAL_EXACT_UP_TO rows costs about as
         // much as the page.
         tokio::try_join!(
-            self.bounded_total(count.where_sql, count.binds, query),
+            self.bounded_total(where_sql, binds, query),
             self.read_page_rows::<T>(sql, page_binds, page.sort_by)
         )
     }
@@ -812,13 +810,9 @@ enum KeysetValue<'a> {
     Id(&'a str),
 }
 
-/// How a page's total is counted: its filter, and whether the page's own
-/// rows may tell it ([`total_from_page`]).
-struct PageCount<'a> {
-    where_sql: &'a str,
-    binds: &'a [ReadParam],
-    from_page: bool,
-}
+// A cursor page (offset 0) always ends below the count's bound, so only
+// offset pages take their total from their rows (`rows_and_total`).
+const _: () = assert!(crate::domain::PageRequest::MAX_LIMIT < TOTAL_EXACT_UP_TO);
 
 /// `offset + limit`: where an offset page ends (an offset can be any
 /// non-negative number, so it saturates instead of overflowing).

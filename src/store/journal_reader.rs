@@ -208,21 +208,14 @@ impl ReaderRow<'_, '_> {
         if let Some(index) = self.order.known(read, column) {
             return index;
         }
-        let names = &self.columns.0;
-        // Mappers read mostly in the statement's order: try the column after
-        // the previous read's first.
-        let after_previous = read
-            .checked_sub(1)
-            .and_then(|previous| self.order.0.borrow().get(previous).map(|&(_, i)| i + 1))
-            .unwrap_or(0);
-        let index = if names.get(after_previous).is_some_and(|name| name == column) {
-            after_previous
-        } else {
-            names
-                .iter()
-                .position(|name| name == column)
-                .unwrap_or_else(|| panic!("a journal read has no column {column:?}"))
-        };
+        // The first row of a statement, or a read that differs from the last
+        // row's: the few names are compared.
+        let index = self
+            .columns
+            .0
+            .iter()
+            .position(|name| name == column)
+            .unwrap_or_else(|| panic!("a journal read has no column {column:?}"));
         self.order.remember(read, column, index);
         index
     }
@@ -342,13 +335,8 @@ mod tests {
 
     #[test]
     fn a_cached_read_is_not_prepared_again_for_new_values() {
-        let dir = std::env::temp_dir().join(format!(
-            "toolgate-reader-{}-{}",
-            std::process::id(),
-            crate::ids::now_ms()
-        ));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let path = dir.join("journal.db");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("journal.db");
         Connection::open(&path)
             .and_then(|db| {
                 db.execute_batch(
@@ -378,7 +366,5 @@ mod tests {
             .expect("still cached")
             .get_status(rusqlite::StatementStatus::RePrepare);
         assert_eq!(reprepared, 0, "the read was prepared again for new values");
-        drop(connection);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
