@@ -2,17 +2,18 @@
 //! live model session of the session's character. It starts with `ready` and
 //! receives `catalog_changed` whenever that character's catalog changes.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::{Stream, StreamExt};
+use axum::http::header;
+use axum::response::IntoResponse;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
 use super::error::ApiResult;
+use super::event_frames::EventFrames;
 use super::extract::{Path, Query};
 use crate::domain::tool::Slot;
 use crate::model_sessions::ModelProvider;
@@ -50,7 +51,7 @@ async fn session_events(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
     Query(params): Query<EventsParams>,
-) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+) -> ApiResult<impl IntoResponse> {
     let slot = match params.slot.as_deref() {
         Some(raw) => Slot::parse(raw)?,
         None => Slot::Narrator,
@@ -66,7 +67,10 @@ async fn session_events(
             ModelProvider::OpenAiCompatible,
         )
         .await?;
-    let stream =
-        subscription.map(|event| Ok(Event::default().event(event.kind).data(event.data.as_str())));
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+    ];
+    let body = Body::from_stream(EventFrames::new(subscription, KEEP_ALIVE));
+    Ok((headers, body))
 }

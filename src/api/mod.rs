@@ -11,6 +11,7 @@ mod console;
 mod definitions;
 pub mod envelope;
 pub mod error;
+mod event_frames;
 mod events;
 mod executions;
 pub mod extract;

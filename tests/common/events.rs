@@ -45,6 +45,11 @@ impl Events {
                 .unwrap()
                 .starts_with("text/event-stream")
         );
+        // Caches and proxies must pass each event on, not keep the stream.
+        assert_eq!(
+            response.headers()[header::CACHE_CONTROL.as_str()],
+            "no-cache"
+        );
         let mut events = Self::of_response(response);
         let ready = events.next().await;
         assert_eq!(ready.kind, "ready", "{ready:?}");
