@@ -88,13 +88,47 @@ impl Checkpointer {
 }
 
 fn run(connection: Connection, nudges: Receiver<()>, hold_writes: impl Fn(&dyn Fn())) {
+    let mut commits = Commits::default();
     loop {
-        match nudges.recv_timeout(INTERVAL) {
-            Ok(()) | Err(RecvTimeoutError::Timeout) => {
-                checkpoint_and_restart(&connection, &hold_writes)
-            }
+        let nudged = match nudges.recv_timeout(INTERVAL) {
+            Ok(()) => true,
+            Err(RecvTimeoutError::Timeout) => false,
             Err(RecvTimeoutError::Disconnected) => return,
+        };
+        // Looked at before the passes: a commit during them shows next time.
+        let committed = commits.since_last_look(&connection);
+        if (nudged || committed) && !checkpoint_and_restart(&connection, &hold_writes) {
+            // Frames may be left (a reader held them, or the pass failed):
+            // the next interval tries again even if nothing is committed.
+            commits.forget();
         }
+    }
+}
+
+/// Whether any connection committed since the thread last looked, by
+/// `PRAGMA data_version` (which a checkpoint does not change): an idle
+/// server's thread then checkpoints nothing, instead of three passes and
+/// the journal's lock every second.
+#[derive(Debug, Default)]
+struct Commits {
+    last_version: Option<i64>,
+}
+
+impl Commits {
+    /// True at the first look, after [`Commits::forget`], when the version
+    /// cannot be read, and whenever another connection committed since the
+    /// last look.
+    fn since_last_look(&mut self, connection: &Connection) -> bool {
+        let version = connection
+            .query_row("PRAGMA data_version", [], |row| row.get::<_, i64>(0))
+            .ok();
+        let committed = version.is_none() || version != self.last_version;
+        self.last_version = version;
+        committed
+    }
+
+    fn forget(&mut self) {
+        self.last_version = None;
     }
 }
 
@@ -102,20 +136,26 @@ fn run(connection: Connection, nudges: Receiver<()>, hold_writes: impl Fn(&dyn F
 /// until the frames written during a pass are few; then the last pass with
 /// journal writes held back. A pass's two fsyncs and its copying take
 /// milliseconds per thousand frames, so the writers wait only for the few.
-fn checkpoint_and_restart(connection: &Connection, hold_writes: &impl Fn(&dyn Fn())) {
-    let Some(mut seen) = checkpoint(connection, "pass") else {
-        return;
+/// True when the log was left with every frame copied (or empty).
+fn checkpoint_and_restart(connection: &Connection, hold_writes: &impl Fn(&dyn Fn())) -> bool {
+    let mut seen = match checkpoint(connection, "pass") {
+        Pass::Copied(frames) => frames,
+        Pass::Empty => return true,
+        Pass::Partial => return false,
     };
     for _ in 0..MAX_PASSES_BEFORE_HOLDING {
         match checkpoint(connection, "pass") {
-            Some(now) if now - seen > FEW_FRAMES => seen = now,
-            Some(_) => break,
-            None => return,
+            Pass::Copied(now) if now - seen > FEW_FRAMES => seen = now,
+            Pass::Copied(_) => break,
+            Pass::Empty => return true,
+            Pass::Partial => return false,
         }
     }
+    let copied = std::cell::Cell::new(false);
     hold_writes(&|| {
-        checkpoint(connection, "catch-up");
+        copied.set(checkpoint(connection, "catch-up") != Pass::Partial);
     });
+    copied.get()
 }
 
 /// Frames written during a pass that the writers may wait for.
@@ -123,9 +163,20 @@ const FEW_FRAMES: i64 = 256;
 /// Passes after the first one before writes are held back anyway.
 const MAX_PASSES_BEFORE_HOLDING: usize = 3;
 
-/// A passive checkpoint; the log's frame count when it copied every frame the
-/// log held as it began (so a pass after it can leave nothing uncopied).
-fn checkpoint(connection: &Connection, kind: &'static str) -> Option<i64> {
+/// What a passive checkpoint left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Every frame copied; the log held this many when the pass began (so a
+    /// pass after it can leave nothing uncopied).
+    Copied(i64),
+    /// The log held no frames.
+    Empty,
+    /// Frames left uncopied (a reader still uses them), or the pass failed.
+    Partial,
+}
+
+/// A passive checkpoint.
+fn checkpoint(connection: &Connection, kind: &'static str) -> Pass {
     let started = std::time::Instant::now();
     let result = connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
         Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
@@ -139,11 +190,85 @@ fn checkpoint(connection: &Connection, kind: &'static str) -> Option<i64> {
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "write-ahead log checkpointed"
             );
-            (log_frames > 0 && checkpointed == log_frames).then_some(log_frames)
+            match log_frames {
+                // Not a WAL database (-1), or a log that holds nothing.
+                ..=0 => Pass::Empty,
+                _ if checkpointed == log_frames => Pass::Copied(log_frames),
+                _ => Pass::Partial,
+            }
         }
         Err(error) => {
             tracing::warn!(kind, %error, "write-ahead log checkpoint failed");
-            None
+            Pass::Partial
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two connections to a new WAL database: the checkpoint thread's, and
+    /// a writer's with one table.
+    fn database() -> (tempfile::TempDir, Connection, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.db");
+        let writer = Connection::open(&path).unwrap();
+        writer.pragma_update(None, "journal_mode", "WAL").unwrap();
+        super::super::journal_thread::apply_settings(&writer).unwrap();
+        writer.execute("CREATE TABLE rows (n INTEGER)", []).unwrap();
+        let checkpoints = Connection::open(&path).unwrap();
+        super::super::journal_thread::apply_settings(&checkpoints).unwrap();
+        (dir, checkpoints, writer)
+    }
+
+    fn insert(writer: &Connection) {
+        writer.execute("INSERT INTO rows VALUES (1)", []).unwrap();
+    }
+
+    #[test]
+    fn only_a_commit_of_another_connection_counts_as_a_change() {
+        let (_dir, checkpoints, writer) = database();
+        let mut commits = Commits::default();
+        assert!(commits.since_last_look(&checkpoints), "the first look");
+        assert!(!commits.since_last_look(&checkpoints), "nothing committed");
+        insert(&writer);
+        assert!(commits.since_last_look(&checkpoints), "a commit");
+        assert!(
+            checkpoint_and_restart(&checkpoints, &|catch_up: &dyn Fn()| catch_up()),
+            "every frame copied"
+        );
+        assert!(
+            !commits.since_last_look(&checkpoints),
+            "a checkpoint is no commit"
+        );
+        commits.forget();
+        assert!(commits.since_last_look(&checkpoints), "after forgetting");
+    }
+
+    #[test]
+    fn a_log_copied_whole_needs_nothing_more_and_one_a_reader_holds_does() {
+        let (_dir, checkpoints, writer) = database();
+        insert(&writer);
+        let holds = std::cell::Cell::new(0);
+        let hold = |catch_up: &dyn Fn()| {
+            holds.set(holds.get() + 1);
+            catch_up();
+        };
+        assert!(checkpoint_and_restart(&checkpoints, &hold));
+        assert_eq!(holds.get(), 1, "the catch-up ran with writes held");
+
+        // A reader's snapshot from before a commit keeps that commit's frames
+        // in the log: the checkpoint cannot copy them yet.
+        let path = writer.path().unwrap().to_owned();
+        let reader = Connection::open(path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM rows", [], |row| row.get(0))
+            .unwrap();
+        insert(&writer);
+        assert!(!checkpoint_and_restart(&checkpoints, &hold), "frames left");
+        reader.execute_batch("COMMIT").unwrap();
+        assert!(checkpoint_and_restart(&checkpoints, &hold));
     }
 }
