@@ -312,12 +312,21 @@ impl Catalog {
     /// The catalog of `session` right now: every provider's entries, in the
     /// providers' order.
     pub async fn build(session: &Session, providers: &[Arc<dyn ToolProvider>]) -> Result<Self> {
+        let entries = Self::entries_of(session, providers).await?;
+        Ok(Self::assemble(&session.id, entries))
+    }
+
+    /// Every provider's entries for `session`, in the providers' order.
+    pub async fn entries_of(
+        session: &Session,
+        providers: &[Arc<dyn ToolProvider>],
+    ) -> Result<Vec<CatalogEntry>> {
         // Room for the builtins and a few more without growing.
         let mut entries = Vec::with_capacity(32);
         for provider in providers {
             entries.extend(provider.entries(session).await?);
         }
-        Ok(Self::assemble(&session.id, entries))
+        Ok(entries)
     }
 
     /// Builds a catalog from every provider's entries, marking shared names as conflicts.

@@ -6,7 +6,7 @@
 mod common;
 
 use common::events::Events;
-use common::{SpawnOptions, TestServer, spawn_with, strings as names};
+use common::{SpawnOptions, TestServer, register_remote, spawn_with, strings as names};
 use serde_json::{Value, json};
 
 fn scripts_on() -> SpawnOptions {
@@ -187,4 +187,86 @@ async fn a_model_session_is_offered_what_its_slot_may_call() {
         .get(&format!("/sessions/{session}/events?slot=writer"))
         .await;
     assert_eq!(bad.status, 400, "{bad:?}");
+}
+
+/// A session of `character` (created if it is not `Lanlan`) with `permissions`
+/// (none when null), and its live model session for `slot`.
+async fn live_session(
+    server: &TestServer,
+    character: &str,
+    permissions: Value,
+    slot: &str,
+) -> (String, Events) {
+    if character != "Lanlan" {
+        let reply = server.post("/characters", json!({"name": character})).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    let reply = server
+        .post("/sessions", json!({"character": character}))
+        .await;
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let session = reply.body["data"]["id"].as_str().unwrap().to_owned();
+    if !permissions.is_null() {
+        let path = format!("/sessions/{session}/tool-permissions");
+        let reply = server.put(&path, permissions).await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    let events =
+        Events::open_path(server, &format!("/sessions/{session}/events?slot={slot}")).await;
+    (session, events)
+}
+
+/// Sessions offered the same tools share one decision per registration
+/// (model_sessions::verdicts); each must still get what its own rules allow.
+#[tokio::test]
+async fn one_registration_gives_every_live_session_what_its_own_rules_allow() {
+    let server = spawn_with(SpawnOptions::default()).await;
+    let (plain, mut plain_events) = live_session(&server, "Lanlan", Value::Null, "narrator").await;
+    let (_, mut twin_events) = live_session(&server, "Lanlan", Value::Null, "narrator").await;
+    let (other, mut other_events) = live_session(&server, "Second", Value::Null, "narrator").await;
+    let denying = json!({"slot_deny_list": {"narrator": ["plugin_probe"]}});
+    let (denied, mut denied_events) = live_session(&server, "Lanlan", denying, "narrator").await;
+    let verifier_only = json!({"slot_allow_list": {"verifier": ["plugin_probe"]}});
+    let (_, mut verifier_events) = live_session(&server, "Third", verifier_only, "verifier").await;
+
+    register_remote(
+        &server,
+        json!({
+            "name": "plugin_probe",
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {}},
+            "callback_url": "http://127.0.0.1:9/probe",
+            "role": null,
+            "source": "plugin:probe"
+        }),
+    )
+    .await;
+
+    let has_probe = |changed: &Value| names(&changed["tools"]).contains(&"plugin_probe".to_owned());
+    for (events, session) in [(&mut plain_events, &plain), (&mut other_events, &other)] {
+        let changed = events.changed().await;
+        assert!(has_probe(&changed), "{changed}");
+        assert_eq!(
+            names(&changed["tools"]),
+            offered_names(&server, session).await
+        );
+    }
+    let twin = twin_events.changed().await;
+    assert!(has_probe(&twin), "{twin}");
+    let changed = denied_events.changed().await;
+    assert!(!has_probe(&changed), "its own deny list: {changed}");
+    assert!(
+        names(&changed["tools"]).contains(&"roll_dice".to_owned()),
+        "{changed}"
+    );
+    assert_eq!(
+        names(&changed["tools"]),
+        offered_names(&server, &denied).await
+    );
+    let changed = verifier_events.changed().await;
+    assert_eq!(
+        names(&changed["tools"]),
+        ["plugin_probe"],
+        "its own slot: {changed}"
+    );
 }

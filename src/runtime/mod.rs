@@ -30,7 +30,7 @@ use crate::catalog::{
 use crate::config::Settings;
 use crate::domain::tool::Slot;
 use crate::error::Result;
-use crate::model_sessions::{ModelSessionHub, OfferedCatalogs};
+use crate::model_sessions::{ModelSessionHub, Offer, OfferedCatalogs};
 use crate::permissions::ToolPermissions;
 use crate::store::{Session, Store};
 use crate::tools::builtin::BuiltinProvider;
@@ -225,7 +225,7 @@ impl ToolRuntime {
 }
 
 impl OfferedCatalogs for ToolRuntime {
-    fn offered<'a>(&'a self, session: &'a Session, slot: Slot) -> BoxFuture<'a, Result<Catalog>> {
+    fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
         Box::pin(async move {
             // A model session holds the session as it was when it opened; its
             // permissions may have changed since.
@@ -233,7 +233,11 @@ impl OfferedCatalogs for ToolRuntime {
                 .store
                 .shared_session(&session.account_id, &session.id)
                 .await?;
-            self.offered_catalog(&current, Some(slot)).await
+            Ok(Offer {
+                permissions: ToolPermissions::from_metadata(&current.metadata)?,
+                entries: Catalog::entries_of(&current, &self.providers).await?,
+                session_id: current.id.clone(),
+            })
         })
     }
 }

@@ -560,11 +560,16 @@ impl RemoteRegistry {
         let declaration = registries
             .same_declaration(tool)
             .unwrap_or_else(|| tool.declaration.clone());
+        // A spec names no role, so every role's copy shares one: the live
+        // sessions of all these characters are then offered the very same
+        // spec, and what they take is decided once (model_sessions::verdicts).
+        let spec = Arc::default();
         Ok(roles
             .iter()
             .map(|role| {
                 let mut held = RemoteTool::new(tool, &role.name);
                 held.declaration = declaration.clone();
+                held.spec = Arc::clone(&spec);
                 registries.insert(&role.character_id, held)
             })
             .collect())
@@ -770,6 +775,24 @@ mod tests {
         let left: Vec<String> = registry.list("c1").iter().map(|t| t.name.clone()).collect();
         assert_eq!(left, ["b", "c"]);
         assert_eq!(registry.lock().tools, 2);
+    }
+
+    #[test]
+    fn the_roles_of_one_registration_share_its_spec_and_the_next_brings_its_own() {
+        let registry = registry(RegistrationLimits::default());
+        let both = roles(&["c1", "c2"]);
+        registry.register(&both, &tool("a", "s")).unwrap();
+        let spec = |id: &str| registry.list(id)[0].spec();
+        assert!(
+            Arc::ptr_eq(&spec("c1"), &spec("c2")),
+            "one spec for both roles"
+        );
+        assert_eq!(spec("c1").name, "a");
+        // A replacement is a new registration: its spec is built anew, once.
+        let before = spec("c1");
+        registry.register(&both, &tool("a", "s")).unwrap();
+        assert!(!Arc::ptr_eq(&before, &spec("c1")));
+        assert!(Arc::ptr_eq(&spec("c1"), &spec("c2")));
     }
 
     #[test]

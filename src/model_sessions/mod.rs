@@ -27,6 +27,11 @@ use crate::error::{Error, Result};
 use crate::fast_map::FastMap;
 use crate::store::Session;
 
+mod verdicts;
+
+pub use verdicts::Offer;
+use verdicts::Verdicts;
+
 /// Events a model session's stream may hold before the session counts as stuck.
 const EVENT_BUFFER: usize = 1024;
 
@@ -179,10 +184,11 @@ impl ModelProvider {
 /// The tools a model session took, ordered by name.
 type AcceptedTools = Vec<Arc<ToolSpec>>;
 
-/// Builds what a live model session is offered: the session's catalog with its
-/// permissions applied for the model session's slot (the runtime implements it).
+/// Reads what a live model session is offered: the session's catalog
+/// entries and permissions as they are now (the runtime implements it); the
+/// model session's slot then decides what of it the model may call.
 pub trait OfferedCatalogs: Send + Sync {
-    fn offered<'a>(&'a self, session: &'a Session, slot: Slot) -> BoxFuture<'a, Result<Catalog>>;
+    fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>>;
 }
 
 /// One live model session.
@@ -453,7 +459,7 @@ impl ModelSessionHub {
         if self.live().closed {
             return Err(shutting_down());
         }
-        let catalog = catalogs.offered(&session, slot).await?;
+        let catalog = catalogs.offer(&session).await?.catalog(slot);
         let (accepted, error) = match provider.accept(&catalog) {
             Ok(names) => (names, None),
             Err(reason) => (Vec::new(), Some(reason)),
@@ -587,9 +593,11 @@ impl ModelSessionHub {
         changes: &[CatalogChange],
     ) -> Vec<std::result::Result<(), String>> {
         let mut bodies = ChangedBodies::default();
+        let mut verdicts = Verdicts::default();
         let mut results = Vec::with_capacity(changes.len());
         for change in changes {
-            results.push(self.sync_one(guard, catalogs, change, &mut bodies).await);
+            let shared = (&mut bodies, &mut verdicts);
+            results.push(self.sync_one(guard, catalogs, change, shared).await);
         }
         results
     }
@@ -601,17 +609,14 @@ impl ModelSessionHub {
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
         change: &CatalogChange,
-        bodies: &mut ChangedBodies,
+        (bodies, verdicts): (&mut ChangedBodies, &mut Verdicts),
     ) -> std::result::Result<(), String> {
         self.notify_observers(change, bodies);
         let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
         for model_session in sessions {
-            let verdict = match catalogs
-                .offered(&model_session.session, model_session.slot)
-                .await
-            {
-                Ok(catalog) => model_session.provider.accept(&catalog),
+            let verdict = match catalogs.offer(&model_session.session).await {
+                Ok(offer) => verdicts.verdict(offer, model_session.slot, model_session.provider),
                 Err(err) => Err(format!("the catalog could not be assembled: {err}")),
             };
             let mut accepted = model_session.accepted();
@@ -906,15 +911,12 @@ mod tests {
     struct EmptyCatalogs;
 
     impl OfferedCatalogs for EmptyCatalogs {
-        fn offered<'a>(
-            &'a self,
-            session: &'a Session,
-            _slot: Slot,
-        ) -> BoxFuture<'a, Result<Catalog>> {
-            Box::pin(std::future::ready(Ok(Catalog::assemble(
-                &session.id,
-                Vec::new(),
-            ))))
+        fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
+            Box::pin(std::future::ready(Ok(Offer {
+                session_id: session.id.clone(),
+                entries: Vec::new(),
+                permissions: Default::default(),
+            })))
         }
     }
 
