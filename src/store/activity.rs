@@ -16,6 +16,7 @@ impl Store {
         account_id: &str,
         since_ms: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
+        self.settle_journal().await?;
         Ok(sql!(self.conn().await?, c => query(
             "SELECT provider_id, started_at, duration_ms FROM tool_execution_record \
              WHERE account_id = ? AND started_at >= ? ORDER BY started_at DESC LIMIT ?",

@@ -129,6 +129,7 @@ impl Store {
 
     /// 404 when the account has no such execution, else 409.
     async fn not_pending(&self, account_id: &str, execution_id: &str) -> Result<Error> {
+        self.settle_journal().await?;
         let exists = sql!(self.conn().await?, c => query_scalar::<i64>(
             "SELECT COUNT(*) FROM tool_execution_record WHERE id = ? AND account_id = ?",
         )

@@ -134,6 +134,7 @@ impl Store {
 
     /// Claims the oldest queued job for `owner` with a lease until `lease_until`.
     pub async fn claim_job(&self, owner: &str, lease_until: i64) -> Result<Option<RuntimeJob>> {
+        self.settle_journal().await?;
         let now = now_ms();
         let mut conn = self.conn().await?;
         let job = sql!(conn, c => {
@@ -467,7 +468,7 @@ impl Store {
     pub async fn answers_within(&self, limit: std::time::Duration) -> bool {
         let probe = async {
             // Dropping the transaction rolls it back.
-            drop(self.begin_write().await?);
+            drop(self.pool.begin_write().await?);
             Ok::<(), sqlx::Error>(())
         };
         matches!(tokio::time::timeout(limit, probe).await, Ok(Ok(())))

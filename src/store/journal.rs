@@ -193,6 +193,7 @@ impl Store {
     /// `uncertain` and finished. Jobs' rows are left to `expire_lost_jobs`,
     /// which hands a replay-safe job over again instead.
     pub async fn recover_interrupted_executions(&self) -> Result<u64> {
+        self.settle_journal().await?;
         let now = now_ms();
         let changed = sql!(self.conn().await?, c => query(
             "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
@@ -212,6 +213,7 @@ impl Store {
 
     /// One journal row of the account.
     pub async fn execution(&self, account_id: &str, id: &str) -> Result<Option<ExecutionRecord>> {
+        self.settle_journal().await?;
         let sql =
             format!("SELECT {COLUMNS} FROM tool_execution_record WHERE id = ? AND account_id = ?");
         Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
@@ -232,6 +234,7 @@ impl Store {
         run_id: &str,
         limit: i64,
     ) -> Result<Vec<ExecutionRecord>> {
+        self.settle_journal().await?;
         let sql = format!(
             "SELECT {COLUMNS} FROM tool_execution_record WHERE run_id = ? AND account_id = ? \
              ORDER BY created_at, id LIMIT ?"
@@ -265,6 +268,7 @@ impl Store {
         account_id: &str,
         query: ExecutionQuery,
     ) -> Result<Page<T>> {
+        self.settle_journal().await?;
         let mut conditions = vec!["account_id = ?".to_owned()];
         let mut binds = vec![ReadParam::Text(account_id.to_owned())];
         let mut filter = |column: &str, value: Option<String>| {
@@ -435,6 +439,7 @@ impl Store {
         account_id: &str,
         query: CallRecordQuery,
     ) -> Result<Page<CallRecord>> {
+        self.settle_journal().await?;
         let CallRecordSql {
             base,
             outer_sql,
@@ -592,8 +597,54 @@ static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 });
 
 /// A row's insert when nothing is to be checked (no run, no limits).
-static PLAIN_INSERT: std::sync::LazyLock<String> =
+pub(super) static PLAIN_INSERT: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{INSERT_COLUMNS} VALUES ({INSERT_VALUES})"));
+
+/// A row's insert with its outcome already applied, as [`FINISH_SQL`] would
+/// have applied it to the stored row (its duration from its start to its
+/// finish): the journal log's fold writes a call opened and finished within
+/// one fold as this one statement.
+pub(super) static FINISHED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let values = INSERT_VALUES.replacen(
+        "?20, 0, ?21",
+        "?20, CASE WHEN ?22 > ?21 THEN ?22 - ?21 ELSE 0 END, ?21",
+        1,
+    );
+    format!("{INSERT_COLUMNS} VALUES ({values})")
+});
+
+/// Applies an outcome's parameters ([`finish_params`]) to a row's
+/// ([`row_params`]) as [`FINISH_SQL`] applies them to the stored row; None
+/// when either list is not of its statement's length.
+pub(super) fn finished_row<'a>(
+    mut row: Vec<Param<'a>>,
+    finish: Vec<Param<'a>>,
+) -> Option<Vec<Param<'a>>> {
+    let [
+        status,
+        result,
+        error,
+        reason,
+        finished_at,
+        outcome,
+        started,
+        _id,
+    ]: [Param<'a>; 8] = finish.try_into().ok()?;
+    if row.len() != 33 {
+        return None;
+    }
+    row[14] = status;
+    row[13] = result;
+    row[19] = error;
+    row[31] = reason;
+    row[15] = text(LifecycleState::Finished.as_str());
+    row[21] = finished_at;
+    if let Param::Text(Some(_)) = outcome {
+        row[16] = outcome;
+    }
+    row[28] = started;
+    Some(row)
+}
 
 /// One parameter of the journal's write statements, typed so that either
 /// driver (sqlx on both backends, rusqlite on the SQLite journal thread) binds
@@ -674,14 +725,19 @@ macro_rules! bind_params {
 /// Which statement writes `row`: a row with no run and no limits has nothing
 /// to check, and the plain insert spares the statement its conditions.
 pub(super) fn insert_sql(row: &NewExecution) -> &'static str {
-    let checked = row.run_id.is_some()
-        || (row.provider_started
-            && (row.admission.step_limit.is_some() || row.admission.call_limit.is_some()));
-    if checked {
+    if is_guarded(row) {
         &GUARDED_INSERT
     } else {
         &PLAIN_INSERT
     }
+}
+
+/// Whether a row is written only if its admission conditions hold (it is in
+/// a run, or it starts its provider under a step or call limit).
+pub(super) fn is_guarded(row: &NewExecution) -> bool {
+    row.run_id.is_some()
+        || (row.provider_started
+            && (row.admission.step_limit.is_some() || row.admission.call_limit.is_some()))
 }
 
 /// Which admission condition refused a row: evaluated with the row's

@@ -35,6 +35,12 @@ pub(super) enum Message {
     /// Finish what is queued, give the connection back and stop (at shutdown, so
     /// the pool can close).
     Close(oneshot::Sender<()>),
+    /// Records wait in the journal's log to be folded into the table (SQLite
+    /// files only).
+    Fold,
+    /// Answer once every record appended so far is folded (SQLite files
+    /// only; an async caller waits here instead of blocking its worker).
+    Settle(Settle),
 }
 
 impl std::fmt::Debug for Request {
@@ -43,26 +49,42 @@ impl std::fmt::Debug for Request {
     }
 }
 
-/// The writes that have gathered behind `first` (at most [`MAX_BATCH`]), and
-/// the close request if one came among them: the writer commits the batch and
-/// then stops.
-pub(super) fn gather(
-    first: Message,
-    receiver: &mut mpsc::Receiver<Message>,
-) -> (Vec<Request>, Option<oneshot::Sender<()>>) {
-    let mut batch = Vec::new();
-    match first {
-        Message::Write(request) => batch.push(request),
-        Message::Close(done) => return (batch, Some(done)),
-    }
-    while batch.len() < MAX_BATCH {
-        match receiver.try_recv() {
-            Ok(Message::Write(request)) => batch.push(request),
-            Ok(Message::Close(done)) => return (batch, Some(done)),
-            Err(_) => break,
+/// Who waits for the journal's log to be folded ([`Message::Settle`]).
+pub(super) type Settle = oneshot::Sender<Result<()>>;
+
+/// What the writer takes off its queue in one go.
+#[derive(Default)]
+pub(super) struct Gathered {
+    /// Writes to commit, in order.
+    pub batch: Vec<Request>,
+    /// Callers to answer once the log is folded.
+    pub settles: Vec<Settle>,
+    /// The close request, if one came: the writer commits the batch and stops.
+    pub close: Option<oneshot::Sender<()>>,
+}
+
+/// The writes that have gathered behind `first` (at most [`MAX_BATCH`]), the
+/// callers waiting for a fold, and the close request if one came among them.
+pub(super) fn gather(first: Message, receiver: &mut mpsc::Receiver<Message>) -> Gathered {
+    let mut gathered = Gathered::default();
+    let mut next = Some(first);
+    while let Some(message) = next {
+        match message {
+            Message::Write(request) => gathered.batch.push(request),
+            Message::Settle(done) => gathered.settles.push(done),
+            Message::Close(done) => {
+                gathered.close = Some(done);
+                break;
+            }
+            // Every gathering ends in a fold; the nudge only woke the writer.
+            Message::Fold => {}
         }
+        if gathered.batch.len() >= MAX_BATCH {
+            break;
+        }
+        next = receiver.try_recv().ok();
     }
-    (batch, None)
+    gathered
 }
 
 /// Records a batch's size and commit time in the metrics.

@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 
 use super::backend::{self, Conn, Handle};
 use super::journal::{Admitted, finish_execution_with, insert_execution_with};
-use super::journal_queue::{JournalWrite, Message, Request, answer, gather, observe_batch};
+use super::journal_queue::{
+    Gathered, JournalWrite, Message, Request, answer, gather, observe_batch,
+};
 use crate::error::{Error, Result};
 
 /// Runs the writer until its handles are dropped or it is closed.
@@ -22,10 +24,21 @@ pub(super) async fn run(pool: backend::Pool, mut receiver: mpsc::Receiver<Messag
     let mut connection: Option<Conn> = None;
     let mut closing = None;
     while let Some(message) = receiver.recv().await {
-        let (batch, close) = gather(message, &mut receiver);
+        let Gathered {
+            batch,
+            settles,
+            close,
+        } = gather(message, &mut receiver);
+        // Only a SQLite file's journal has a log to fold.
+        for done in settles {
+            let _ = done.send(Ok(()));
+        }
         closing = close;
         if batch.is_empty() {
-            break;
+            if closing.is_some() {
+                break;
+            }
+            continue;
         }
         if connection.is_none() {
             connection = pool.acquire().await.ok();

@@ -22,8 +22,7 @@
 //! writes gather, callers queue for the group commit as before, so at most one
 //! async worker is ever inside a commit.
 
-use rusqlite::types::{ToSqlOutput, Value as SqlValue};
-use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
@@ -31,9 +30,13 @@ use tokio::sync::mpsc;
 
 use super::checkpointer::Checkpointer;
 use super::journal::{
-    ADMISSION_VERDICT, FINISH_SQL, Param, finish_params, insert_sql, refusal, row_params,
+    ADMISSION_VERDICT, FINISH_SQL, finish_params, insert_sql, is_guarded, refusal, row_params,
 };
-use super::journal_queue::{JournalWrite, Message, Request, answer, gather, observe_batch};
+use super::journal_fold::{bind, database_error, execute, fold, prepared};
+use super::journal_log::{JournalLog, LoggedKind};
+use super::journal_queue::{
+    Gathered, JournalWrite, Message, Request, answer, gather, observe_batch,
+};
 use super::schema::{CONNECTION_PRAGMAS, SQLITE_BUSY_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::ids::now_ms;
@@ -46,10 +49,42 @@ struct JournalConnection {
 }
 
 /// What the journal thread shares with the writers' handle: the connection
-/// (taken at close) and how many writes are in flight.
+/// (taken at close), the journal's log and how many writes are in flight.
+///
+/// Lock order: the connection, then the log. Appending takes only the log.
 pub(super) struct JournalShared {
     connection: Mutex<Option<JournalConnection>>,
+    /// None once closed, or after the log could not be restarted: writes
+    /// then commit to the table as they did before the log.
+    log: Mutex<Option<JournalLog>>,
+    /// Records appended and not yet committed to the table: a read that
+    /// finds none needs no fold.
+    unfolded: AtomicUsize,
     writes: AtomicUsize,
+}
+
+/// A log grown past this is started again once everything in it is folded.
+const LOG_RESTART_BYTES: u64 = 16 << 20;
+/// How long the thread lets records gather after a nudge before it folds
+/// them, unless a write or another nudge comes first. A call's outcome
+/// usually comes within this of its `opened` record, and the two are then
+/// written as one finished row; reads never wait for it (they fold what is
+/// pending themselves, [`JournalShared::settle`]).
+const FOLD_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
+/// Every this many records appended while a fold is pending, the thread is
+/// nudged again (a fold that failed is tried again).
+const NUDGE_EVERY: usize = 64;
+
+/// What [`JournalShared::append`] did with a write.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Appended {
+    /// In the log; the journal thread should be nudged to fold it.
+    Nudge,
+    /// In the log, behind records the thread has been nudged for.
+    Queued,
+    /// Not for the log (an insert with admission conditions) or no log:
+    /// the write commits to the table.
+    No,
 }
 
 /// One journal write in flight, from its start until it is answered or its
@@ -94,6 +129,112 @@ impl JournalShared {
         self.connection.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn lock_log(&self) -> MutexGuard<'_, Option<JournalLog>> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends a write without admission conditions to the journal's log:
+    /// when this returns `Nudge` or `Queued` the write is as durable as a
+    /// commit and its caller may be answered.
+    pub(super) fn append(&self, write: &JournalWrite) -> Result<Appended> {
+        let now = now_ms();
+        let mut log = self.lock_log();
+        let Some(log_file) = log.as_mut() else {
+            return Ok(Appended::No);
+        };
+        let appended = match write {
+            JournalWrite::Insert { row, .. } if is_guarded(row) => return Ok(Appended::No),
+            JournalWrite::Insert { row, instance_id } => {
+                log_file.append(LoggedKind::Insert, &row_params(row, now, instance_id))
+            }
+            JournalWrite::Finish { id, finish, at } => {
+                log_file.append(LoggedKind::Finish, &finish_params(id, finish, *at))
+            }
+        };
+        if let Err(err) = appended {
+            // The write goes to the table instead, after a fold of what
+            // is before it.
+            tracing::warn!(error = %err, "appending to the journal log failed; committing to the table");
+            return Ok(Appended::No);
+        }
+        let before = self.unfolded.fetch_add(1, Ordering::AcqRel);
+        Ok(if before.is_multiple_of(NUDGE_EVERY) {
+            Appended::Nudge
+        } else {
+            Appended::Queued
+        })
+    }
+
+    /// Whether records wait to be folded.
+    pub(super) fn has_unfolded(&self) -> bool {
+        self.unfolded.load(Ordering::Acquire) > 0
+    }
+
+    /// Folds every record appended before the call on the caller's thread,
+    /// if the connection is free; None when it is busy (the caller then asks
+    /// the journal thread, [`Message::Settle`], instead of blocking an async
+    /// worker on the lock: the lock's holder may be waiting for a database
+    /// lock that a task on that worker holds).
+    pub(super) fn try_settle(&self) -> Option<Result<()>> {
+        let mut guard = match self.connection.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => return None,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        };
+        match guard.as_mut() {
+            Some(journal) => Some(self.fold_locked(journal)),
+            // Closed: the close folded what it could; start-up folds the rest.
+            None => Some(Ok(())),
+        }
+    }
+
+    /// Folds every record appended so far, with the connection's lock held.
+    fn fold_locked(&self, journal: &mut JournalConnection) -> Result<()> {
+        let pending = match self.lock_log().as_mut() {
+            Some(log) if !log.is_empty() => log.take(),
+            _ => return Ok(()),
+        };
+        let started = std::time::Instant::now();
+        if let Err(err) = fold(&mut journal.connection, &pending) {
+            if let Some(log) = self.lock_log().as_mut() {
+                log.put_back(pending);
+            }
+            return Err(err);
+        }
+        observe_batch(pending.count, started);
+        self.unfolded.fetch_sub(pending.count, Ordering::AcqRel);
+        journal.checkpointer.committed();
+        self.remove_retired(pending.generation);
+        self.restart_log_if_long();
+        Ok(())
+    }
+
+    /// Goes on in a new file once a long log is all folded, so no file grows
+    /// for the life of the server. Only files are touched under the log's
+    /// lock: appends must never wait for the database.
+    fn restart_log_if_long(&self) {
+        let mut log = self.lock_log();
+        let Some(log_file) = log.as_mut() else { return };
+        if log_file.len() < LOG_RESTART_BYTES || !log_file.is_empty() {
+            return;
+        }
+        if let Err(err) = log_file.restart() {
+            tracing::warn!(error = %err, "starting the journal log's next file failed; the current one goes on");
+        }
+    }
+
+    /// Deletes the previous generation's file once the database names the
+    /// current one.
+    fn remove_retired(&self, folded_generation: i64) {
+        let retired = self
+            .lock_log()
+            .as_mut()
+            .and_then(|log| log.retired(folded_generation));
+        if let Some(path) = retired {
+            super::journal_fold::remove_if_there(&path);
+        }
+    }
+
     /// Commits `write` on the caller's thread; None when the connection is
     /// busy (the thread committing a batch left by callers that went away) or
     /// the journal is closed: the caller then queues the write.
@@ -104,6 +245,11 @@ impl JournalShared {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         };
         let journal = guard.as_mut()?;
+        // What the log holds comes first: an admission counts those rows,
+        // and an outcome's row may still be there.
+        if let Err(err) = self.fold_locked(journal) {
+            return Some(Err(err));
+        }
         let started = std::time::Instant::now();
         let admitted = apply(&journal.connection, write);
         observe_batch(1, started);
@@ -119,8 +265,10 @@ pub(super) fn spawn(
     receiver: mpsc::Receiver<Message>,
 ) -> anyhow::Result<Arc<JournalShared>> {
     use anyhow::Context;
-    let connection = open(path)
+    let mut connection = open(path)
         .with_context(|| format!("opening the journal's connection to {}", path.display()))?;
+    let log =
+        super::journal_fold::recover(&mut connection, &super::journal_log::path_beside(path))?;
     // The checkpoint thread holds writes back through the connection's lock;
     // it only gets a weak handle, so it never keeps the journal alive.
     let journal: Arc<OnceLock<Weak<JournalShared>>> = Arc::default();
@@ -138,6 +286,8 @@ pub(super) fn spawn(
             connection,
             checkpointer,
         })),
+        log: Mutex::new(Some(log)),
+        unfolded: AtomicUsize::new(0),
         writes: AtomicUsize::new(0),
     });
     let _ = journal.set(Arc::downgrade(&shared));
@@ -175,18 +325,43 @@ pub(super) fn apply_settings(connection: &Connection) -> rusqlite::Result<()> {
 
 fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     let mut closing = None;
-    while let Some(message) = receiver.blocking_recv() {
-        let (batch, close) = gather(message, &mut receiver);
-        if !batch.is_empty() {
-            let mut guard = shared.lock();
-            match guard.as_mut() {
-                Some(journal) => {
-                    commit_and_answer(&mut journal.connection, batch);
-                    journal.checkpointer.committed();
-                }
-                None => tracing::error!("the journal's connection is gone; writes dropped"),
-            }
+    // Only a clock for the fold's wait: this thread runs no tasks.
+    let clock = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build();
+    while let Some(mut message) = receiver.blocking_recv() {
+        if let (Message::Fold, Ok(clock)) = (&message, &clock) {
+            message = after_fold_delay(clock, &mut receiver);
         }
+        let Gathered {
+            batch,
+            settles,
+            close,
+        } = gather(message, &mut receiver);
+        let mut guard = shared.lock();
+        let folded = match guard.as_mut() {
+            Some(journal) => shared.fold_locked(journal),
+            // Closed: what the close could not fold, start-up folds.
+            None => Ok(()),
+        };
+        for done in settles {
+            let _ = done.send(match &folded {
+                Ok(()) => Ok(()),
+                Err(err) => Err(Error::Internal(anyhow::anyhow!(
+                    "journal log fold failed: {err}"
+                ))),
+            });
+        }
+        match (guard.as_mut(), folded) {
+            (_, _) if batch.is_empty() => {}
+            (Some(journal), Ok(())) => {
+                commit_and_answer(&mut journal.connection, batch);
+                journal.checkpointer.committed();
+            }
+            (Some(_), Err(err)) => refuse(batch, &err),
+            (None, _) => tracing::error!("the journal's connection is gone; writes dropped"),
+        }
+        drop(guard);
         if let Some(done) = close {
             closing = Some(done);
             break;
@@ -194,8 +369,18 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     }
     // Closing both connections here, before answering, lets the pool's close
     // checkpoint the write-ahead log without them open. Taking the connection
-    // out also turns later callers away from committing on their own.
-    let journal = shared.lock().take();
+    // out also turns later callers away from committing on their own; the
+    // log goes first, so nothing is appended after the last fold.
+    let mut journal = shared.lock().take();
+    let log = shared.lock_log().take();
+    if let (Some(mut log), Some(open)) = (log, journal.as_mut()) {
+        let pending = log.take();
+        if pending.count > 0
+            && let Err(err) = fold(&mut open.connection, &pending)
+        {
+            tracing::error!(error = %err, "folding the journal log at close failed; start-up folds it");
+        }
+    }
     if let Some(JournalConnection {
         connection,
         checkpointer,
@@ -206,6 +391,31 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     }
     if let Some(done) = closing {
         let _ = done.send(());
+    }
+}
+
+/// Waits up to [`FOLD_DELAY`] after a nudge to fold, or until any other
+/// message comes, which it returns.
+fn after_fold_delay(
+    clock: &tokio::runtime::Runtime,
+    receiver: &mut mpsc::Receiver<Message>,
+) -> Message {
+    // The timer must be made inside the clock's context.
+    match clock.block_on(async { tokio::time::timeout(FOLD_DELAY, receiver.recv()).await }) {
+        Ok(Some(message)) => message,
+        Ok(None) | Err(_) => Message::Fold,
+    }
+}
+
+/// Answers every write of a batch that cannot be committed with `err`.
+fn refuse(batch: Vec<Request>, err: &Error) {
+    if !batch.is_empty() {
+        tracing::error!(error = %err, writes = batch.len(), "folding the journal log failed; writes refused");
+    }
+    for request in batch {
+        let _ = request.done.send(Err(Error::Internal(anyhow::anyhow!(
+            "journal log fold failed: {err}"
+        ))));
     }
 }
 
@@ -263,45 +473,6 @@ fn apply(connection: &Connection, write: &JournalWrite) -> Result<Admitted> {
     }
 }
 
-fn prepared<'c>(connection: &'c Connection, sql: &str) -> Result<CachedStatement<'c>> {
-    connection.prepare_cached(sql).map_err(database_error)
-}
-
-/// Binds the parameters the statement numbers (`?N` up to its highest): the
-/// verdict uses only some of a row's.
-fn bind(statement: &mut CachedStatement<'_>, params: &[Param<'_>]) -> Result<()> {
-    for index in 1..=statement.parameter_count() {
-        let param = params.get(index - 1).ok_or_else(|| {
-            Error::Internal(anyhow::anyhow!(
-                "journal statement parameter ?{index} has no value"
-            ))
-        })?;
-        statement
-            .raw_bind_parameter(index, param)
-            .map_err(database_error)?;
-    }
-    Ok(())
-}
-
-fn execute(statement: &mut CachedStatement<'_>, params: &[Param<'_>]) -> Result<usize> {
-    bind(statement, params)?;
-    statement.raw_execute().map_err(database_error)
-}
-
-impl ToSql for Param<'_> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(match self {
-            Param::Text(Some(text)) => ToSqlOutput::from(text.as_ref()),
-            Param::Int(Some(value)) => ToSqlOutput::from(*value),
-            Param::Text(None) | Param::Int(None) => ToSqlOutput::Owned(SqlValue::Null),
-        })
-    }
-}
-
-fn database_error(err: rusqlite::Error) -> Error {
-    Error::Internal(anyhow::Error::new(err).context("journal write"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +482,8 @@ mod tests {
     fn shared(connection: Option<JournalConnection>) -> JournalShared {
         JournalShared {
             connection: Mutex::new(connection),
+            log: Mutex::new(None),
+            unfolded: AtomicUsize::new(0),
             writes: AtomicUsize::new(0),
         }
     }

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::backend;
 use super::journal::Admitted;
 use super::journal_queue::{JournalWrite, Message, Request};
-use super::journal_thread::JournalShared;
+use super::journal_thread::{Appended, JournalShared};
 use crate::error::{Error, Result};
 
 /// Writes that may wait for the writer before submitters wait for room.
@@ -52,6 +52,15 @@ impl JournalWriter {
         let Some(shared) = &self.inline else {
             return self.queued(write).await;
         };
+        match shared.append(&write)? {
+            Appended::Nudge => {
+                // A full queue has a batch coming, and every batch folds.
+                let _ = self.queue.try_send(Message::Fold);
+                return Ok(Admitted::Yes);
+            }
+            Appended::Queued => return Ok(Admitted::Yes),
+            Appended::No => {}
+        }
         let writing = shared.writing();
         // The only write in flight would be a batch of one, so it may as well
         // commit here (see `journal_thread`); writes that overlap go to the
@@ -75,6 +84,26 @@ impl JournalWriter {
 }
 
 impl JournalWriter {
+    /// Returns once every write acknowledged before the call is in the
+    /// journal's table, where reads and other writes find it.
+    pub(super) async fn settle(&self) -> Result<()> {
+        let Some(shared) = &self.inline else {
+            return Ok(());
+        };
+        if !shared.has_unfolded() {
+            return Ok(());
+        }
+        if let Some(settled) = shared.try_settle() {
+            return settled;
+        }
+        let (done, answer) = oneshot::channel();
+        self.queue
+            .send(Message::Settle(done))
+            .await
+            .map_err(|_| writer_gone())?;
+        answer.await.map_err(|_| writer_gone())?
+    }
+
     /// Commits what is queued and stops the writer; later writes fail.
     pub(super) async fn close(&self) {
         let (done, closed) = oneshot::channel();

@@ -14,6 +14,8 @@ mod floors;
 mod instance_file;
 mod jobs;
 mod journal;
+mod journal_fold;
+mod journal_log;
 mod journal_queue;
 mod journal_reader;
 mod journal_task;
@@ -146,8 +148,18 @@ impl Store {
     }
 
     /// A write transaction, serialised with every other (see [`backend`]).
-    pub(crate) async fn begin_write(&self) -> Result<backend::Tx, sqlx::Error> {
-        self.pool.begin_write().await
+    /// The journal's log is folded first: a transaction may read or change
+    /// the rows of calls already answered.
+    pub(crate) async fn begin_write(&self) -> crate::error::Result<backend::Tx> {
+        self.settle_journal().await?;
+        Ok(self.pool.begin_write().await?)
+    }
+
+    /// Returns once every journal write acknowledged so far is in the
+    /// journal's table (see `journal_log`): every read of that table, and
+    /// every change to it outside the journal writer, starts with this.
+    pub(crate) async fn settle_journal(&self) -> crate::error::Result<()> {
+        self.journal_writer.settle().await
     }
 }
 

@@ -64,6 +64,7 @@ impl Store {
         account_id: &str,
         floor_id: &str,
     ) -> Result<Vec<BlockingExecution>> {
+        self.settle_journal().await?;
         Ok(sql!(self.conn().await?, c => query(
             "SELECT id, tool_name, replay_safety, run_id, status FROM tool_execution_record \
              WHERE account_id = ? AND floor_id = ? AND run_id IS NOT NULL AND replay_safety <> 'safe' \
@@ -250,6 +251,7 @@ impl Store {
         tool_name: &str,
         args_canonical: &str,
     ) -> Result<Option<ReplayParent>> {
+        self.settle_journal().await?;
         Ok(sql!(self.conn().await?, c => query(
             "SELECT id, attempt_no, replay_safety FROM tool_execution_record \
              WHERE floor_id = ? AND run_id IS NOT NULL AND run_id <> ? AND tool_name = ? AND args_canonical = ? \

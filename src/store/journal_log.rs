@@ -1,0 +1,435 @@
+//! The journal's own append-only log on a SQLite file: what a call's
+//! `opened` row and its outcome are written to first, one `pwrite` each,
+//! before the journal thread folds them into the indexed table.
+//!
+//! Committing each of a call's two writes to the table ran SQLite's B-tree
+//! code for the table and every index and wrote each changed page into the
+//! write-ahead log: about half of a builtin call's instructions and most of
+//! its system calls (BENCHMARKS.md, issue 20). A record appended here is in
+//! the page cache when its caller is answered, as a WAL commit with
+//! `synchronous = NORMAL` is, so it survives a crash of the process: start-up
+//! folds every record the table does not have yet before it turns `opened`
+//! rows `uncertain`.
+//!
+//! Which records the table has is kept in the table's own database
+//! (`journal_log_position`: the log's generation and the offset folded up
+//! to), written in the same transaction as the rows it covers, so a record is
+//! folded exactly once whatever the moment of a crash. Each generation has
+//! its own file: a long log is replaced, once all of it is folded, by the
+//! next generation's file without writing to the database (appends must not
+//! wait for the database's lock), and the database names the new generation
+//! at the next fold. So start-up reads the database's generation from its
+//! offset and then the next generation's file, if there is one.
+//!
+//! The file's layout: a header (8 bytes of magic, the generation as a
+//! little-endian i64), then records, each its payload's length (u32), the
+//! payload's CRC-32 and the payload. A payload is the write's kind and its
+//! statement's parameters. A record cut short or whose checksum does not
+//! match ends the log (a write torn by a crash of the machine; nothing after
+//! it was acknowledged before it).
+
+use std::borrow::Cow;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::journal::Param;
+
+const MAGIC: &[u8; 8] = b"TGJLOG01";
+/// The header's length: where the first record starts.
+pub(super) const HEADER_BYTES: u64 = 16;
+/// A record's length and checksum, before its payload.
+const FRAME_BYTES: usize = 8;
+/// The longest payload read back: a record claiming more is corrupt (a call's
+/// result is bounded by the providers' output limits, far below this).
+const MAX_PAYLOAD_BYTES: usize = 256 << 20;
+
+/// What a record asks of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LoggedKind {
+    /// A new row without admission conditions (`PLAIN_INSERT`).
+    Insert = 1,
+    /// An opened row's outcome (`FINISH_SQL`).
+    Finish = 2,
+}
+
+/// One record read back: its kind and parameters, borrowed from the bytes.
+#[derive(Debug)]
+pub(super) struct LoggedWrite<'a> {
+    pub kind: LoggedKind,
+    pub params: Vec<Param<'a>>,
+}
+
+/// Records appended and not yet taken for folding, as the file has them.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    /// The records, framed.
+    pub bytes: Vec<u8>,
+    /// How many records `bytes` holds.
+    pub count: usize,
+    /// The file offset just past the last of them.
+    pub end: u64,
+    /// The log's generation.
+    pub generation: i64,
+}
+
+/// The log file while the server runs.
+#[derive(Debug)]
+pub(super) struct JournalLog {
+    file: File,
+    /// The path without its generation ([`path_of`]).
+    base: PathBuf,
+    generation: i64,
+    /// The previous generation's file, to delete once the database names
+    /// this one.
+    retired: Option<PathBuf>,
+    /// Where the next record goes.
+    end: u64,
+    pending: Vec<u8>,
+    pending_count: usize,
+}
+
+/// The log's base path beside the database file.
+pub(super) fn path_beside(database: &Path) -> PathBuf {
+    let mut name = database.file_name().unwrap_or_default().to_os_string();
+    name.push(".calls-log");
+    database.with_file_name(name)
+}
+
+/// The file of generation `generation` of the log at `base`.
+pub(super) fn path_of(base: &Path, generation: i64) -> PathBuf {
+    let mut name = base.file_name().unwrap_or_default().to_os_string();
+    name.push(format!("-{generation}"));
+    base.with_file_name(name)
+}
+
+impl JournalLog {
+    /// Starts a new, empty log of `generation` at `base`, replacing any file
+    /// of that generation (whose records the database must already have).
+    pub(super) fn create(base: &Path, generation: i64) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path_of(base, generation))?;
+        write_header(&file, generation)?;
+        Ok(Self {
+            file,
+            base: base.to_owned(),
+            generation,
+            retired: None,
+            end: HEADER_BYTES,
+            pending: Vec::new(),
+            pending_count: 0,
+        })
+    }
+
+    /// Appends one record to the file; once this returns it survives a crash
+    /// of the process. A failed write leaves the log as it was.
+    pub(super) fn append(&mut self, kind: LoggedKind, params: &[Param<'_>]) -> io::Result<()> {
+        let start = self.pending.len();
+        encode(&mut self.pending, kind, params)?;
+        let record = &self.pending[start..];
+        if let Err(err) = self.file.write_all_at(record, self.end) {
+            self.pending.truncate(start);
+            return Err(err);
+        }
+        self.end += record.len() as u64;
+        self.pending_count += 1;
+        Ok(())
+    }
+
+    /// Takes every record appended so far, for the caller to fold.
+    pub(super) fn take(&mut self) -> Pending {
+        Pending {
+            bytes: std::mem::take(&mut self.pending),
+            count: std::mem::take(&mut self.pending_count),
+            end: self.end,
+            generation: self.generation,
+        }
+    }
+
+    /// Puts records taken by [`take`](Self::take) back in front of those
+    /// appended since (their fold failed; they are tried again).
+    pub(super) fn put_back(&mut self, mut taken: Pending) {
+        taken.bytes.extend_from_slice(&self.pending);
+        self.pending = taken.bytes;
+        self.pending_count += taken.count;
+    }
+
+    /// How far the file has grown.
+    pub(super) fn len(&self) -> u64 {
+        self.end
+    }
+
+    /// No record waits to be taken.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending_count == 0
+    }
+
+    /// The log's generation.
+    #[cfg(test)]
+    pub(super) fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    /// Goes on in the next generation's file: every record of this one must
+    /// be folded. Its file is kept until [`retired`](Self::retired) hands it
+    /// over, after the database names the new generation.
+    pub(super) fn restart(&mut self) -> io::Result<()> {
+        let previous = path_of(&self.base, self.generation);
+        let next = Self::create(&self.base, self.generation + 1)?;
+        *self = Self {
+            retired: Some(previous),
+            ..next
+        };
+        Ok(())
+    }
+
+    /// The previous generation's file, once `folded_generation` (the
+    /// generation the database now names) is this one's.
+    pub(super) fn retired(&mut self, folded_generation: i64) -> Option<PathBuf> {
+        if folded_generation == self.generation {
+            self.retired.take()
+        } else {
+            None
+        }
+    }
+}
+
+fn write_header(file: &File, generation: i64) -> io::Result<()> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&generation.to_le_bytes());
+    file.write_all_at(&header, 0)
+}
+
+/// The records of generation `generation` of the log at `base` past
+/// `folded_to`, as framed bytes for [`records`]; none if the file is missing
+/// or its header names another generation.
+pub(super) fn unfolded(base: &Path, generation: i64, folded_to: u64) -> io::Result<Vec<u8>> {
+    let bytes = match std::fs::read(path_of(base, generation)) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let header = HEADER_BYTES as usize;
+    if bytes.len() < header || &bytes[..8] != MAGIC || bytes[8..header] != generation.to_le_bytes()
+    {
+        return Ok(Vec::new());
+    }
+    let start = usize::try_from(folded_to.max(HEADER_BYTES)).unwrap_or(usize::MAX);
+    Ok(bytes.get(start..).map(<[u8]>::to_vec).unwrap_or_default())
+}
+
+/// Appends one framed record to `out`.
+fn encode(out: &mut Vec<u8>, kind: LoggedKind, params: &[Param<'_>]) -> io::Result<()> {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_BYTES]);
+    out.push(kind as u8);
+    out.extend_from_slice(&(params.len() as u16).to_le_bytes());
+    for param in params {
+        match param {
+            Param::Int(None) => out.push(0),
+            Param::Text(None) => out.push(1),
+            Param::Int(Some(value)) => {
+                out.push(2);
+                out.extend_from_slice(&value.to_le_bytes());
+            }
+            Param::Text(Some(text)) => {
+                out.push(3);
+                out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    }
+    let payload_len = out.len() - start - FRAME_BYTES;
+    if payload_len > MAX_PAYLOAD_BYTES {
+        out.truncate(start);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a journal record of {payload_len} bytes is over the log's limit"),
+        ));
+    }
+    let checksum = crc32fast::hash(&out[start + FRAME_BYTES..]);
+    out[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    out[start + 4..start + FRAME_BYTES].copy_from_slice(&checksum.to_le_bytes());
+    Ok(())
+}
+
+/// The records in `bytes`, in order, up to the first that is cut short or
+/// damaged; and how many bytes the whole ones take.
+pub(super) fn records(bytes: &[u8]) -> (Vec<LoggedWrite<'_>>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some((record, len)) = bytes.get(at..).and_then(record) {
+        out.push(record);
+        at += len;
+    }
+    (out, at)
+}
+
+/// The record at the start of `bytes` and its framed length.
+fn record(bytes: &[u8]) -> Option<(LoggedWrite<'_>, usize)> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let checksum = u32::from_le_bytes(bytes.get(4..FRAME_BYTES)?.try_into().ok()?);
+    if len > MAX_PAYLOAD_BYTES {
+        return None;
+    }
+    let payload = bytes.get(FRAME_BYTES..FRAME_BYTES + len)?;
+    if crc32fast::hash(payload) != checksum {
+        return None;
+    }
+    Some((decode(payload)?, FRAME_BYTES + len))
+}
+
+fn decode(payload: &[u8]) -> Option<LoggedWrite<'_>> {
+    let mut reader = Reader { bytes: payload };
+    let kind = match reader.take(1)?[0] {
+        1 => LoggedKind::Insert,
+        2 => LoggedKind::Finish,
+        _ => return None,
+    };
+    let count = u16::from_le_bytes(reader.take(2)?.try_into().ok()?);
+    let mut params = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        params.push(match reader.take(1)?[0] {
+            0 => Param::Int(None),
+            1 => Param::Text(None),
+            2 => Param::Int(Some(i64::from_le_bytes(reader.take(8)?.try_into().ok()?))),
+            3 => {
+                let len = u32::from_le_bytes(reader.take(4)?.try_into().ok()?) as usize;
+                let text = std::str::from_utf8(reader.take(len)?).ok()?;
+                Param::Text(Some(Cow::Borrowed(text)))
+            }
+            _ => return None,
+        });
+    }
+    reader
+        .bytes
+        .is_empty()
+        .then_some(LoggedWrite { kind, params })
+}
+
+/// Reads a payload front to back.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < len {
+            return None;
+        }
+        let (head, rest) = self.bytes.split_at(len);
+        self.bytes = rest;
+        Some(head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Vec<Param<'static>> {
+        vec![
+            Param::Text(Some(Cow::Borrowed("exec_1"))),
+            Param::Text(None),
+            Param::Int(Some(-42)),
+            Param::Int(None),
+            Param::Text(Some(Cow::Owned("ünïcode \n {\"a\":1}".into()))),
+        ]
+    }
+
+    fn texts(params: &[Param<'_>]) -> Vec<String> {
+        params.iter().map(|param| format!("{param:?}")).collect()
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut log = JournalLog::create(&path, 7).unwrap();
+        log.append(LoggedKind::Insert, &params()).unwrap();
+        log.append(LoggedKind::Finish, &params()[..2]).unwrap();
+        let pending = log.take();
+        assert_eq!(pending.count, 2);
+        assert_eq!(pending.end, log.len());
+        assert!(log.is_empty());
+        let on_disk = unfolded(&path, 7, 0).unwrap();
+        assert_eq!(
+            on_disk, pending.bytes,
+            "memory and file hold the same records"
+        );
+        let (read, len) = records(&on_disk);
+        assert_eq!(len, on_disk.len());
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].kind, LoggedKind::Insert);
+        assert_eq!(texts(&read[0].params), texts(&params()));
+        assert_eq!(read[1].kind, LoggedKind::Finish);
+        assert_eq!(texts(&read[1].params), texts(&params()[..2]));
+    }
+
+    #[test]
+    fn reading_resumes_at_the_folded_offset_and_ignores_other_generations() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut log = JournalLog::create(&path, 3).unwrap();
+        log.append(LoggedKind::Insert, &params()).unwrap();
+        let first_end = log.len();
+        log.append(LoggedKind::Finish, &params()[..1]).unwrap();
+        let rest = unfolded(&path, 3, first_end).unwrap();
+        let (read, _) = records(&rest);
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].kind, LoggedKind::Finish);
+        assert!(unfolded(&path, 4, 0).unwrap().is_empty());
+        assert!(
+            unfolded(&dir.path().join("missing"), 3, 0)
+                .unwrap()
+                .is_empty()
+        );
+        log.restart().unwrap();
+        assert_eq!(log.generation(), 4);
+        assert!(records(&unfolded(&path, 4, 0).unwrap()).0.is_empty());
+        assert_eq!(log.len(), HEADER_BYTES);
+        // The old file stays until the database names the new generation.
+        assert!(log.retired(3).is_none());
+        assert_eq!(log.retired(4), Some(path_of(&path, 3)));
+        assert!(path_of(&path, 3).exists());
+    }
+
+    #[test]
+    fn a_torn_or_damaged_record_ends_the_log() {
+        let mut bytes = Vec::new();
+        encode(&mut bytes, LoggedKind::Insert, &params()).unwrap();
+        let whole = bytes.len();
+        encode(&mut bytes, LoggedKind::Finish, &params()).unwrap();
+        // Cut short: only the first counts.
+        let (read, len) = records(&bytes[..bytes.len() - 3]);
+        assert_eq!((read.len(), len), (1, whole));
+        // A flipped byte in the second's payload: its checksum fails.
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        let (read, len) = records(&bytes);
+        assert_eq!((read.len(), len), (1, whole));
+        // Zeroes (a file extended but never written) read as nothing.
+        assert!(records(&[0u8; 64]).0.is_empty());
+    }
+
+    #[test]
+    fn records_put_back_come_before_later_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = JournalLog::create(&dir.path().join("log"), 1).unwrap();
+        log.append(LoggedKind::Insert, &params()).unwrap();
+        let taken = log.take();
+        log.append(LoggedKind::Finish, &params()).unwrap();
+        log.put_back(taken);
+        let pending = log.take();
+        assert_eq!(pending.count, 2);
+        let (read, _) = records(&pending.bytes);
+        let kinds: Vec<_> = read.iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, [LoggedKind::Insert, LoggedKind::Finish]);
+    }
+}
