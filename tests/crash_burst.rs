@@ -103,6 +103,26 @@ fn fire(server: &TestServer, session: &str, stop: Arc<AtomicBool>, answers: Answ
     }
 }
 
+/// `toolgate doctor --json`'s count of interrupted calls on the stopped
+/// server's database.
+fn doctor_interrupted_calls(server: &TestServer) -> usize {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["doctor", "--json", "--data-dir"])
+        .arg(&server.data_dir)
+        .arg("--database-url")
+        .arg(server.database_url())
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_CONFIG")
+        .output()
+        .expect("running toolgate doctor");
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|err| panic!("doctor's report ({err}): {output:?}"));
+    assert_eq!(report["ok"], true, "{report}");
+    report["checkup"]["interrupted_calls"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no interrupted_calls: {report}")) as usize
+}
+
 /// Every journal row of the session, through keyset pages.
 async fn all_rows(server: &TestServer, session: &str) -> Vec<Value> {
     let mut rows = Vec::new();
@@ -149,9 +169,21 @@ async fn sigkill_during_a_burst_leaves_every_started_call_as_exactly_one_row() {
     // Killed while the workers keep calling: calls are at every stage.
     server.kill().await;
     stop.store(true, Ordering::SeqCst);
+    // What the operator's doctor reads off the dead server's files (on
+    // SQLite, calls still in the journal's log included) is what the restart
+    // then marks uncertain.
+    let interrupted = doctor_interrupted_calls(&server);
     server.restart().await;
 
     let rows = all_rows(&server, &session).await;
+    let marked = rows
+        .iter()
+        .filter(|r| r["execution_reason_code"] == "interrupted_by_restart")
+        .count();
+    assert_eq!(
+        interrupted, marked,
+        "doctor counted {interrupted} interrupted calls; the restart marked {marked}"
+    );
     let mut by_call: HashMap<String, Vec<&Value>> = HashMap::new();
     for row in &rows {
         by_call

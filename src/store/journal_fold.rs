@@ -9,7 +9,7 @@
 //! damaged database) is logged and skipped: SQLite rolls back only that
 //! statement, and its neighbours, already acknowledged, still land.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
@@ -58,16 +58,7 @@ pub(super) fn recover(connection: &mut Connection, log_base: &Path) -> anyhow::R
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .context("reading how far the journal log is folded")?;
-    let reading = |generation, from| {
-        journal_log::unfolded(log_base, generation, from).with_context(|| {
-            format!(
-                "reading the journal log {}",
-                journal_log::path_of(log_base, generation).display()
-            )
-        })
-    };
-    let current = reading(generation, u64::try_from(folded_to)?)?;
-    let next = reading(generation + 1, HEADER_BYTES)?;
+    let (current, next) = unfolded_files(log_base, generation, u64::try_from(folded_to)?)?;
     let (mut records, current_len) = journal_log::records(&current);
     let (next_records, next_len) = journal_log::records(&next);
     records.extend(next_records);
@@ -94,6 +85,72 @@ pub(super) fn recover(connection: &mut Connection, log_base: &Path) -> anyhow::R
             journal_log::path_of(log_base, fresh).display()
         )
     })
+}
+
+/// The unfolded bytes of the database's generation (past `folded_to`) and of
+/// the next generation's file.
+fn unfolded_files(
+    log_base: &Path,
+    generation: i64,
+    folded_to: u64,
+) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    use anyhow::Context;
+    let reading = |generation, from| {
+        journal_log::unfolded(log_base, generation, from).with_context(|| {
+            format!(
+                "reading the journal log {}",
+                journal_log::path_of(log_base, generation).display()
+            )
+        })
+    };
+    Ok((
+        reading(generation, folded_to)?,
+        reading(generation + 1, HEADER_BYTES)?,
+    ))
+}
+
+/// What a journal log holds beyond the table: the rows appended `opened`
+/// (and not queued) and the rows whose outcome was appended, by id.
+#[derive(Debug, Default)]
+pub(super) struct LoggedCalls {
+    pub opened: HashSet<String>,
+    pub finished: HashSet<String>,
+}
+
+/// Reads the unfolded records of the database file `database`'s journal log,
+/// changing nothing (`toolgate doctor` on a stopped server's files).
+pub(super) fn logged_calls(
+    database: &Path,
+    generation: i64,
+    folded_to: u64,
+) -> anyhow::Result<LoggedCalls> {
+    let base = journal_log::path_beside(database);
+    let (current, next) = unfolded_files(&base, generation, folded_to)?;
+    let mut calls = LoggedCalls::default();
+    for bytes in [&current, &next] {
+        for record in journal_log::records(bytes).0 {
+            let Some(id) = execution_id(&record) else {
+                continue;
+            };
+            let param = |index: usize| match record.params.get(index) {
+                Some(Param::Text(Some(text))) => Some(text.as_ref()),
+                _ => None,
+            };
+            match record.kind {
+                // A row's status is its 15th parameter, its lifecycle its 16th.
+                LoggedKind::Insert
+                    if param(15) == Some("opened") && param(14) != Some("queued") =>
+                {
+                    calls.opened.insert(id.to_owned());
+                }
+                LoggedKind::Insert => {}
+                LoggedKind::Finish => {
+                    calls.finished.insert(id.to_owned());
+                }
+            }
+        }
+    }
+    Ok(calls)
 }
 
 /// Deletes a log file whose records the database has; one left behind is
