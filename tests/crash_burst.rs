@@ -255,13 +255,7 @@ async fn journal_rows_are_checkpointed_into_the_database_file() {
     }
     let session = server.create_session().await;
     for n in 0..5 {
-        let data = server
-            .tool_call(
-                &session,
-                json!({"name": "roll_dice", "arguments": {"sides": 6}, "call_id": format!("c{n}")}),
-            )
-            .await;
-        assert_eq!(data["status"], "success", "{data}");
+        server.roll_dice(&session, &format!("c{n}")).await;
     }
     let file = server.data_dir.join("toolgate.db");
     let session_id = session.clone();
@@ -308,13 +302,7 @@ async fn the_write_ahead_log_starts_over_under_calls_that_never_pause() {
         let (server, session) = (server.clone(), session.clone());
         tokio::spawn(async move {
             for n in 0..CALLS_EACH {
-                let data = server
-                    .tool_call(
-                        &session,
-                        json!({"name": "roll_dice", "arguments": {"sides": 6}, "call_id": format!("c{caller}_{n}")}),
-                    )
-                    .await;
-                assert_eq!(data["status"], "success", "{data}");
+                server.roll_dice(&session, &format!("c{caller}_{n}")).await;
             }
         })
     });

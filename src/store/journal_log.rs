@@ -164,6 +164,11 @@ impl JournalLog {
         self.end
     }
 
+    /// The bytes of the records waiting to be taken.
+    pub(super) fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
     /// No record waits to be taken.
     pub(super) fn is_empty(&self) -> bool {
         self.pending_count == 0

@@ -63,6 +63,9 @@ pub(super) struct JournalShared {
     writes: AtomicUsize,
 }
 
+/// Records waiting to be folded may take this much memory; past it, writes
+/// commit to the table as if there were no log.
+const MAX_PENDING_BYTES: usize = 64 << 20;
 /// A log grown past this is started again once everything in it is folded.
 const LOG_RESTART_BYTES: u64 = 16 << 20;
 /// How long the thread lets records gather after a nudge before it folds
@@ -142,6 +145,11 @@ impl JournalShared {
         let Some(log_file) = log.as_mut() else {
             return Ok(Appended::No);
         };
+        if log_file.pending_bytes() >= MAX_PENDING_BYTES {
+            // Folds are failing (the database locked or full): the write
+            // takes the table's path, which folds first and reports why.
+            return Ok(Appended::No);
+        }
         let appended = match write {
             JournalWrite::Insert { row, .. } if is_guarded(row) => return Ok(Appended::No),
             JournalWrite::Insert { row, instance_id } => {
@@ -501,20 +509,47 @@ mod tests {
         assert!(shared.writing().alone());
     }
 
-    #[test]
-    fn a_closed_journal_sends_callers_to_the_queue() {
-        let write = JournalWrite::Finish {
+    fn finish_write(error_message: Option<String>) -> JournalWrite {
+        JournalWrite::Finish {
             id: "exec_test".into(),
             finish: ExecutionFinish {
                 status: ExecutionStatus::Success,
                 provider_started: true,
                 result: serde_json::Value::Null,
-                error_message: None,
+                error_message,
                 reason_code: None,
                 commit_outcome: None,
             },
             at: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_closed_journal_sends_callers_to_the_queue() {
+        let write = finish_write(None);
         assert!(shared(None).try_commit(&write).is_none());
+        assert_eq!(shared(None).append(&write).unwrap(), Appended::No);
+    }
+
+    #[test]
+    fn appends_nudge_the_thread_once_per_run_of_records_and_stop_at_the_memory_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(None);
+        *shared.lock_log() = Some(JournalLog::create(&dir.path().join("log"), 1).unwrap());
+        assert!(!shared.has_unfolded());
+        let small = finish_write(None);
+        assert_eq!(shared.append(&small).unwrap(), Appended::Nudge);
+        assert_eq!(shared.append(&small).unwrap(), Appended::Queued);
+        assert!(shared.has_unfolded());
+        // Records nobody folds pile up only to the bound; then writes take
+        // the table's path.
+        let big = finish_write(Some("x".repeat(4 << 20)));
+        let mut appended = 0;
+        while shared.append(&big).unwrap() != Appended::No {
+            appended += 1;
+            assert!(appended <= MAX_PENDING_BYTES / (4 << 20) + 1, "no bound");
+        }
+        let pending = shared.lock_log().as_ref().unwrap().pending_bytes();
+        assert!((MAX_PENDING_BYTES..MAX_PENDING_BYTES + (5 << 20)).contains(&pending));
     }
 }

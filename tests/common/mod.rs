@@ -285,6 +285,18 @@ impl TestServer {
         reply.body["data"].clone()
     }
 
+    /// A `roll_dice` call on the session, which must succeed; its `data`.
+    pub async fn roll_dice(&self, session: &str, call_id: &str) -> Value {
+        let data = self
+            .tool_call(
+                session,
+                serde_json::json!({"name": "roll_dice", "arguments": {"sides": 6}, "call_id": call_id}),
+            )
+            .await;
+        assert_eq!(data["status"], "success", "{data}");
+        data
+    }
+
     /// A runtime job's state ("" when it cannot be read), for condition waits.
     pub async fn job_state(&self, job: &str) -> String {
         self.get(&format!("/runtime-jobs/{job}")).await.body["data"]["state"]
