@@ -44,9 +44,23 @@ pub use generation::{Turn, TurnClaim};
 pub use jobs::JobSignal;
 pub use observe::NotReady;
 
-/// Shared tool-runtime state; cheap to clone.
+/// Shared tool-runtime state; cheap to clone: one reference count, however
+/// many parts it has. Every request's handler state holds one, and a clone
+/// that bumped each part's own count cost a call two dozen atomic updates on
+/// counters every core shares (BENCHMARKS.md, issue 20).
 #[derive(Clone)]
-pub struct ToolRuntime {
+pub struct ToolRuntime(Arc<RuntimeParts>);
+
+impl std::ops::Deref for ToolRuntime {
+    type Target = RuntimeParts;
+
+    fn deref(&self) -> &RuntimeParts {
+        &self.0
+    }
+}
+
+/// What a [`ToolRuntime`] shares.
+pub struct RuntimeParts {
     pub store: Store,
     pub settings: Arc<Settings>,
     /// Runtime registrations of `/api/tools` (also one of the providers).
@@ -104,7 +118,7 @@ impl ToolRuntime {
             }
             None => None,
         };
-        Ok(Self {
+        Ok(Self(Arc::new(RuntimeParts {
             llm,
             turns: Default::default(),
             stopping: Default::default(),
@@ -116,7 +130,7 @@ impl ToolRuntime {
             calls: TaskTracker::new(),
             store,
             settings,
-        })
+        })))
     }
 
     /// The full catalog of `session` right now, before permissions.
