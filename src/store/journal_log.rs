@@ -424,6 +424,37 @@ mod tests {
     }
 
     #[test]
+    fn damaged_bytes_never_panic_and_read_only_whole_records() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(20);
+        let mut valid = Vec::new();
+        for _ in 0..8 {
+            encode(&mut valid, LoggedKind::Insert, &params()).unwrap();
+        }
+        for round in 0..5_000 {
+            let mut bytes = if round % 2 == 0 {
+                (0..rng.random_range(0..300))
+                    .map(|_| rng.random())
+                    .collect::<Vec<u8>>()
+            } else {
+                valid.clone()
+            };
+            for _ in 0..rng.random_range(1..4) {
+                if !bytes.is_empty() {
+                    let at = rng.random_range(0..bytes.len());
+                    bytes[at] = rng.random();
+                }
+            }
+            let cut = rng.random_range(0..=bytes.len());
+            let (read, len) = records(&bytes[..cut]);
+            assert!(len <= cut);
+            // Whatever was read is a run of whole records from the start.
+            let (again, again_len) = records(&bytes[..len]);
+            assert_eq!((again.len(), again_len), (read.len(), len));
+        }
+    }
+
+    #[test]
     fn records_put_back_come_before_later_ones() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = JournalLog::create(&dir.path().join("log"), 1).unwrap();
