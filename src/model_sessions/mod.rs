@@ -459,7 +459,7 @@ impl ModelSessionHub {
         if self.live().closed {
             return Err(shutting_down());
         }
-        let catalog = catalogs.offer(&session).await?.catalog(slot);
+        let catalog = catalogs.offer(&session).await?.catalog(Some(slot));
         let (accepted, error) = match provider.accept(&catalog) {
             Ok(names) => (names, None),
             Err(reason) => (Vec::new(), Some(reason)),

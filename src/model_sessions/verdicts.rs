@@ -33,11 +33,12 @@ pub struct Offer {
 }
 
 impl Offer {
-    /// The catalog offered for `slot`: the entries assembled (shared names
-    /// marked as conflicts), then only what the slot may call.
-    pub fn catalog(self, slot: Slot) -> Catalog {
+    /// The catalog offered for `slot` (every slot's session-wide rules when
+    /// `None`): the entries assembled (shared names marked as conflicts),
+    /// then only what the permissions allow.
+    pub fn catalog(self, slot: Option<Slot>) -> Catalog {
         let mut catalog = Catalog::assemble(&self.session_id, self.entries);
-        self.permissions.apply_to_catalog(&mut catalog, Some(slot));
+        self.permissions.apply_to_catalog(&mut catalog, slot);
         catalog
     }
 }
@@ -91,7 +92,7 @@ impl Verdicts {
             .map(|entry| entry.spec.clone())
             .collect();
         let permissions = offer.permissions.clone();
-        let verdict = provider.accept(&offer.catalog(slot));
+        let verdict = provider.accept(&offer.catalog(Some(slot)));
         self.decided.push(Decided {
             hash,
             slot,

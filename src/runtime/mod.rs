@@ -144,10 +144,17 @@ impl ToolRuntime {
     /// call is allowed by the same rules, so a model is never offered a tool that
     /// every call to it would refuse.
     pub async fn offered_catalog(&self, session: &Session, slot: Option<Slot>) -> Result<Catalog> {
-        let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-        let mut catalog = self.catalog(session).await?;
-        permissions.apply_to_catalog(&mut catalog, slot);
-        Ok(catalog)
+        Ok(self.offer_of(session).await?.catalog(slot))
+    }
+
+    /// What `session` offers its model before a slot is chosen: every
+    /// provider's entries and the session's permissions.
+    async fn offer_of(&self, session: &Session) -> Result<Offer> {
+        Ok(Offer {
+            permissions: ToolPermissions::from_metadata(&session.metadata)?,
+            entries: Catalog::entries_of(session, &self.providers).await?,
+            session_id: session.id.clone(),
+        })
     }
 
     /// The provider whose job snapshots carry `kind`.
@@ -247,11 +254,7 @@ impl OfferedCatalogs for ToolRuntime {
                 .store
                 .shared_session(&session.account_id, &session.id)
                 .await?;
-            Ok(Offer {
-                permissions: ToolPermissions::from_metadata(&current.metadata)?,
-                entries: Catalog::entries_of(&current, &self.providers).await?,
-                session_id: current.id.clone(),
-            })
+            self.offer_of(&current).await
         })
     }
 }
