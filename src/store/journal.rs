@@ -630,19 +630,19 @@ pub(super) fn finished_row<'a>(
         started,
         _id,
     ]: [Param<'a>; 8] = finish.try_into().ok()?;
-    if row.len() != 33 {
+    if row.len() != row_at::COUNT {
         return None;
     }
-    row[14] = status;
-    row[13] = result;
-    row[19] = error;
-    row[31] = reason;
-    row[15] = text(LifecycleState::Finished.as_str());
-    row[21] = finished_at;
+    row[row_at::STATUS] = status;
+    row[row_at::RESULT] = result;
+    row[row_at::ERROR] = error;
+    row[row_at::REASON] = reason;
+    row[row_at::LIFECYCLE] = text(LifecycleState::Finished.as_str());
+    row[row_at::FINISHED_AT] = finished_at;
     if let Param::Text(Some(_)) = outcome {
-        row[16] = outcome;
+        row[row_at::COMMIT_OUTCOME] = outcome;
     }
-    row[28] = started;
+    row[row_at::PROVIDER_STARTED] = started;
     Some(row)
 }
 
@@ -665,11 +665,26 @@ fn text_opt(value: Option<&str>) -> Param<'_> {
 
 /// A row's values as `?1` … `?33` (the numbering of the statements above;
 /// `?33` is the instance writing it).
+/// Where [`row_params`] puts the values that an outcome replaces and that
+/// the journal log's readers look at (`?N` is position N - 1).
+pub(super) mod row_at {
+    pub const RESULT: usize = 13;
+    pub const STATUS: usize = 14;
+    pub const LIFECYCLE: usize = 15;
+    pub const COMMIT_OUTCOME: usize = 16;
+    pub const ERROR: usize = 19;
+    pub const FINISHED_AT: usize = 21;
+    pub const PROVIDER_STARTED: usize = 28;
+    pub const REASON: usize = 31;
+    /// How many parameters a row has.
+    pub const COUNT: usize = 33;
+}
+
 pub(super) fn row_params<'a>(
     row: &'a NewExecution,
     now: i64,
     instance: &'a str,
-) -> [Param<'a>; 33] {
+) -> [Param<'a>; row_at::COUNT] {
     let finished = row.lifecycle_state == LifecycleState::Finished;
     [
         text(&row.id),

@@ -15,7 +15,7 @@ use std::path::Path;
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
 
-use super::journal::{FINISH_SQL, FINISHED_INSERT, PLAIN_INSERT, Param, finished_row};
+use super::journal::{FINISH_SQL, FINISHED_INSERT, PLAIN_INSERT, Param, finished_row, row_at};
 use super::journal_log::{self, HEADER_BYTES, JournalLog, LoggedKind, LoggedWrite, Pending};
 use crate::error::{Error, Result};
 
@@ -137,9 +137,9 @@ pub(super) fn logged_calls(
                 _ => None,
             };
             match record.kind {
-                // A row's status is its 15th parameter, its lifecycle its 16th.
                 LoggedKind::Insert
-                    if param(15) == Some("opened") && param(14) != Some("queued") =>
+                    if param(row_at::LIFECYCLE) == Some("opened")
+                        && param(row_at::STATUS) != Some("queued") =>
                 {
                     calls.opened.insert(id.to_owned());
                 }

@@ -335,13 +335,19 @@ async fn logged_calls(
         return Ok(Default::default());
     };
     // Absent before migration 20: no log then.
+    let has_log: bool = sql!(*conn, c => query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'journal_log_position')",
+    )
+    .fetch_one(c)
+    .await?);
+    if !has_log {
+        return Ok(Default::default());
+    }
     let position: Option<(i64, i64)> = sql!(*conn, c => query_as(
         "SELECT generation, folded_to FROM journal_log_position WHERE id = 1",
     )
     .fetch_optional(c)
-    .await
-    .ok()
-    .flatten());
+    .await?);
     match position {
         Some((generation, folded_to)) => {
             super::journal_fold::logged_calls(&file, generation, u64::try_from(folded_to)?)
