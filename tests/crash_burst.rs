@@ -106,17 +106,10 @@ fn fire(server: &TestServer, session: &str, stop: Arc<AtomicBool>, answers: Answ
 /// `toolgate doctor --json`'s count of interrupted calls on the stopped
 /// server's database.
 fn doctor_interrupted_calls(server: &TestServer) -> usize {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .args(["doctor", "--json", "--data-dir"])
-        .arg(&server.data_dir)
-        .arg("--database-url")
-        .arg(server.database_url())
-        .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_CONFIG")
-        .output()
-        .expect("running toolgate doctor");
-    let report: Value = serde_json::from_slice(&output.stdout)
-        .unwrap_or_else(|err| panic!("doctor's report ({err}): {output:?}"));
+    let database_url = server.database_url();
+    let output =
+        common::toolgate_command(&["doctor", "--json"], &server.data_dir, Some(&database_url));
+    let report = common::doctor_report(&output);
     assert_eq!(report["ok"], true, "{report}");
     report["checkup"]["interrupted_calls"]
         .as_u64()

@@ -17,17 +17,7 @@ fn toolgate(args: &[&str], data_dir: &Path) -> Output {
 
 /// Runs toolgate on `data_dir`, with `database_url` when given.
 fn toolgate_on(args: &[&str], data_dir: &Path, database_url: Option<&str>) -> Output {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"));
-    command
-        .args(args)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_CONFIG");
-    if let Some(url) = database_url {
-        command.arg("--database-url").arg(url);
-    }
-    command.output().expect("run toolgate")
+    common::toolgate_command(args, data_dir, database_url)
 }
 
 fn stdout(output: &Output) -> String {
@@ -35,8 +25,7 @@ fn stdout(output: &Output) -> String {
 }
 
 fn report(output: &Output) -> Value {
-    serde_json::from_str(stdout(output).trim())
-        .unwrap_or_else(|err| panic!("doctor --json printed no JSON ({err}): {}", stdout(output)))
+    common::doctor_report(output)
 }
 
 /// The SQLite migrations this source tree has: the version the binary knows.

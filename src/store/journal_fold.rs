@@ -288,28 +288,39 @@ pub(super) fn database_error(err: rusqlite::Error) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::journal::{CommitOutcome, ExecutionStatus, LifecycleState};
     use crate::store::journal::{
         Admission, ExecutionFinish, NewExecution, finish_params, row_params,
     };
 
-    /// A connection with the SQLite schema the server migrates to.
-    fn migrated() -> Connection {
-        let connection = Connection::open_in_memory().unwrap();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
-        let mut files: Vec<_> = std::fs::read_dir(dir)
+    /// A database file in a new directory, migrated as the server migrates
+    /// it (`schema::migrate`).
+    pub(in crate::store) fn migrated_database() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let location = crate::store::schema::Location::DataDir(dir.path().to_owned());
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
             .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .collect();
-        files.sort();
-        for file in files {
-            connection
-                .execute_batch(&std::fs::read_to_string(&file).unwrap())
-                .unwrap_or_else(|err| panic!("{}: {err}", file.display()));
-        }
-        connection
+            .block_on(async {
+                let pool = crate::store::schema::connect(&location, true)
+                    .await
+                    .unwrap();
+                crate::store::schema::migrate(&pool).await.unwrap();
+                pool.close().await;
+            });
+        let file = dir.path().join("toolgate.db");
+        assert!(file.is_file(), "{} was not created", file.display());
+        (dir, file)
+    }
+
+    /// A connection to a migrated database (the directory lives as long as
+    /// the first value).
+    fn migrated() -> (tempfile::TempDir, Connection) {
+        let (dir, file) = migrated_database();
+        (dir, Connection::open(file).unwrap())
     }
 
     fn row(id: &str) -> NewExecution {
@@ -391,7 +402,7 @@ mod tests {
             let insert = row_params(&opened, 1_500, "inst").to_vec();
             let outcome_params = finish_params("exec_a", &done, 1_742).to_vec();
             // One statement at a time, as before the log.
-            let expected = migrated();
+            let (_expected_dir, expected) = migrated();
             execute(
                 &mut prepared(&expected, PLAIN_INSERT.as_str()).unwrap(),
                 &insert,
@@ -403,7 +414,7 @@ mod tests {
             )
             .unwrap();
             // Both records in one fold.
-            let mut folded = migrated();
+            let (_folded_dir, mut folded) = migrated();
             let writes = [
                 (LoggedKind::Insert, insert.clone()),
                 (LoggedKind::Finish, outcome_params.clone()),
@@ -422,7 +433,7 @@ mod tests {
     #[test]
     fn an_outcome_folded_after_its_row_updates_it_and_the_position_follows() {
         let dir = tempfile::tempdir().unwrap();
-        let mut connection = migrated();
+        let (_db, mut connection) = migrated();
         let opened = row("exec_b");
         let first = pending(
             dir.path(),
@@ -465,7 +476,7 @@ mod tests {
     fn start_up_folds_only_what_the_table_lacks_and_starts_a_new_generation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.calls-log");
-        let mut connection = migrated();
+        let (_db, mut connection) = migrated();
         // The first run: generation 2 after its own start-up.
         let mut log = recover(&mut connection, &path).unwrap();
         assert_eq!(log.generation(), 2);
@@ -499,7 +510,7 @@ mod tests {
     fn start_up_reads_the_next_generation_a_run_started_before_the_database_named_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.calls-log");
-        let mut connection = migrated();
+        let (_db, mut connection) = migrated();
         let mut log = recover(&mut connection, &path).unwrap();
         let (a, b) = (row("exec_e"), row("exec_f"));
         log.append(LoggedKind::Insert, &row_params(&a, 3_000, "inst"))

@@ -132,6 +132,16 @@ impl JournalShared {
         self.connection.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The connection's lock if it is free now (async workers never wait
+    /// for it).
+    fn try_lock(&self) -> Option<MutexGuard<'_, Option<JournalConnection>>> {
+        match self.connection.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::WouldBlock) => None,
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        }
+    }
+
     fn lock_log(&self) -> MutexGuard<'_, Option<JournalLog>> {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -184,11 +194,7 @@ impl JournalShared {
     /// worker on the lock: the lock's holder may be waiting for a database
     /// lock that a task on that worker holds).
     pub(super) fn try_settle(&self) -> Option<Result<()>> {
-        let mut guard = match self.connection.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::WouldBlock) => return None,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        };
+        let mut guard = self.try_lock()?;
         match guard.as_mut() {
             Some(journal) => Some(self.fold_locked(journal)),
             // Closed: the close folded what it could; start-up folds the rest.
@@ -247,11 +253,7 @@ impl JournalShared {
     /// busy (the thread committing a batch left by callers that went away) or
     /// the journal is closed: the caller then queues the write.
     pub(super) fn try_commit(&self, write: &JournalWrite) -> Option<Result<Admitted>> {
-        let mut guard = match self.connection.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::WouldBlock) => return None,
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        };
+        let mut guard = self.try_lock()?;
         let journal = guard.as_mut()?;
         // What the log holds comes first: an admission counts those rows,
         // and an outcome's row may still be there.
@@ -529,6 +531,51 @@ mod tests {
         let write = finish_write(None);
         assert!(shared(None).try_commit(&write).is_none());
         assert_eq!(shared(None).append(&write).unwrap(), Appended::No);
+    }
+
+    #[test]
+    fn a_long_log_goes_on_in_the_next_file_and_the_old_one_goes_once_the_database_names_it() {
+        let (_dir, database) = super::super::journal_fold::tests::migrated_database();
+        let (_sender, receiver) = mpsc::channel(4);
+        let shared = spawn(&database, receiver).unwrap();
+        let base = super::super::journal_log::path_beside(&database);
+        let file = |generation| super::super::journal_log::path_of(&base, generation);
+        // A fresh database's log starts at generation 2 (recovery skips the
+        // one a run may have started unnamed).
+        assert!(file(2).is_file());
+        let big = finish_write(Some("x".repeat(4 << 20)));
+        while shared.lock_log().as_ref().unwrap().len() < LOG_RESTART_BYTES {
+            assert_ne!(shared.append(&big).unwrap(), Appended::No);
+        }
+        shared
+            .try_settle()
+            .expect("the connection is free")
+            .unwrap();
+        assert!(file(3).is_file(), "the next generation's file is started");
+        assert!(
+            file(2).is_file(),
+            "kept until the database names generation 3"
+        );
+        shared.append(&finish_write(None)).unwrap();
+        shared
+            .try_settle()
+            .expect("the connection is free")
+            .unwrap();
+        assert!(
+            !file(2).exists(),
+            "removed once a fold recorded generation 3"
+        );
+        assert!(!shared.has_unfolded());
+        let generation: i64 = shared
+            .lock()
+            .as_ref()
+            .unwrap()
+            .connection
+            .query_row("SELECT generation FROM journal_log_position", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(generation, 3);
     }
 
     #[test]

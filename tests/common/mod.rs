@@ -49,6 +49,33 @@ pub struct SpawnOptions {
     pub listen: Option<String>,
 }
 
+/// Runs a toolgate command (`doctor`, `migrate`, ...) on `data_dir`, with
+/// `database_url` when given, ignoring the environment's database and config.
+pub fn toolgate_command(
+    args: &[&str],
+    data_dir: &Path,
+    database_url: Option<&str>,
+) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    command
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_CONFIG");
+    if let Some(url) = database_url {
+        command.arg("--database-url").arg(url);
+    }
+    command.output().expect("run toolgate")
+}
+
+/// The JSON report `toolgate doctor --json` printed.
+pub fn doctor_report(output: &std::process::Output) -> Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|err| panic!("doctor --json printed no JSON ({err}): {stdout}"))
+}
+
 pub async fn spawn_app() -> TestServer {
     spawn_with(SpawnOptions::default()).await
 }
