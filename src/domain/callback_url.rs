@@ -30,7 +30,9 @@ fn is_loopback_v6(v6: Ipv6Addr) -> bool {
 pub struct CallbackUrl {
     /// The URL exactly as registered; shown back to the plugin.
     raw: String,
-    url: Url,
+    /// The parsed URL without its fragment, as requests carry it; kept so that
+    /// no call converts it again.
+    uri: http::Uri,
     origin: String,
 }
 
@@ -75,9 +77,13 @@ impl CallbackUrl {
         }
         let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
         let origin = format!("{}://{}:{}", url.scheme(), host, port);
+        let mut sent = url;
+        sent.set_fragment(None);
+        let uri = http::Uri::try_from(sent.as_str())
+            .map_err(|err| invalid(&format!("is not a valid request target: {err}")))?;
         Ok(Self {
             raw: raw.to_owned(),
-            url,
+            uri,
             origin,
         })
     }
@@ -87,9 +93,9 @@ impl CallbackUrl {
         &self.raw
     }
 
-    /// The parsed URL requests are sent to.
-    pub fn url(&self) -> &Url {
-        &self.url
+    /// The URL requests are sent to, as an HTTP request target.
+    pub fn uri(&self) -> &http::Uri {
+        &self.uri
     }
 
     /// `scheme://host:port` with the default port made explicit: the unit the

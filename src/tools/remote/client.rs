@@ -5,13 +5,28 @@
 //! `localhost` to loopback addresses itself (never through system DNS), refuses to
 //! resolve any other name, and never follows redirects (a redirect could leave the
 //! loopback interface).
+//!
+//! It is hyper-util's pooled client with hyper-rustls for `https` callbacks,
+//! not reqwest: reqwest's redirect layer re-parses every request's URL even
+//! when redirects are off, and its request building copies what this client
+//! sends as is (about 5 % of a remote call's instructions, BENCHMARKS.md,
+//! issue 20, thirteenth pass).
 
+use std::future::Ready;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use reqwest::{Response, StatusCode};
-use serde_json::{Value, json};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body as _, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::Value;
 
 use super::RemoteTool;
 use crate::call::{Attempt, ToolCall, ToolOutcome};
@@ -23,6 +38,10 @@ use crate::reason::ReasonCode;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much of an HTTP error body is quoted back to the model.
 const ERROR_SNIPPET_BYTES: usize = 512;
+/// How long an unused pooled connection to a callback stays open.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Unused pooled connections kept per callback origin.
+const POOL_MAX_IDLE_PER_ORIGIN: usize = 32;
 
 /// What one exchange means for the plugin eviction rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,49 +63,70 @@ pub struct Exchange {
     pub effect: FailureEffect,
 }
 
-/// Resolves `localhost` (and names under it) to loopback addresses only.
-#[derive(Debug)]
+/// Resolves `localhost` (and names under it) to loopback addresses only; an
+/// address in the URL itself never reaches a resolver.
+#[derive(Debug, Clone, Copy)]
 struct LoopbackResolver;
 
-impl Resolve for LoopbackResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let host = name.as_str().trim_end_matches('.').to_ascii_lowercase();
-        Box::pin(async move {
-            if host == "localhost" {
-                let addrs: Addrs = Box::new(
-                    [
-                        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
-                        SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0),
-                    ]
-                    .into_iter(),
-                );
-                Ok(addrs)
-            } else {
-                Err(format!("refusing to resolve {host:?}: callbacks are loopback-only").into())
-            }
+impl tower::Service<Name> for LoopbackResolver {
+    type Response = std::array::IntoIter<SocketAddr, 2>;
+    type Error = String;
+    type Future = Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let host = name.as_str().trim_end_matches('.');
+        std::future::ready(if host.eq_ignore_ascii_case("localhost") {
+            Ok([
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0),
+            ]
+            .into_iter())
+        } else {
+            Err(format!(
+                "refusing to resolve {host:?}: callbacks are loopback-only"
+            ))
         })
     }
 }
 
+type Connector = hyper_rustls::HttpsConnector<HttpConnector<LoopbackResolver>>;
+
 /// The shared HTTP client of every remote tool.
 #[derive(Debug, Clone)]
 pub struct CallbackClient {
-    http: reqwest::Client,
+    http: Client<Connector, Full<Bytes>>,
     response_limit: usize,
+}
+
+/// Why a callback request brought no answer.
+enum SendError {
+    /// The whole exchange passed the tool's timeout.
+    TimedOut,
+    Transport(hyper_util::client::legacy::Error),
 }
 
 impl CallbackClient {
     pub fn new(response_limit: usize) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(LoopbackResolver)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(32)
-            .tcp_nodelay(true)
-            .user_agent(concat!("toolgate/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let mut tcp = HttpConnector::new_with_resolver(LoopbackResolver);
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // `https` callbacks go through the TLS layer, which hands plain `http`
+        // ones back to this connector.
+        tcp.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_platform_verifier()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let http = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_ORIGIN)
+            .build(connector);
         Ok(Self {
             http,
             response_limit,
@@ -102,26 +142,21 @@ impl CallbackClient {
         args: &Value,
     ) -> Exchange {
         let started = Instant::now();
-        let body = json!({
-            "name": tool.name,
-            "arguments": args,
-            "call_id": call.call_id,
-            "raw_arguments": call.arguments.raw,
-        });
-        // The plugin's own trace joins the call's (W3C trace context).
-        let mut headers = attempt_headers(attempt);
-        crate::telemetry::inject_current(&mut headers);
-        let exchange = match self
-            .http
-            .post(tool.callback_url.url().clone())
-            .headers(headers)
-            .timeout(tool.timeout())
-            .json(&body)
-            .send()
-            .await
-        {
-            Ok(response) => self.read_answer(tool, response).await,
-            Err(err) => failed_request(tool, &err),
+        let exchange = match self.request(tool, call, attempt, args) {
+            Ok(request) => {
+                // The tool's timeout covers the whole exchange, body included.
+                tokio::time::timeout(tool.timeout(), self.exchange(request))
+                    .await
+                    .unwrap_or_else(|_| Err(SendError::TimedOut))
+                    .unwrap_or_else(|err| failed_request(tool, err))
+            }
+            Err(err) => Exchange {
+                outcome: ToolOutcome::not_started(
+                    ReasonCode::RemoteRequestFailed,
+                    format!("the callback request could not be built: {err}"),
+                ),
+                effect: FailureEffect::Neutral,
+            },
         };
         // Debug, not info: the journal is the record of calls, and a line per
         // call at info is most of a busy server's log.
@@ -138,12 +173,51 @@ impl CallbackClient {
         exchange
     }
 
-    async fn read_answer(&self, tool: &RemoteTool, response: Response) -> Exchange {
+    /// The callback request of one call: the contract's body and headers, and
+    /// the caller's trace context (a plugin's own trace joins the call's).
+    fn request(
+        &self,
+        tool: &RemoteTool,
+        call: &ToolCall,
+        attempt: Attempt<'_>,
+        args: &Value,
+    ) -> serde_json::Result<Request<Full<Bytes>>> {
+        let body = serde_json::to_vec(&CallbackBody {
+            name: &tool.name,
+            arguments: args,
+            call_id: &call.call_id,
+            raw_arguments: &call.arguments.raw,
+        })?;
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = tool.callback_url.uri().clone();
+        let headers = request.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        attempt_headers(attempt, headers);
+        crate::telemetry::inject_current(headers);
+        Ok(request)
+    }
+
+    async fn exchange(&self, request: Request<Full<Bytes>>) -> Result<Exchange, SendError> {
+        let response = self
+            .http
+            .request(request)
+            .await
+            .map_err(SendError::Transport)?;
+        Ok(self.read_answer(response).await)
+    }
+
+    async fn read_answer(&self, response: http::Response<Incoming>) -> Exchange {
         let status = response.status();
         if status.is_redirection() {
             let location = response
                 .headers()
-                .get(reqwest::header::LOCATION)
+                .get(header::LOCATION)
                 .and_then(|value| value.to_str().ok())
                 .map(|value| format!(" to {value}"))
                 .unwrap_or_default();
@@ -155,7 +229,7 @@ impl CallbackClient {
             ));
         }
         if !status.is_success() {
-            let snippet = match read_capped(response, ERROR_SNIPPET_BYTES, true).await {
+            let snippet = match read_capped(response.into_body(), ERROR_SNIPPET_BYTES, true).await {
                 Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
                 Err(_) => String::new(),
             };
@@ -164,7 +238,7 @@ impl CallbackClient {
                 http_error_message(status, &snippet),
             ));
         }
-        match read_capped(response, self.response_limit, false).await {
+        match read_capped(response.into_body(), self.response_limit, false).await {
             Ok(bytes) => answered(interpret_body(&bytes)),
             Err(BodyError::TooLarge) => answered(ToolOutcome::error(
                 ReasonCode::RemoteResponseTooLarge,
@@ -173,10 +247,6 @@ impl CallbackClient {
                     self.response_limit
                 ),
             )),
-            Err(BodyError::Transport(err)) if err.is_timeout() => Exchange {
-                outcome: timed_out(tool),
-                effect: FailureEffect::Reset,
-            },
             Err(BodyError::Transport(err)) => Exchange {
                 outcome: ToolOutcome::error(
                     ReasonCode::RemoteResponseInterrupted,
@@ -191,17 +261,26 @@ impl CallbackClient {
     }
 }
 
+/// The callback contract's request body.
+#[derive(serde::Serialize)]
+struct CallbackBody<'a> {
+    name: &'a str,
+    arguments: &'a Value,
+    call_id: &'a str,
+    raw_arguments: &'a str,
+}
+
+const USER_AGENT: &str = concat!("toolgate/", env!("CARGO_PKG_VERSION"));
+
 /// The callback contract's delivery headers (README, "Callback contract"):
 /// the execution id as `Idempotency-Key`, the hand-over count as
 /// `X-Toolgate-Attempt`.
-fn attempt_headers(attempt: Attempt<'_>) -> reqwest::header::HeaderMap {
-    let mut headers = reqwest::header::HeaderMap::with_capacity(4);
+fn attempt_headers(attempt: Attempt<'_>, headers: &mut HeaderMap) {
     // Execution ids are ULID-based ASCII, always a valid header value.
-    if let Ok(key) = reqwest::header::HeaderValue::from_str(attempt.idempotency_key) {
+    if let Ok(key) = HeaderValue::from_str(attempt.idempotency_key) {
         headers.insert(IDEMPOTENCY_KEY, key);
     }
-    headers.insert(ATTEMPT, reqwest::header::HeaderValue::from(attempt.number));
-    headers
+    headers.insert(ATTEMPT, HeaderValue::from(attempt.number));
 }
 
 /// The header that names the execution a callback request delivers.
@@ -233,9 +312,18 @@ fn timed_out(tool: &RemoteTool) -> ToolOutcome {
     )
 }
 
-fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
-    // A connect timeout is a connection-level failure (the tool never ran), so
-    // `is_connect` is checked before `is_timeout`.
+fn failed_request(tool: &RemoteTool, err: SendError) -> Exchange {
+    let err = match err {
+        SendError::TimedOut => {
+            return Exchange {
+                outcome: timed_out(tool),
+                effect: FailureEffect::Reset,
+            };
+        }
+        SendError::Transport(err) => err,
+    };
+    // A connect timeout is a connection-level failure (the tool never ran):
+    // the connector reports it as a connect error.
     if err.is_connect() {
         return Exchange {
             outcome: ToolOutcome::not_started(
@@ -243,22 +331,16 @@ fn failed_request(tool: &RemoteTool, err: &reqwest::Error) -> Exchange {
                 format!(
                     "could not connect to the callback at {}: {}",
                     tool.callback_url.origin(),
-                    error_chain(err)
+                    error_chain(&err)
                 ),
             ),
             effect: FailureEffect::Count,
         };
     }
-    if err.is_timeout() {
-        return Exchange {
-            outcome: timed_out(tool),
-            effect: FailureEffect::Reset,
-        };
-    }
     Exchange {
         outcome: ToolOutcome::error(
             ReasonCode::RemoteRequestFailed,
-            format!("the callback request failed: {}", error_chain(err)),
+            format!("the callback request failed: {}", error_chain(&err)),
         ),
         effect: FailureEffect::Neutral,
     }
@@ -271,7 +353,6 @@ fn http_error_message(status: StatusCode, snippet: &str) -> String {
         format!("the callback failed with HTTP {status}: {snippet}")
     }
 }
-
 /// The callback contract: `{"is_error": true, "error": ...}` is a tool error,
 /// `{"output": ...}` is the output, any other JSON value is the output itself, and
 /// a body that is not JSON is passed through as text.
@@ -301,38 +382,38 @@ pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
 
 enum BodyError {
     TooLarge,
-    Transport(reqwest::Error),
+    Transport(hyper::Error),
 }
 
 /// Reads at most `limit` bytes. Past the limit the body is either cut (`truncate`,
 /// for quoting error bodies) or refused.
 async fn read_capped(
-    mut response: Response,
+    mut body: Incoming,
     limit: usize,
     truncate: bool,
 ) -> Result<Vec<u8>, BodyError> {
-    if !truncate
-        && response
-            .content_length()
-            .is_some_and(|len| len > limit as u64)
-    {
+    // A declared length is the body's exact size hint.
+    if !truncate && body.size_hint().lower() > limit as u64 {
         return Err(BodyError::TooLarge);
     }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(BodyError::Transport)? {
-        if body.len() + chunk.len() > limit {
+    let mut bytes = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(chunk) = frame.map_err(BodyError::Transport)?.into_data() else {
+            continue; // trailers
+        };
+        if bytes.len() + chunk.len() > limit {
             if truncate {
-                body.extend_from_slice(&chunk[..limit - body.len()]);
-                return Ok(body);
+                bytes.extend_from_slice(&chunk[..limit - bytes.len()]);
+                return Ok(bytes);
             }
             return Err(BodyError::TooLarge);
         }
-        body.extend_from_slice(&chunk);
+        bytes.extend_from_slice(&chunk);
     }
-    Ok(body)
+    Ok(bytes)
 }
 
-/// The error with its causes, which is where reqwest keeps the useful part
+/// The error with its causes, which is where the useful part is kept
 /// ("Connection refused (os error 111)").
 fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![err.to_string()];
@@ -350,6 +431,7 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn output(outcome: ToolOutcome) -> (bool, Value) {
         match outcome {
