@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
@@ -19,6 +20,15 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// Whether the installed subscriber exports spans (set once, by [`init`]).
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans leave the process: fields that only an exported span shows
+/// need not be recorded otherwise.
+pub fn spans_exported() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// The installed tracer provider; shut down (flushed) at exit.
 pub struct Telemetry {
@@ -102,6 +112,7 @@ where
 {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let (provider, exporting) = provider();
+    EXPORTING.store(exporting, Ordering::Relaxed);
     tracing_subscriber::registry()
         .with(fmt_layer.with_filter(filter))
         .with(otel_layer(&provider))
@@ -126,7 +137,10 @@ pub fn request_span(method: &http::Method, path: &str, headers: &http::HeaderMap
 }
 
 /// The span of one tool call; `provider`, `status` and `execution_id` are
-/// recorded once the call is decided.
+/// recorded once the call is decided, when spans are exported: no log line
+/// of the call follows that point, so only an exported span shows them, and
+/// recording them costs every call about 2 % of its instructions (BENCHMARKS.md,
+/// issue 20, thirteenth pass).
 pub fn tool_call_span(session_id: &str, tool: &str, caller_slot: impl Display) -> tracing::Span {
     tracing::info_span!(
         target: "toolgate::trace",

@@ -46,10 +46,12 @@ impl ToolRuntime {
                 let result = runtime.run_call(&account_id, &session_id, call).await;
                 if let Ok(result) = &result {
                     record_call(result, &name, started.elapsed());
-                    let provider = result.provider_type.map_or("none", |p| p.as_str());
-                    recorded.record("provider", provider);
-                    recorded.record("status", result.status.as_str());
-                    recorded.record("execution_id", result.execution_id.as_str());
+                    if crate::telemetry::spans_exported() {
+                        let provider = result.provider_type.map_or("none", |p| p.as_str());
+                        recorded.record("provider", provider);
+                        recorded.record("status", result.status.as_str());
+                        recorded.record("execution_id", result.execution_id.as_str());
+                    }
                     runtime.publish_journal_row(&session_id, result);
                 }
                 result
