@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, FromRequestParts, RawQuery, Request, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
@@ -28,7 +28,8 @@ use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffec
 use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
-    DeclaredMetadata, FailedRole, MutationReport, RegistrationInput, RemoteTool, Role, Target,
+    DeclaredMetadata, FailedRole, ListingCache, MutationReport, RegistrationInput, RemoteTool,
+    Role, Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -412,13 +413,26 @@ async fn list_tools(
         .await
         .map_err(from_domain)?;
     roles.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name));
-    let chunks =
-        futures::stream::iter(listing_chunks(&state.boot_id, roles).map(Ok::<_, Infallible>));
-    Ok((
-        [(header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(chunks),
-    )
-        .into_response())
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    let cache = state.runtime.remote.listing_cache();
+    if let Some(body) = cache.get(&roles) {
+        return Ok((json, Body::from(body)).into_response());
+    }
+    // Joined whole while it stays within the cache's bound (and kept), else
+    // streamed on from what was joined so far.
+    let mut chunks = listing_chunks(&state.boot_id, roles.clone());
+    let mut whole = Vec::new();
+    while whole.len() <= ListingCache::MAX_BYTES {
+        let Some(chunk) = chunks.next() else {
+            let body = Bytes::from(whole);
+            cache.put(&roles, body.clone());
+            return Ok((json, Body::from(body)).into_response());
+        };
+        whole.extend_from_slice(&chunk);
+    }
+    let rest = std::iter::once(whole).chain(chunks);
+    let chunks = futures::stream::iter(rest.map(Ok::<_, Infallible>));
+    Ok((json, Body::from_stream(chunks)).into_response())
 }
 
 /// Bytes the listing hands the connection at a time: whole tools, batched,

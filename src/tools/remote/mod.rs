@@ -6,6 +6,7 @@
 
 mod client;
 mod eviction;
+mod listing_cache;
 mod manager;
 mod provider;
 
@@ -27,6 +28,7 @@ use crate::error::{Error, ErrorCode, Result};
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
+pub use listing_cache::ListingCache;
 pub use manager::{FailedRole, MutationReport, Role, Target};
 pub use provider::RemoteProvider;
 
@@ -526,6 +528,7 @@ pub struct RemoteRegistry {
     limits: RegistrationLimits,
     client: CallbackClient,
     failures: FailureCounter,
+    listing: ListingCache,
 }
 
 impl RemoteRegistry {
@@ -535,6 +538,7 @@ impl RemoteRegistry {
             limits: RegistrationLimits::from_settings(settings),
             client: CallbackClient::new(settings.callback_response_limit_bytes)?,
             failures: FailureCounter::default(),
+            listing: ListingCache::default(),
         })
     }
 
@@ -622,6 +626,12 @@ impl RemoteRegistry {
     }
 
     /// One character's tools, by name.
+    /// The last whole `GET /api/tools` answer, kept while what it lists is
+    /// unchanged.
+    pub fn listing_cache(&self) -> &ListingCache {
+        &self.listing
+    }
+
     pub fn list(&self, character_id: &str) -> Vec<Arc<RemoteTool>> {
         self.lock()
             .by_character
