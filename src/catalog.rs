@@ -74,6 +74,21 @@ pub trait ToolProvider: Send + Sync {
     /// This provider's entries in `session`'s catalog.
     fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>>;
 
+    /// This provider's entries named `name` in `session`'s catalog: what a
+    /// call of `name` is decided on. A provider that can find a name without
+    /// building every entry says so here; the default filters `entries`.
+    fn entries_named<'a>(
+        &'a self,
+        session: &'a Session,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        Box::pin(async move {
+            let mut entries = self.entries(session).await?;
+            entries.retain(|entry| entry.spec.name == name);
+            Ok(entries)
+        })
+    }
+
     /// The handler that runs a deferred call of this provider.
     fn restore(
         &self,
@@ -316,6 +331,22 @@ impl Catalog {
         Ok(Self::assemble(&session.id, entries))
     }
 
+    /// What a call of `name` on `session` is decided on: every provider's
+    /// entries of that name, in the providers' order. Its `lookup(name)` is
+    /// the full catalog's, conflicts included (a conflict is entries of one
+    /// name), without building the entries of every other tool per call.
+    pub async fn for_call(
+        session: &Session,
+        providers: &[Arc<dyn ToolProvider>],
+        name: &str,
+    ) -> Result<Self> {
+        let mut entries = Vec::new();
+        for provider in providers {
+            entries.extend(provider.entries_named(session, name).await?);
+        }
+        Ok(Self::assemble(&session.id, entries))
+    }
+
     /// Every provider's entries for `session`, in the providers' order.
     pub async fn entries_of(
         session: &Session,
@@ -414,5 +445,77 @@ pub(crate) mod testing {
             },
             Arc::new(NeverRun),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::entry;
+    use super::*;
+
+    /// A provider of fixed entries, deciding calls by the default
+    /// `entries_named`.
+    struct Fixed(Vec<CatalogEntry>);
+
+    impl ToolProvider for Fixed {
+        fn kind(&self) -> &'static str {
+            "fixed"
+        }
+
+        fn entries<'a>(&'a self, _: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+            Box::pin(std::future::ready(Ok(self.0.clone())))
+        }
+    }
+
+    fn session() -> Session {
+        Session {
+            id: "sess_1".into(),
+            account_id: "acct_1".into(),
+            character_id: "char_1".into(),
+            character: "Lanlan".into(),
+            title: String::new(),
+            metadata: Value::Null,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    /// What `lookup(name)` decides, in comparable terms.
+    fn decided(catalog: &Catalog, name: &str) -> String {
+        match catalog.lookup(name) {
+            Ok(entry) => format!("run {}", entry.spec.provider_id),
+            Err(NotCallable::Unknown) => "unknown".into(),
+            Err(NotCallable::Conflict(conflict)) => {
+                format!("conflict {}", conflict.provider_ids.join(","))
+            }
+            Err(NotCallable::Unavailable(entry)) => {
+                format!("unavailable {}", entry.spec.provider_id)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_calls_catalog_decides_its_name_as_the_whole_catalog_does() {
+        use crate::domain::tool::{SideEffectLevel, ToolMetadata};
+        let metadata = ToolMetadata::declared(SideEffectLevel::None, Vec::new(), None);
+        let one = Fixed(vec![
+            entry("look", "one", metadata.clone()),
+            entry("shared", "one", metadata.clone()),
+            entry("broken", "one", metadata.clone()).unavailable("server down"),
+        ]);
+        let two = Fixed(vec![
+            entry("shared", "two", metadata.clone()),
+            entry("write", "two", metadata.clone()),
+        ]);
+        let providers: Vec<Arc<dyn ToolProvider>> = vec![Arc::new(one), Arc::new(two)];
+        let session = session();
+        let whole = Catalog::build(&session, &providers).await.unwrap();
+        for name in ["look", "write", "shared", "broken", "missing"] {
+            let call = Catalog::for_call(&session, &providers, name).await.unwrap();
+            assert_eq!(decided(&call, name), decided(&whole, name), "{name}");
+            assert!(call.entries.iter().all(|entry| entry.spec.name == name));
+        }
+        assert_eq!(decided(&whole, "shared"), "conflict one,two");
+        assert_eq!(decided(&whole, "broken"), "unavailable one");
     }
 }

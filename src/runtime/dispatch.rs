@@ -84,7 +84,9 @@ impl ToolRuntime {
     ) -> Result<ToolCallResult> {
         let session = self.store.shared_session(account_id, session_id).await?;
         let scope = CallScope::resolve(&self.store, account_id, &session, &call).await?;
-        let catalog = self.catalog(&session).await?;
+        // Only the called name's entries: a call is decided on its own name
+        // (and its conflicts), not on every tool of the catalog.
+        let catalog = Catalog::for_call(&session, &self.providers, &call.name).await?;
         let journal = CallJournal {
             store: &self.store,
             account_id,

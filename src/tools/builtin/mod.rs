@@ -303,6 +303,20 @@ impl ToolProvider for BuiltinProvider {
             .collect();
         Box::pin(std::future::ready(Ok(entries)))
     }
+
+    fn entries_named<'a>(
+        &'a self,
+        _session: &'a Session,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let entries = self
+            .handlers
+            .iter()
+            .filter(|(spec, _)| spec.name == name)
+            .map(|(spec, handler)| CatalogEntry::available(spec.clone(), handler.clone()))
+            .collect();
+        Box::pin(std::future::ready(Ok(entries)))
+    }
 }
 
 /// Runs one builtin.

@@ -625,19 +625,27 @@ impl RemoteRegistry {
         gone.len()
     }
 
-    /// One character's tools, by name.
     /// The last whole `GET /api/tools` answer, kept while what it lists is
     /// unchanged.
     pub fn listing_cache(&self) -> &ListingCache {
         &self.listing
     }
 
+    /// One character's tools, by name.
     pub fn list(&self, character_id: &str) -> Vec<Arc<RemoteTool>> {
         self.lock()
             .by_character
             .get(character_id)
             .map(|tools| tools.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// One character's tool called `name`, if it has one.
+    pub fn named(&self, character_id: &str, name: &str) -> Option<Arc<RemoteTool>> {
+        self.lock()
+            .by_character
+            .get(character_id)
+            .and_then(|tools| tools.get(name).cloned())
     }
 
     pub fn client(&self) -> &CallbackClient {

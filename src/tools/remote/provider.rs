@@ -31,6 +31,16 @@ impl RemoteProvider {
     pub fn new(registry: Arc<RemoteRegistry>) -> Self {
         Self { registry }
     }
+
+    /// A registration as a catalog entry that runs it.
+    fn entry(&self, tool: Arc<RemoteTool>) -> CatalogEntry {
+        let spec = tool.spec();
+        let handler = RemoteHandler {
+            tool,
+            registry: self.registry.clone(),
+        };
+        CatalogEntry::available(spec, Arc::new(handler))
+    }
 }
 
 impl ToolProvider for RemoteProvider {
@@ -43,14 +53,21 @@ impl ToolProvider for RemoteProvider {
             .registry
             .list(&session.character_id)
             .into_iter()
-            .map(|tool| {
-                let spec = tool.spec();
-                let handler = RemoteHandler {
-                    tool,
-                    registry: self.registry.clone(),
-                };
-                CatalogEntry::available(spec, Arc::new(handler))
-            })
+            .map(|tool| self.entry(tool))
+            .collect();
+        Box::pin(std::future::ready(Ok(entries)))
+    }
+
+    fn entries_named<'a>(
+        &'a self,
+        session: &'a Session,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let entries = self
+            .registry
+            .named(&session.character_id, name)
+            .map(|tool| self.entry(tool))
+            .into_iter()
             .collect();
         Box::pin(std::future::ready(Ok(entries)))
     }
