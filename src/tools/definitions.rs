@@ -61,21 +61,39 @@ impl ToolProvider for DefinitionProvider {
     }
 
     fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
-        Box::pin(async move {
-            let definitions = self.store.enabled_definitions(&session.account_id).await?;
-            Ok(definitions
-                .iter()
-                .map(|definition| {
-                    let handler = DefinitionHandler {
-                        definition_id: definition.id.clone(),
-                        script: definition.script().map(Arc::from),
-                        scripts: self.scripts.clone(),
-                        scripts_enabled: self.scripts_enabled,
-                    };
-                    entry(definition.clone(), handler)
-                })
-                .collect())
-        })
+        Box::pin(self.entries_where(session, |_| true))
+    }
+
+    fn entries_named<'a>(
+        &'a self,
+        session: &'a Session,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        Box::pin(self.entries_where(session, move |definition| definition.name == name))
+    }
+}
+
+impl DefinitionProvider {
+    /// The entries of the account's enabled definitions that `keep` keeps.
+    async fn entries_where(
+        &self,
+        session: &Session,
+        keep: impl Fn(&ToolDefinition) -> bool,
+    ) -> Result<Vec<CatalogEntry>> {
+        let definitions = self.store.enabled_definitions(&session.account_id).await?;
+        Ok(definitions
+            .iter()
+            .filter(|definition| keep(definition))
+            .map(|definition| {
+                let handler = DefinitionHandler {
+                    definition_id: definition.id.clone(),
+                    script: definition.script().map(Arc::from),
+                    scripts: self.scripts.clone(),
+                    scripts_enabled: self.scripts_enabled,
+                };
+                entry(definition.clone(), handler)
+            })
+            .collect())
     }
 }
 

@@ -15,7 +15,7 @@ use super::status::ConnectionState;
 use super::{Command, McpHub};
 use crate::call::{Attempt, JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
-use crate::domain::tool::SideEffectLevel;
+use crate::domain::tool::{SideEffectLevel, ToolSpec};
 use crate::error::Result;
 use crate::ids::now_ms;
 use crate::reason::ReasonCode;
@@ -39,12 +39,14 @@ impl McpProvider {
     }
 }
 
-impl ToolProvider for McpProvider {
-    fn kind(&self) -> &'static str {
-        KIND
-    }
-
-    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+impl McpProvider {
+    /// The entries of the account's listed server tools whose spec `keep`
+    /// keeps.
+    fn entries_where(
+        &self,
+        session: &Session,
+        keep: impl Fn(&ToolSpec) -> bool,
+    ) -> Vec<CatalogEntry> {
         let mut entries = Vec::new();
         for slot in self.hub.account_slots(&session.account_id) {
             let state = slot.state();
@@ -52,7 +54,7 @@ impl ToolProvider for McpProvider {
                 continue;
             };
             let source = state.catalog_source();
-            for tool in listed.tools.iter() {
+            for tool in listed.tools.iter().filter(|tool| keep(&tool.spec)) {
                 let handler = McpHandler {
                     hub: self.hub.clone(),
                     server_id: slot.server.id.clone(),
@@ -64,6 +66,27 @@ impl ToolProvider for McpProvider {
                 entries.push(entry);
             }
         }
+        entries
+    }
+}
+
+impl ToolProvider for McpProvider {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        Box::pin(std::future::ready(
+            Ok(self.entries_where(session, |_| true)),
+        ))
+    }
+
+    fn entries_named<'a>(
+        &'a self,
+        session: &'a Session,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
+        let entries = self.entries_where(session, |spec| spec.name == name);
         Box::pin(std::future::ready(Ok(entries)))
     }
 
