@@ -33,13 +33,12 @@ pub fn spans_exported() -> bool {
 /// The installed tracer provider; shut down (flushed) at exit.
 pub struct Telemetry {
     provider: SdkTracerProvider,
-    exporting: bool,
 }
 
 impl Telemetry {
     /// Whether spans are exported over OTLP.
     pub fn exporting(&self) -> bool {
-        self.exporting
+        spans_exported()
     }
 
     /// Flushes the spans still buffered (blocking: call off the async workers).
@@ -117,10 +116,7 @@ where
         .with(fmt_layer.with_filter(filter))
         .with(otel_layer(&provider))
         .init();
-    Telemetry {
-        provider,
-        exporting,
-    }
+    Telemetry { provider }
 }
 
 /// The span of one HTTP request, a child of the caller's trace when its

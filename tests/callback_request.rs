@@ -6,67 +6,15 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
-use axum::body::Bytes;
-use axum::extract::{Request, State};
-use axum::routing::post;
+use common::callbacks::RecordingCallbacks;
 use common::spawn_app;
 use serde_json::{Value, json};
-
-/// One callback request as the plugin saw it.
-#[derive(Debug, Clone)]
-struct Received {
-    method: String,
-    target: String,
-    headers: Vec<(String, String)>,
-    body: Value,
-}
-
-impl Received {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    }
-}
-
-type Log = Arc<Mutex<Vec<Received>>>;
-
-/// A callback on an ephemeral loopback port that keeps every request and
-/// answers each with `{"output": {"ok": true}}`; its port.
-async fn recording_callback() -> (u16, Log) {
-    let log: Log = Arc::default();
-    let app = axum::Router::new()
-        .fallback(post(
-            |State(log): State<Log>, request: Request| async move {
-                let (parts, body) = request.into_parts();
-                let bytes: Bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
-                log.lock().unwrap().push(Received {
-                    method: parts.method.to_string(),
-                    target: parts.uri.to_string(),
-                    headers: parts
-                        .headers
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_owned()))
-                        .collect(),
-                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                });
-                axum::Json(json!({"output": {"ok": true}}))
-            },
-        ))
-        .with_state(log.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (port, log)
-}
 
 #[tokio::test]
 async fn a_callback_named_localhost_gets_the_contract_request_without_the_fragment() {
     let server = spawn_app().await;
-    let (port, log) = recording_callback().await;
+    let callbacks = RecordingCallbacks::start().await;
+    let port = callbacks.port;
     common::register_remote(
         &server,
         json!({"name": "lookup", "callback_url": format!("http://LocalHost:{port}/hooks/lookup?plugin=p1#part")}),
@@ -83,7 +31,7 @@ async fn a_callback_named_localhost_gets_the_contract_request_without_the_fragme
     assert_eq!(data["output"], json!({"ok": true}), "{data}");
     let execution_id = data["execution_id"].as_str().unwrap();
 
-    let received = log.lock().unwrap().clone();
+    let received = callbacks.received();
     assert_eq!(received.len(), 1, "{received:?}");
     let request = &received[0];
     assert_eq!(request.method, "POST");
@@ -121,5 +69,5 @@ async fn a_callback_named_localhost_gets_the_contract_request_without_the_fragme
         .tool_call(&session, json!({"name": "lookup", "arguments": {}}))
         .await;
     assert_eq!(again["status"], "success", "{again}");
-    assert_eq!(log.lock().unwrap().len(), 2);
+    assert_eq!(callbacks.received().len(), 2);
 }

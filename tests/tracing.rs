@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use common::callbacks::RecordingCallbacks;
 use common::mcp::{HttpMcp, create_server, http_body, wait_for_source};
 use common::{SpawnOptions, TestServer, register_remote, spawn_app, spawn_with, wait_until};
 use reqwest::StatusCode;
@@ -18,30 +18,6 @@ use serde_json::{Value, json};
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
-
-/// A callback that answers and keeps the `traceparent` of every request.
-async fn recording_callback() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Default::default();
-    let record = seen.clone();
-    let app = axum::Router::new().route(
-        "/cb",
-        axum::routing::post(move |headers: HeaderMap| {
-            let record = record.clone();
-            async move {
-                let parent = headers
-                    .get("traceparent")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                record.lock().unwrap().push(parent);
-                axum::Json(json!({"output": "ok", "is_error": false}))
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/cb", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, seen)
-}
 
 /// `00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero; answers (trace, span).
 fn parse_traceparent(value: &str) -> (String, String) {
@@ -87,16 +63,24 @@ async fn call_with_traceparent(server: &TestServer, session: &str, traceparent: 
 
 #[tokio::test]
 async fn every_callback_carries_a_traceparent_joining_the_callers_trace() {
-    let (url, seen) = recording_callback().await;
+    let callbacks = RecordingCallbacks::start().await;
     let server = spawn_app().await;
-    register_remote(&server, json!({"name": "traced_tool", "callback_url": url})).await;
+    register_remote(
+        &server,
+        json!({"name": "traced_tool", "callback_url": callbacks.url("/cb")}),
+    )
+    .await;
     let session = server.create_session().await;
 
     call_with_traceparent(&server, &session, None).await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     call_with_traceparent(&server, &session, Some(&caller)).await;
 
-    let seen = seen.lock().unwrap().clone();
+    let seen: Vec<Option<String>> = callbacks
+        .received()
+        .iter()
+        .map(|request| request.header("traceparent").map(str::to_owned))
+        .collect();
     assert_eq!(seen.len(), 2);
     let (fresh_trace, _) =
         parse_traceparent(seen[0].as_deref().expect("a traceparent without exporter"));
@@ -170,9 +154,13 @@ fn attribute(span: &Value, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn spans_of_a_request_and_its_tool_call_reach_the_otlp_receiver() {
-    let (url, _) = recording_callback().await;
+    let callbacks = RecordingCallbacks::start().await;
     let (server, spans) = exporting_server().await;
-    register_remote(&server, json!({"name": "traced_tool", "callback_url": url})).await;
+    register_remote(
+        &server,
+        json!({"name": "traced_tool", "callback_url": callbacks.url("/cb")}),
+    )
+    .await;
     let session = server.create_session().await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     call_with_traceparent(&server, &session, Some(&caller)).await;

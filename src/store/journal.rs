@@ -663,8 +663,6 @@ fn text_opt(value: Option<&str>) -> Param<'_> {
     Param::Text(value.map(Cow::Borrowed))
 }
 
-/// A row's values as `?1` … `?33` (the numbering of the statements above;
-/// `?33` is the instance writing it).
 /// Where [`row_params`] puts the values that an outcome replaces and that
 /// the journal log's readers look at (`?N` is position N - 1).
 pub(super) mod row_at {
@@ -680,6 +678,8 @@ pub(super) mod row_at {
     pub const COUNT: usize = 33;
 }
 
+/// A row's values as `?1` … `?33` (the numbering of the statements above;
+/// `?33` is the instance writing it).
 pub(super) fn row_params<'a>(
     row: &'a NewExecution,
     now: i64,

@@ -1,11 +1,12 @@
-//! A loopback callback server for remote tools that counts the calls it
-//! receives: a test that must start no provider reads the count.
+//! Loopback callback servers for remote tools: one that counts the calls it
+//! receives (a test that must start no provider reads the count), and one
+//! that keeps every request as the plugin saw it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::routing::post;
 use serde_json::{Value, json};
 
@@ -45,5 +46,74 @@ impl CountingCallbacks {
     /// How many calls the server has received.
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// One callback request as the plugin saw it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    /// Path and query, as the request line carried them.
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    /// The JSON body (`Null` when it was not JSON).
+    pub body: Value,
+}
+
+impl Received {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A running callback server that keeps every request, on any path, and
+/// answers each with `{"output": {"ok": true}}`.
+#[derive(Clone)]
+pub struct RecordingCallbacks {
+    pub port: u16,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl RecordingCallbacks {
+    /// Starts the server on a free loopback port.
+    pub async fn start() -> Self {
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let app = axum::Router::new()
+            .fallback(post(
+                |State(log): State<Arc<Mutex<Vec<Received>>>>, request: Request| async move {
+                    let (parts, body) = request.into_parts();
+                    let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                    log.lock().unwrap().push(Received {
+                        method: parts.method.to_string(),
+                        target: parts.uri.to_string(),
+                        headers: parts
+                            .headers
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_owned()))
+                            .collect(),
+                        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                    });
+                    Json(json!({"output": {"ok": true}}))
+                },
+            ))
+            .with_state(received.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { port, received }
+    }
+
+    /// The callback URL of `path` on this server, by loopback address.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Every request received so far, in order.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
     }
 }

@@ -296,12 +296,7 @@ impl ToolProvider for BuiltinProvider {
     }
 
     fn entries<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
-        let entries = self
-            .handlers
-            .iter()
-            .map(|(spec, handler)| CatalogEntry::available(spec.clone(), handler.clone()))
-            .collect();
-        Box::pin(std::future::ready(Ok(entries)))
+        Box::pin(std::future::ready(Ok(self.entries_where(|_| true))))
     }
 
     fn entries_named<'a>(
@@ -309,13 +304,19 @@ impl ToolProvider for BuiltinProvider {
         _session: &'a Session,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
-        let entries = self
-            .handlers
-            .iter()
-            .filter(|(spec, _)| spec.name == name)
-            .map(|(spec, handler)| CatalogEntry::available(spec.clone(), handler.clone()))
-            .collect();
+        let entries = self.entries_where(|spec| spec.name == name);
         Box::pin(std::future::ready(Ok(entries)))
+    }
+}
+
+impl BuiltinProvider {
+    /// The entries of the builtins whose spec `keep` keeps.
+    fn entries_where(&self, keep: impl Fn(&ToolSpec) -> bool) -> Vec<CatalogEntry> {
+        self.handlers
+            .iter()
+            .filter(|(spec, _)| keep(spec))
+            .map(|(spec, handler)| CatalogEntry::available(spec.clone(), handler.clone()))
+            .collect()
     }
 }
 

@@ -117,8 +117,10 @@ impl CallbackClient {
         // `https` callbacks go through the TLS layer, which hands plain `http`
         // ones back to this connector.
         tcp.enforce_http(false);
+        // The fallible form: a platform verifier that cannot start is a
+        // start-up error, not the panic of `with_platform_verifier`.
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_platform_verifier()
+            .try_with_platform_verifier()?
             .https_or_http()
             .enable_http1()
             .wrap_connector(tcp);
@@ -142,7 +144,7 @@ impl CallbackClient {
         args: &Value,
     ) -> Exchange {
         let started = Instant::now();
-        let exchange = match self.request(tool, call, attempt, args) {
+        let exchange = match callback_request(tool, call, attempt, args) {
             Ok(request) => {
                 // The tool's timeout covers the whole exchange, body included.
                 tokio::time::timeout(tool.timeout(), self.exchange(request))
@@ -171,36 +173,6 @@ impl CallbackClient {
             "remote tool callback finished"
         );
         exchange
-    }
-
-    /// The callback request of one call: the contract's body and headers, and
-    /// the caller's trace context (a plugin's own trace joins the call's).
-    fn request(
-        &self,
-        tool: &RemoteTool,
-        call: &ToolCall,
-        attempt: Attempt<'_>,
-        args: &Value,
-    ) -> serde_json::Result<Request<Full<Bytes>>> {
-        let body = serde_json::to_vec(&CallbackBody {
-            name: &tool.name,
-            arguments: args,
-            call_id: &call.call_id,
-            raw_arguments: &call.arguments.raw,
-        })?;
-        let mut request = Request::new(Full::new(Bytes::from(body)));
-        *request.method_mut() = http::Method::POST;
-        *request.uri_mut() = tool.callback_url.uri().clone();
-        let headers = request.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
-        headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
-        attempt_headers(attempt, headers);
-        crate::telemetry::inject_current(headers);
-        Ok(request)
     }
 
     async fn exchange(&self, request: Request<Full<Bytes>>) -> Result<Exchange, SendError> {
@@ -259,6 +231,35 @@ impl CallbackClient {
             },
         }
     }
+}
+
+/// The callback request of one call: the contract's body and headers, and
+/// the caller's trace context (a plugin's own trace joins the call's).
+fn callback_request(
+    tool: &RemoteTool,
+    call: &ToolCall,
+    attempt: Attempt<'_>,
+    args: &Value,
+) -> serde_json::Result<Request<Full<Bytes>>> {
+    let body = serde_json::to_vec(&CallbackBody {
+        name: &tool.name,
+        arguments: args,
+        call_id: &call.call_id,
+        raw_arguments: &call.arguments.raw,
+    })?;
+    let mut request = Request::new(Full::new(Bytes::from(body)));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = tool.callback_url.uri().clone();
+    let headers = request.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+    headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+    attempt_headers(attempt, headers);
+    crate::telemetry::inject_current(headers);
+    Ok(request)
 }
 
 /// The callback contract's request body.
