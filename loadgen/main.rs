@@ -23,6 +23,7 @@ use tokio::process::{Child, Command};
 
 mod console;
 mod database;
+mod floor;
 mod generation;
 mod instances;
 mod ratios;
@@ -61,7 +62,7 @@ struct Args {
     #[arg(long)]
     keep_dir: Option<PathBuf>,
     /// Only these phases (comma-separated: register, remote, builtin, console, tools_list,
-    /// sessions_rss, generation, journal, instances).
+    /// sessions_rss, generation, journal, instances, floor).
     #[arg(long, value_delimiter = ',')]
     phases: Vec<String>,
     /// Run every server on a fresh database of this PostgreSQL server
@@ -70,6 +71,10 @@ struct Args {
     /// of two instances on the database against one.
     #[arg(long)]
     postgres: Option<String>,
+    /// Internal: run the floor server (see `floor.rs`) forwarding calls to
+    /// this callback URL, instead of a bench.
+    #[arg(long, hide = true)]
+    floor_server: Option<String>,
 }
 
 impl Args {
@@ -100,6 +105,9 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if let Some(callback_url) = &args.floor_server {
+        return runtime.block_on(floor::serve(callback_url));
+    }
     runtime.block_on(run(args))
 }
 
@@ -182,6 +190,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let session = roles.sessions[0].clone();
     if args.wants("remote") {
         remote_phase(&args, &api, &client, &callback, &session).await?;
+    }
+    if args.wants("floor") {
+        floor::floor_phase(args.samples, &client, &callback).await?;
     }
     if args.wants("builtin") {
         builtin_phase(&args, &api, &session).await?;
@@ -519,6 +530,39 @@ async fn open_event_stream(
     }))
 }
 
+/// What toolgate itself sends the callback.
+const DIRECT_BODY: &[u8] = br#"{"name":"bench_weather","arguments":{"location":"Shanghai","days":3},"call_id":"call_direct","raw_arguments":"{\"location\":\"Shanghai\",\"days\":3}"}"#;
+
+/// One direct callback round trip: what toolgate's callback hop would be if
+/// the bench made it itself.
+fn direct_call(
+    client: &reqwest::Client,
+    url: &str,
+) -> impl Fn(u64) -> std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    let client = client.clone();
+    let url = url.to_owned();
+    move |_i: u64| {
+        let request = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(DIRECT_BODY);
+        Box::pin(async move {
+            let response = request.send().await?;
+            ensure!(
+                response.status().is_success(),
+                "callback: HTTP {}",
+                response.status()
+            );
+            response.bytes().await?;
+            Ok(())
+        })
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Driving load
 
@@ -840,28 +884,7 @@ async fn remote_phase(
             }
         }
     };
-    // What toolgate itself sends the callback.
-    let direct_body: &'static [u8] = br#"{"name":"bench_weather","arguments":{"location":"Shanghai","days":3},"call_id":"call_direct","raw_arguments":"{\"location\":\"Shanghai\",\"days\":3}"}"#;
-    let direct = {
-        let client = client.clone();
-        let url = callback.url.clone();
-        move |_i: u64| {
-            let request = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(direct_body);
-            async move {
-                let response = request.send().await?;
-                ensure!(
-                    response.status().is_success(),
-                    "callback: HTTP {}",
-                    response.status()
-                );
-                response.bytes().await?;
-                Ok(())
-            }
-        }
-    };
+    let direct = direct_call(client, &callback.url);
     // Unloaded latency, interleaving the two so that drift affects both alike.
     let direct_times = Arc::new(std::sync::Mutex::new(Vec::new()));
     let toolgate_times = Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -21,6 +21,14 @@ const ISSUE_20_LINES: [&str; 9] = [
     "model_sessions_2k_rss_mb",
 ];
 
+/// The floor's lines: the same ratios through a bare hyper server, the least
+/// the matching toolgate ratios can be on the machine of the run.
+const FLOOR_LINES: [&str; 3] = [
+    "floor_remote_overhead_ratio_c1",
+    "floor_remote_call_p99_vs_p50_c1",
+    "floor_register_100_vs_direct_ratio",
+];
+
 /// Every `name value` line of the bench's standard output, by name.
 fn figures(stdout: &str) -> HashMap<String, String> {
     stdout
@@ -44,7 +52,7 @@ fn the_bench_prints_every_issue_20_figure_on_a_line_of_its_own() {
         "--server",
         env!("CARGO_BIN_EXE_toolgate"),
         "--phases",
-        "register,remote,builtin,tools_list,sessions_rss,journal",
+        "register,remote,builtin,tools_list,sessions_rss,journal,floor",
         "--rows",
         "3000",
         "--samples",
@@ -67,7 +75,7 @@ fn the_bench_prints_every_issue_20_figure_on_a_line_of_its_own() {
         String::from_utf8_lossy(&output.stderr)
     );
     let figures = figures(&stdout);
-    for name in ISSUE_20_LINES {
+    for name in ISSUE_20_LINES.into_iter().chain(FLOOR_LINES) {
         let value = figures
             .get(name)
             .unwrap_or_else(|| panic!("no line {name:?} in the bench's output:\n{stdout}"));
