@@ -954,6 +954,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_stream_that_is_not_read_is_reported_and_closed() {
+        let hub = Arc::new(ModelSessionHub::default());
+        let _unread = hub
+            .open(
+                &EmptyCatalogs,
+                session(),
+                Slot::Narrator,
+                ModelProvider::OpenAiCompatible,
+            )
+            .await
+            .unwrap();
+        let mut change = CatalogChange::new(CatalogScope::Character("char_test".into()));
+        change.added.push("weather".into());
+        // `ready` and then one event per mutation fill the buffer; none is read.
+        for _ in 1..EVENT_BUFFER {
+            let guard = hub.mutation_lock().await;
+            let results = hub
+                .sync_all(&guard, &EmptyCatalogs, std::slice::from_ref(&change))
+                .await;
+            assert_eq!(results, [Ok(())]);
+        }
+        let guard = hub.mutation_lock().await;
+        let results = hub
+            .sync_all(&guard, &EmptyCatalogs, std::slice::from_ref(&change))
+            .await;
+        let refusal = results[0].as_ref().expect_err("the stream is full");
+        assert!(refusal.contains("is not being read"), "{refusal}");
+        assert!(
+            hub.live().by_character.is_empty(),
+            "the stuck session was closed"
+        );
+    }
+
+    #[tokio::test]
     async fn open_after_close_all_is_refused() {
         let hub = Arc::new(ModelSessionHub::default());
         hub.close_all();

@@ -64,6 +64,17 @@ impl MutationReport {
         }
         report
     }
+
+    /// The mutation's roles by name, at debug. The info line counts them: a
+    /// mutation of every role names them all, and formatting a hundred names
+    /// on each register was 5 % of its work, on the answer's path.
+    fn log_roles(&self) {
+        tracing::debug!(
+            affected = ?self.affected_roles,
+            failed = ?self.failed_roles,
+            "the roles of the mutation"
+        );
+    }
 }
 
 /// One role's (still empty) change, and the role's name for the report.
@@ -109,8 +120,10 @@ async fn mutation_roles(
         // created after this read has no registration yet: its registration
         // waits for this mutation. A list read outside the lock could miss a
         // character whose registration then lands before the collection.
-        let existing: HashSet<String> =
-            roles.iter().map(|role| role.character_id.clone()).collect();
+        let existing: HashSet<&str> = roles
+            .iter()
+            .map(|role| role.character_id.as_str())
+            .collect();
         let dropped = registry.retain_characters(&existing);
         if dropped > 0 {
             tracing::debug!(dropped, "dropped the tool registries of deleted characters");
@@ -215,10 +228,11 @@ impl RemoteRegistry {
             tool = ?tool.name,
             source = ?tool.source,
             callback = ?tool.callback_url.as_str(),
-            affected = ?report.affected_roles,
+            affected = report.affected_roles.len(),
             failed = report.failed_roles.len(),
             "remote tool registered"
         );
+        report.log_roles();
         Ok(report)
     }
 
@@ -243,7 +257,13 @@ impl RemoteRegistry {
         })
         .await?;
         let removed = removed > 0;
-        tracing::info!(tool = ?name, removed, affected = ?report.affected_roles, "remote tool unregistered");
+        tracing::info!(
+            tool = ?name,
+            removed,
+            affected = report.affected_roles.len(),
+            "remote tool unregistered"
+        );
+        report.log_roles();
         Ok((removed, report))
     }
 
@@ -269,7 +289,13 @@ impl RemoteRegistry {
                 .collect())
         })
         .await?;
-        tracing::info!(source = ?source, removed, affected = ?report.affected_roles, "remote tools cleared");
+        tracing::info!(
+            source = ?source,
+            removed,
+            affected = report.affected_roles.len(),
+            "remote tools cleared"
+        );
+        report.log_roles();
         Ok((removed, report))
     }
 }

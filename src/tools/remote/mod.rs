@@ -610,12 +610,12 @@ impl RemoteRegistry {
     /// Sound only when `existing` was read from the store inside the same
     /// catalog mutation (see the ordering argument in `manager`), so it is
     /// reachable from this module only.
-    fn retain_characters(&self, existing: &HashSet<String>) -> usize {
+    fn retain_characters(&self, existing: &HashSet<&str>) -> usize {
         let mut registries = self.lock();
         let gone: Vec<String> = registries
             .by_character
             .keys()
-            .filter(|id| !existing.contains(*id))
+            .filter(|id| !existing.contains(id.as_str()))
             .cloned()
             .collect();
         for character_id in &gone {
