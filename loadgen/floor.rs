@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use super::{CallbackServer, Stats, figure, progress, sequential};
+use super::{CallbackServer, Limit, Stats, drive, figure, progress, sequential};
 
 const LISTENING: &str = "floor listening on ";
 
@@ -164,11 +164,13 @@ impl FloorProcess {
 }
 
 /// The floor's figures beside a direct round trip measured alongside:
-/// `floor_remote_overhead_ratio_c1`, `floor_remote_call_p99_vs_p50_c1` and
-/// `floor_register_100_vs_direct_ratio`, the least the matching toolgate
-/// ratios can be on this machine.
+/// `floor_remote_overhead_ratio_c1`, `floor_remote_call_p99_vs_p50_c1`,
+/// `floor_remote_overhead_ratio_c16`, `floor_remote_c16_vs_c1_throughput` and
+/// `floor_register_100_vs_direct_ratio`, each what the matching toolgate
+/// ratio would be for a server doing nothing else on this machine.
 pub async fn floor_phase(
     samples: u64,
+    (concurrency, limit): (usize, Limit),
     client: &reqwest::Client,
     callback: &CallbackServer,
 ) -> anyhow::Result<()> {
@@ -195,6 +197,7 @@ pub async fn floor_phase(
             }
         }
     };
+    let (direct_loaded, floor_loaded) = (direct.clone(), via_floor.clone());
     let times = Arc::new(Mutex::new((Vec::new(), Vec::new())));
     let sink = times.clone();
     let pairs = sequential(samples, Duration::from_secs(30), move |i| {
@@ -226,6 +229,24 @@ pub async fn floor_phase(
     figure(
         "floor_remote_call_p99_vs_p50_c1",
         via_floor.percentile_ms(99.0) / via_floor.percentile_ms(50.0),
+    );
+    // Loaded as the remote phase loads toolgate: the floor of the c=16 ratios.
+    let busy: Duration = via_floor.latencies.iter().sum();
+    let unloaded_per_s = via_floor.latencies.len() as f64 / busy.as_secs_f64();
+    let loaded = drive(concurrency, limit, move |_| floor_loaded()).await;
+    loaded.check("floor calls (loaded)")?;
+    loaded.report("floor_remote_call");
+    let direct = drive(concurrency, limit, direct_loaded).await;
+    direct.check("direct callback beside the floor (loaded)")?;
+    direct.report_latency("floor_callback_direct_loaded");
+    let direct_loaded_p50 = direct.percentile_ms(50.0);
+    figure(
+        "floor_remote_overhead_ratio_c16",
+        (loaded.percentile_ms(50.0) - direct_loaded_p50) / direct_loaded_p50,
+    );
+    figure(
+        "floor_remote_c16_vs_c1_throughput",
+        loaded.per_second() / unloaded_per_s,
     );
     let fanout = fanout_latency(samples.min(300), client, &floor.base, 100).await?;
     fanout.report_latency("floor_fanout_100");

@@ -192,7 +192,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         remote_phase(&args, &api, &client, &callback, &session).await?;
     }
     if args.wants("floor") {
-        floor::floor_phase(args.samples, &client, &callback).await?;
+        let load = (args.concurrency, args.limit());
+        floor::floor_phase(args.samples, load, &client, &callback).await?;
     }
     if args.wants("builtin") {
         builtin_phase(&args, &api, &session).await?;

@@ -23,9 +23,11 @@ const ISSUE_20_LINES: [&str; 9] = [
 
 /// The floor's lines: the same ratios through a bare hyper server, the least
 /// the matching toolgate ratios can be on the machine of the run.
-const FLOOR_LINES: [&str; 3] = [
+const FLOOR_LINES: [&str; 5] = [
     "floor_remote_overhead_ratio_c1",
     "floor_remote_call_p99_vs_p50_c1",
+    "floor_remote_overhead_ratio_c16",
+    "floor_remote_c16_vs_c1_throughput",
     "floor_register_100_vs_direct_ratio",
 ];
 
