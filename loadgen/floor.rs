@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use super::{CallbackServer, Limit, Stats, drive, figure, progress, sequential};
+use super::{CallbackServer, Limit, Stats, callback_post, drive, figure, progress, sequential};
 
 const LISTENING: &str = "floor listening on ";
 
@@ -75,20 +75,23 @@ impl Floor {
             "/call" => self.call(request).await,
             "/events" => self.events(),
             "/fanout" => {
-                let streams = self.streams.lock().expect("lock").clone();
-                let mut delivered = 0usize;
-                for stream in streams {
-                    delivered += usize::from(stream.try_send(Bytes::from_static(EVENT)).is_ok());
-                }
-                text(200, format!("{{\"delivered\":{delivered}}}"))
+                // `try_send` never waits, so the lock is held through.
+                let delivered = self
+                    .streams
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .filter(|stream| stream.try_send(Bytes::from_static(EVENT)).is_ok())
+                    .count();
+                json(200, format!("{{\"delivered\":{delivered}}}"))
             }
-            _ => text(404, "{}".to_owned()),
+            _ => json(404, "{}"),
         }
     }
 
     async fn call(&self, request: Request<Incoming>) -> Response<Body> {
         if request.into_body().collect().await.is_err() {
-            return text(400, "{}".to_owned());
+            return json(400, "{}");
         }
         let forward = Request::post(self.callback.clone())
             .header("content-type", "application/json")
@@ -97,15 +100,15 @@ impl Floor {
         let output = match self.client.request(forward).await {
             Ok(response) => match response.into_body().collect().await {
                 Ok(body) => body.to_bytes(),
-                Err(_) => return text(502, "{}".to_owned()),
+                Err(_) => return json(502, "{}"),
             },
-            Err(_) => return text(502, "{}".to_owned()),
+            Err(_) => return json(502, "{}"),
         };
         let mut answer = Vec::with_capacity(output.len() + 24);
         answer.extend_from_slice(b"{\"ok\":true,\"result\":");
         answer.extend_from_slice(&output);
         answer.push(b'}');
-        text(200, String::from_utf8_lossy(&answer).into_owned())
+        json(200, answer)
     }
 
     fn events(&self) -> Response<Body> {
@@ -123,11 +126,11 @@ impl Floor {
     }
 }
 
-fn text(status: u16, body: String) -> Response<Body> {
+fn json(status: u16, body: impl Into<Bytes>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(BodyExt::boxed(Full::new(Bytes::from(body))))
+        .body(BodyExt::boxed(Full::new(body.into())))
         .expect("response")
 }
 
@@ -176,27 +179,8 @@ pub async fn floor_phase(
 ) -> anyhow::Result<()> {
     progress("floor: the same remote call and fan-out through a bare hyper server");
     let mut floor = FloorProcess::start(callback).await?;
-    let direct = super::direct_call(client, &callback.url);
-    let call_url = format!("{}/call", floor.base);
-    let via_floor = {
-        let client = client.clone();
-        move || {
-            let request = client
-                .post(&call_url)
-                .header("content-type", "application/json")
-                .body(super::DIRECT_BODY);
-            async move {
-                let response = request.send().await?;
-                ensure!(
-                    response.status().is_success(),
-                    "floor call: HTTP {}",
-                    response.status()
-                );
-                response.bytes().await?;
-                Ok(())
-            }
-        }
-    };
+    let direct = callback_post(client, &callback.url);
+    let via_floor = callback_post(client, &format!("{}/call", floor.base));
     let (direct_loaded, floor_loaded) = (direct.clone(), via_floor.clone());
     let times = Arc::new(Mutex::new((Vec::new(), Vec::new())));
     let sink = times.clone();
@@ -207,7 +191,7 @@ pub async fn floor_phase(
             direct(i).await?;
             let direct_time = t.elapsed();
             let t = Instant::now();
-            via_floor().await?;
+            via_floor(i).await?;
             let mut times = sink.lock().expect("lock");
             times.0.push(direct_time);
             times.1.push(t.elapsed());
@@ -233,7 +217,7 @@ pub async fn floor_phase(
     // Loaded as the remote phase loads toolgate: the floor of the c=16 ratios.
     let busy: Duration = via_floor.latencies.iter().sum();
     let unloaded_per_s = via_floor.latencies.len() as f64 / busy.as_secs_f64();
-    let loaded = drive(concurrency, limit, move |_| floor_loaded()).await;
+    let loaded = drive(concurrency, limit, floor_loaded).await;
     loaded.check("floor calls (loaded)")?;
     loaded.report("floor_remote_call");
     let direct = drive(concurrency, limit, direct_loaded).await;

@@ -534,9 +534,11 @@ async fn open_event_stream(
 /// What toolgate itself sends the callback.
 const DIRECT_BODY: &[u8] = br#"{"name":"bench_weather","arguments":{"location":"Shanghai","days":3},"call_id":"call_direct","raw_arguments":"{\"location\":\"Shanghai\",\"days\":3}"}"#;
 
-/// One direct callback round trip: what toolgate's callback hop would be if
-/// the bench made it itself.
-fn direct_call(
+/// One POST of the body toolgate sends a callback, to `url`, insisting on a
+/// 2xx: to the callback server itself it is the direct round trip (what
+/// toolgate's callback hop would be if the bench made it), to the floor the
+/// same call through a bare server.
+fn callback_post(
     client: &reqwest::Client,
     url: &str,
 ) -> impl Fn(u64) -> std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>
@@ -555,7 +557,8 @@ fn direct_call(
             let response = request.send().await?;
             ensure!(
                 response.status().is_success(),
-                "callback: HTTP {}",
+                "{}: HTTP {}",
+                response.url(),
                 response.status()
             );
             response.bytes().await?;
@@ -885,7 +888,7 @@ async fn remote_phase(
             }
         }
     };
-    let direct = direct_call(client, &callback.url);
+    let direct = callback_post(client, &callback.url);
     // Unloaded latency, interleaving the two so that drift affects both alike.
     let direct_times = Arc::new(std::sync::Mutex::new(Vec::new()));
     let toolgate_times = Arc::new(std::sync::Mutex::new(Vec::new()));

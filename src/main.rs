@@ -22,7 +22,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = Settings::resolve(*args)?;
             let telemetry = init_tracing(settings.log_format);
-            if telemetry.exporting() {
+            if toolgate::telemetry::spans_exported() {
                 tracing::info!("traces are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
             }
             // Before anything says it is ready: a signal from then on is a

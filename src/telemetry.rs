@@ -24,7 +24,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Whether the installed subscriber exports spans (set once, by [`init`]).
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
-/// Whether spans leave the process: fields that only an exported span shows
+/// Whether spans leave the process (over OTLP): fields that only an exported span shows
 /// need not be recorded otherwise.
 pub fn spans_exported() -> bool {
     EXPORTING.load(Ordering::Relaxed)
@@ -36,11 +36,6 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Whether spans are exported over OTLP.
-    pub fn exporting(&self) -> bool {
-        spans_exported()
-    }
-
     /// Flushes the spans still buffered (blocking: call off the async workers).
     pub fn shutdown(self) {
         if let Err(error) = self.provider.shutdown() {

@@ -28,8 +28,8 @@ use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffec
 use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
-    DeclaredMetadata, FailedRole, ListingCache, MutationReport, RegistrationInput, RemoteTool,
-    Role, Target,
+    DeclaredMetadata, FailedRole, ListingCache, ListingKey, MutationReport, RegistrationInput,
+    RemoteTool, Role, Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -420,12 +420,13 @@ async fn list_tools(
     }
     // Joined whole while it stays within the cache's bound (and kept), else
     // streamed on from what was joined so far.
-    let mut chunks = listing_chunks(&state.boot_id, roles.clone());
+    let key = ListingKey::of(&roles);
+    let mut chunks = listing_chunks(&state.boot_id, roles);
     let mut whole = Vec::new();
     while whole.len() <= ListingCache::MAX_BYTES {
         let Some(chunk) = chunks.next() else {
             let body = Bytes::from(whole);
-            cache.put(&roles, body.clone());
+            cache.put(key, body.clone());
             return Ok((json, Body::from(body)).into_response());
         };
         whole.extend_from_slice(&chunk);

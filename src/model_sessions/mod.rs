@@ -920,18 +920,21 @@ mod tests {
         }
     }
 
+    /// Opens a narrator's model session of `session()` on empty catalogs.
+    async fn open(hub: &Arc<ModelSessionHub>) -> Result<Subscription> {
+        hub.open(
+            &EmptyCatalogs,
+            session(),
+            Slot::Narrator,
+            ModelProvider::OpenAiCompatible,
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn observers_are_counted_as_they_come_and_go() {
         let hub = Arc::new(ModelSessionHub::default());
-        let model = hub
-            .open(
-                &EmptyCatalogs,
-                session(),
-                Slot::Narrator,
-                ModelProvider::OpenAiCompatible,
-            )
-            .await
-            .unwrap();
+        let model = open(&hub).await.unwrap();
         assert!(!hub.any_observers(), "a model session is not an observer");
         let unmade = || -> ModelSessionEvent { panic!("an event made for no observer") };
         assert_eq!(hub.publish_to_observers("sess_test", unmade), 0);
@@ -956,15 +959,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_that_is_not_read_is_reported_and_closed() {
         let hub = Arc::new(ModelSessionHub::default());
-        let _unread = hub
-            .open(
-                &EmptyCatalogs,
-                session(),
-                Slot::Narrator,
-                ModelProvider::OpenAiCompatible,
-            )
-            .await
-            .unwrap();
+        let _unread = open(&hub).await.unwrap();
         let mut change = CatalogChange::new(CatalogScope::Character("char_test".into()));
         change.added.push("weather".into());
         // `ready` and then one event per mutation fill the buffer; none is read.
@@ -991,14 +986,7 @@ mod tests {
     async fn open_after_close_all_is_refused() {
         let hub = Arc::new(ModelSessionHub::default());
         hub.close_all();
-        let refused = hub
-            .open(
-                &EmptyCatalogs,
-                session(),
-                Slot::Narrator,
-                ModelProvider::OpenAiCompatible,
-            )
-            .await;
+        let refused = open(&hub).await;
         match refused {
             Err(err) => assert_eq!(err.code(), crate::error::ErrorCode::ShuttingDown),
             Ok(_) => panic!("a model session opened after close_all"),

@@ -25,15 +25,28 @@ pub struct ListingCache {
 }
 
 struct Cached {
-    roles: Vec<(String, Vec<Arc<RemoteTool>>)>,
+    key: ListingKey,
     body: Bytes,
 }
 
-impl Cached {
+/// What a listing lists, taken before its roles are consumed by writing it:
+/// each role's name and its registrations, held.
+pub struct ListingKey(Vec<(String, Vec<Arc<RemoteTool>>)>);
+
+impl ListingKey {
+    pub fn of(roles: &Listed) -> Self {
+        Self(
+            roles
+                .iter()
+                .map(|(role, tools)| (role.name.clone(), tools.clone()))
+                .collect(),
+        )
+    }
+
     fn lists(&self, roles: &Listed) -> bool {
-        self.roles.len() == roles.len()
+        self.0.len() == roles.len()
             && self
-                .roles
+                .0
                 .iter()
                 .zip(roles)
                 .all(|((name, tools), (role, listed))| {
@@ -60,20 +73,15 @@ impl ListingCache {
     pub fn get(&self, roles: &Listed) -> Option<Bytes> {
         self.last()
             .as_ref()
-            .filter(|cached| cached.lists(roles))
+            .filter(|cached| cached.key.lists(roles))
             .map(|cached| cached.body.clone())
     }
 
-    /// Keeps `body` as the listing of `roles` (when it is small enough).
-    pub fn put(&self, roles: &Listed, body: Bytes) {
-        if body.len() > Self::MAX_BYTES {
-            return;
+    /// Keeps `body` as the listing `key` names (when it is small enough).
+    pub fn put(&self, key: ListingKey, body: Bytes) {
+        if body.len() <= Self::MAX_BYTES {
+            *self.last() = Some(Cached { key, body });
         }
-        let roles = roles
-            .iter()
-            .map(|(role, tools)| (role.name.clone(), tools.clone()))
-            .collect();
-        *self.last() = Some(Cached { roles, body });
     }
 }
 
@@ -114,7 +122,7 @@ mod tests {
         let (a, b) = (tool("a"), tool("b"));
         let listed = vec![(role("Lanlan"), vec![a.clone(), b.clone()])];
         assert_eq!(cache.get(&listed), None);
-        cache.put(&listed, Bytes::from_static(b"listing"));
+        cache.put(ListingKey::of(&listed), Bytes::from_static(b"listing"));
         assert_eq!(cache.get(&listed).as_deref(), Some(&b"listing"[..]));
 
         // A replaced registration is a new one, even under the same name.
@@ -138,7 +146,7 @@ mod tests {
         assert_eq!(cache.get(&[]), None);
 
         // The next listing replaces the kept one.
-        cache.put(&two_roles, Bytes::from_static(b"two"));
+        cache.put(ListingKey::of(&two_roles), Bytes::from_static(b"two"));
         assert_eq!(cache.get(&listed), None);
         assert_eq!(cache.get(&two_roles).as_deref(), Some(&b"two"[..]));
     }
@@ -148,11 +156,14 @@ mod tests {
         let cache = ListingCache::default();
         let listed = vec![(role("Lanlan"), vec![tool("a")])];
         cache.put(
-            &listed,
+            ListingKey::of(&listed),
             Bytes::from(vec![b' '; ListingCache::MAX_BYTES + 1]),
         );
         assert_eq!(cache.get(&listed), None);
-        cache.put(&listed, Bytes::from(vec![b' '; ListingCache::MAX_BYTES]));
+        cache.put(
+            ListingKey::of(&listed),
+            Bytes::from(vec![b' '; ListingCache::MAX_BYTES]),
+        );
         assert!(cache.get(&listed).is_some());
     }
 }

@@ -28,7 +28,7 @@ use crate::error::{Error, ErrorCode, Result};
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
-pub use listing_cache::ListingCache;
+pub use listing_cache::{ListingCache, ListingKey};
 pub use manager::{FailedRole, MutationReport, Role, Target};
 pub use provider::RemoteProvider;
 
