@@ -142,6 +142,48 @@ async fn health_needs_no_key_but_everything_else_does() {
 }
 
 #[tokio::test]
+async fn every_answer_carries_a_request_id_and_a_given_one_is_echoed() {
+    let server = spawn_app().await;
+    // A routed request, an unrouted one and one refused before its handler:
+    // the id is set around everything the router does.
+    for path in ["/healthz", "/no/such/route", "/characters"] {
+        let answer = server.client.get(server.url(path)).send().await.unwrap();
+        let id = answer
+            .headers()
+            .get("x-request-id")
+            .unwrap_or_else(|| panic!("{path}: no x-request-id"))
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(id.len(), 36, "{path}: {id}");
+    }
+    let echoed = server
+        .client
+        .get(server.url("/healthz"))
+        .header("x-request-id", "caller-chosen-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(echoed.headers()["x-request-id"], "caller-chosen-7");
+    let first = server
+        .client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    let second = server
+        .client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        first.headers()["x-request-id"],
+        second.headers()["x-request-id"]
+    );
+}
+
+#[tokio::test]
 async fn accounts_never_see_each_others_data() {
     let server = spawn_app().await;
     let other = server.create_account("tenant-b").await;

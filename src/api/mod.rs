@@ -292,11 +292,44 @@ async fn health(State(state): State<AppState>) -> axum::Json<serde_json::Value> 
     axum::Json(serde_json::json!({"status": "ok", "boot_id": &*state.boot_id}))
 }
 
-/// The whole HTTP application for `state`.
+/// The whole HTTP application for `state`: the routes, inside the layers
+/// every request passes through.
+///
+/// The layers wrap the router once, as one service, instead of going through
+/// `Router::layer`, which wraps every route in each of them: each such layer
+/// boxed the request's future again, a heap allocation and a copy of the
+/// future per layer per request (BENCHMARKS.md, issue 20, fifteenth pass).
+/// Outermost first: the request id is set, then echoed, then the request's
+/// span and log lines, its time limit, the panic guard, the body limit.
 pub fn router(state: AppState) -> Router {
+    let request_id = HeaderName::from_static("x-request-id");
+    let body_limit = state.runtime.settings.body_limit_bytes;
+    let layered = tower::ServiceBuilder::new()
+        .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::new(request_id))
+        .layer(axum::middleware::from_fn(request_trace::trace_request))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(600),
+        ))
+        .layer(CatchPanicLayer::custom(|_panic| {
+            tracing::error!("a request handler panicked");
+            ApiError::new(
+                ErrorCode::InternalError,
+                "the server failed to handle this request; the cause is in its log",
+            )
+            .into_response()
+        }))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .service(routed(state));
+    Router::new().fallback_service(layered)
+}
+
+/// Every route, the fallbacks and the per-route metrics, without the layers
+/// of [`router`].
+fn routed(state: AppState) -> Router {
     let (api, openapi) = routes();
     let openapi = std::sync::Arc::new(openapi);
-    let request_id = HeaderName::from_static("x-request-id");
     api.merge(console::router())
         .merge(mcp_sessions::router(&state))
         .route_layer(axum::middleware::from_fn(operations::track_http))
@@ -317,23 +350,5 @@ pub fn router(state: AppState) -> Router {
                 "this route does not accept that method",
             )
         })
-        .layer(DefaultBodyLimit::max(
-            state.runtime.settings.body_limit_bytes,
-        ))
-        .layer(CatchPanicLayer::custom(|_panic| {
-            tracing::error!("a request handler panicked");
-            ApiError::new(
-                ErrorCode::InternalError,
-                "the server failed to handle this request; the cause is in its log",
-            )
-            .into_response()
-        }))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            Duration::from_secs(600),
-        ))
-        .layer(axum::middleware::from_fn(request_trace::trace_request))
-        .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)
 }
