@@ -181,8 +181,11 @@ impl ModelProvider {
     }
 }
 
-/// The tools a model session took, ordered by name.
-type AcceptedTools = Vec<Arc<ToolSpec>>;
+/// The tools a model session took, ordered by name. Shared: one decision
+/// of a mutation is taken by every session offered the same catalog, and a
+/// copy per session cost each one an allocation and an atomic increment per
+/// tool (BENCHMARKS.md, issue 20, fifteenth pass).
+type AcceptedTools = Arc<[Arc<ToolSpec>]>;
 
 /// Reads what a live model session is offered: the session's catalog
 /// entries and permissions as they are now (the runtime implements it); the
@@ -353,7 +356,8 @@ impl ChangedBodies {
     ) -> EventData {
         let names = &model_session.names_json;
         let accepted = if error.is_none() { "true" } else { "false" };
-        let error = raw_json(&error);
+        // Most bodies carry no error: its JSON is then the literal.
+        let error = error.map(|error| raw_json(&error));
         let fields: [(&str, &str); 9] = [
             ("{\"model_session_id\":", names.model_session_id.get()),
             (",\"session_id\":", names.session_id.get()),
@@ -362,7 +366,10 @@ impl ChangedBodies {
             (",\"updated\":", self.updated.json(&change.updated).get()),
             (",\"removed\":", self.removed.json(&change.removed).get()),
             (",\"accepted\":", accepted),
-            (",\"error\":", error.get()),
+            (
+                ",\"error\":",
+                error.as_deref().map_or("null", RawValue::get),
+            ),
             (",\"tools\":", self.tools.json(tools).get()),
         ];
         let length = fields
@@ -462,7 +469,7 @@ impl ModelSessionHub {
         let catalog = catalogs.offer(&session).await?.catalog(Some(slot));
         let (accepted, error) = match provider.accept(&catalog) {
             Ok(names) => (names, None),
-            Err(reason) => (Vec::new(), Some(reason)),
+            Err(reason) => (AcceptedTools::default(), Some(reason)),
         };
         let names: Vec<&str> = accepted.iter().map(|tool| tool.name.as_str()).collect();
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
@@ -533,7 +540,7 @@ impl ModelSessionHub {
             Slot::Narrator,
             ModelProvider::OpenAiCompatible,
             sender,
-            Vec::new(),
+            AcceptedTools::default(),
             true,
         ));
         self.join(observer, receiver)
@@ -825,7 +832,7 @@ mod tests {
             Slot::Narrator,
             ModelProvider::OpenAiCompatible,
             mpsc::channel(1).0,
-            Vec::new(),
+            AcceptedTools::default(),
             false,
         )
     }

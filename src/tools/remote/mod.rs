@@ -382,17 +382,23 @@ impl Registries {
             .unwrap_or(0)
     }
 
+    /// Counts one more registry holding `name` of `source`. A registration
+    /// into every role holds the same tool once per role: only the first
+    /// allocates its keys.
     fn hold(&mut self, source: &str, name: &str) {
-        let held = self
+        if let Some(held) = self
             .holders
+            .get_mut(source)
+            .and_then(|names| names.get_mut(name))
+        {
+            *held += 1;
+            return;
+        }
+        self.holders
             .entry(source.to_owned())
             .or_default()
-            .entry(name.to_owned())
-            .or_insert(0);
-        if *held == 0 {
-            self.tools += 1;
-        }
-        *held += 1;
+            .insert(name.to_owned(), 1);
+        self.tools += 1;
     }
 
     fn release(&mut self, source: &str, name: &str) {
@@ -412,16 +418,21 @@ impl Registries {
     }
 
     fn insert(&mut self, character_id: &str, tool: RemoteTool) -> Registered {
-        let (source, name) = (tool.source.clone(), tool.name.clone());
-        let previous = self
-            .by_character
-            .entry(character_id.to_owned())
-            .or_default()
-            .insert(name.clone(), Arc::new(tool));
+        let tool = Arc::new(tool);
+        // The character's registry is there after its first registration;
+        // its id is copied only to make it.
+        let tools = match self.by_character.get_mut(character_id) {
+            Some(tools) => tools,
+            None => self
+                .by_character
+                .entry(character_id.to_owned())
+                .or_default(),
+        };
+        let previous = tools.insert(tool.name.clone(), tool.clone());
         if let Some(previous) = &previous {
             self.release(&previous.source, &previous.name);
         }
-        self.hold(&source, &name);
+        self.hold(&tool.source, &tool.name);
         match previous {
             Some(_) => Registered::Replaced,
             None => Registered::Added,
