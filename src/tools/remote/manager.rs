@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+
 use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
 use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope, mutate_with};
 use crate::error::{Error, Result};
@@ -86,20 +88,27 @@ fn change_for(role: &Role) -> (String, CatalogChange) {
 }
 
 /// The roles `target` names, as the store has them now.
-async fn resolve_roles(store: &Store, target: Target<'_>) -> Result<Vec<Role>> {
-    let to_role = |c: &Character| Role {
-        character_id: c.id.clone(),
-        name: c.name.clone(),
-    };
-    match target {
-        Target::AllRoles => Ok(store.all_characters().await?.iter().map(to_role).collect()),
-        Target::Role(name) => match store.character_any_account(name).await? {
-            Some(character) => Ok(vec![to_role(&character)]),
-            None => Err(Error::NotFound(format!(
-                "role {name:?} not found: no character has that name"
-            ))),
-        },
-    }
+///
+/// Boxed: the store's read is almost 3 KB of future, and inline it made the
+/// register, unregister, clear and list handlers' futures that large, which
+/// axum's route layers box and copy whole on every request (BENCHMARKS.md,
+/// issue 20, fifteenth pass).
+fn resolve_roles<'a>(store: &'a Store, target: Target<'a>) -> BoxFuture<'a, Result<Vec<Role>>> {
+    Box::pin(async move {
+        let to_role = |c: &Character| Role {
+            character_id: c.id.clone(),
+            name: c.name.clone(),
+        };
+        match target {
+            Target::AllRoles => Ok(store.all_characters().await?.iter().map(to_role).collect()),
+            Target::Role(name) => match store.character_any_account(name).await? {
+                Some(character) => Ok(vec![to_role(&character)]),
+                None => Err(Error::NotFound(format!(
+                    "role {name:?} not found: no character has that name"
+                ))),
+            },
+        }
+    })
 }
 
 /// Resolves a mutation's roles inside the catalog mutation and, when it targets
