@@ -215,8 +215,7 @@ pub async fn floor_phase(
         via_floor.percentile_ms(99.0) / via_floor.percentile_ms(50.0),
     );
     // Loaded as the remote phase loads toolgate: the floor of the c=16 ratios.
-    let busy: Duration = via_floor.latencies.iter().sum();
-    let unloaded_per_s = via_floor.latencies.len() as f64 / busy.as_secs_f64();
+    let unloaded_per_s = via_floor.serial_per_second();
     let loaded = drive(concurrency, limit, floor_loaded).await;
     loaded.check("floor calls (loaded)")?;
     loaded.report("floor_remote_call");

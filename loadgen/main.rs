@@ -609,6 +609,14 @@ impl Stats {
         self.latencies.len() as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Requests per second of their own time, for requests made one at a
+    /// time and timed singly between others (interleaved with direct calls):
+    /// the c=1 throughput a c=16 run is compared with.
+    fn serial_per_second(&self) -> f64 {
+        let busy: Duration = self.latencies.iter().sum();
+        self.latencies.len() as f64 / busy.as_secs_f64()
+    }
+
     /// Fails the run when any request failed: figures over failed requests lie.
     fn check(&self, what: &str) -> anyhow::Result<()> {
         if self.errors > 0 {
@@ -933,12 +941,9 @@ async fn remote_phase(
         "remote_call_unloaded_p99_ms",
         toolgate_seq.percentile_ms(99.0),
     );
-    // Calls per second one at a time: the c=1 throughput the c=16 run is
-    // compared with.
-    let busy: Duration = toolgate_seq.latencies.iter().sum();
     figure(
         "remote_call_unloaded_per_s",
-        toolgate_seq.latencies.len() as f64 / busy.as_secs_f64(),
+        toolgate_seq.serial_per_second(),
     );
     figure(
         "remote_call_overhead_p50_ms",

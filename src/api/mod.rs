@@ -322,6 +322,8 @@ pub fn router(state: AppState) -> Router {
         }))
         .layer(DefaultBodyLimit::max(body_limit))
         .service(routed(state));
+    // Still a `Router` for `listener::serve` and the tests: every request
+    // reaches the stack as this empty router's fallback, one box in all.
     Router::new().fallback_service(layered)
 }
 
