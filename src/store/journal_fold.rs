@@ -35,9 +35,11 @@ pub(super) enum Pace {
     /// to end, which set the one-at-a-time calls' p99 (3.4 times their p50,
     /// and 1.5-1.7 times with folds held off; BENCHMARKS.md, issue 20,
     /// sixteenth pass). A yield is one system call per record and gives up
-    /// nothing when no thread waits, so the fold keeps its full share under
-    /// load; a lower priority instead would starve it there, with reads and
-    /// guarded writes waiting behind it.
+    /// nothing when no thread waits; under 20 s of load on both cores the
+    /// fold still kept up (`benches/fold_lag.py`). A lower priority would
+    /// fix the tail too, but can starve the thread under load, with reads
+    /// and guarded writes waiting behind it, and cannot be raised again
+    /// without privilege.
     Yielding,
 }
 
