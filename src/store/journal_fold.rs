@@ -22,30 +22,9 @@ use crate::error::{Error, Result};
 const POSITION_SQL: &str =
     "UPDATE journal_log_position SET generation = ?1, folded_to = ?2 WHERE id = 1";
 
-/// How a fold shares the CPU while it applies its records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Pace {
-    /// Straight through: a caller is waiting for the fold (a read's settle,
-    /// a guarded write, the close, start-up).
-    Straight,
-    /// Offering the CPU to any thread waiting for it between records: the
-    /// journal thread's background folds. A fold costs as much CPU per call
-    /// as the call's own request path, in runs of a few hundred microseconds
-    /// on one core; a call's thread woken onto that core waited for the run
-    /// to end, which set the one-at-a-time calls' p99 (3.4 times their p50,
-    /// and 1.5-1.7 times with folds held off; BENCHMARKS.md, issue 20,
-    /// sixteenth pass). A yield is one system call per record and gives up
-    /// nothing when no thread waits; under 20 s of load on both cores the
-    /// fold still kept up (`benches/fold_lag.py`). A lower priority would
-    /// fix the tail too, but can starve the thread under load, with reads
-    /// and guarded writes waiting behind it, and cannot be raised again
-    /// without privilege.
-    Yielding,
-}
-
 /// Applies `pending`'s records and records the log folded up to its end, in
 /// one transaction; on an error nothing of it is in the table.
-pub(super) fn fold(connection: &mut Connection, pending: &Pending, pace: Pace) -> Result<()> {
+pub(super) fn fold(connection: &mut Connection, pending: &Pending) -> Result<()> {
     let (records, len) = journal_log::records(&pending.bytes);
     if len != pending.bytes.len() || records.len() != pending.count {
         // The bytes were framed in memory by this process: this is a bug,
@@ -61,7 +40,7 @@ pub(super) fn fold(connection: &mut Connection, pending: &Pending, pace: Pace) -
     let tx = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(database_error)?;
-    apply_all(&tx, records, pace);
+    apply_all(&tx, records);
     set_position(&tx, pending.generation, pending.end)?;
     tx.commit().map_err(database_error)
 }
@@ -87,7 +66,7 @@ pub(super) fn recover(connection: &mut Connection, log_base: &Path) -> anyhow::R
     let torn = current.len() - current_len + next.len() - next_len;
     let fresh = generation + 2;
     let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    apply_all(&tx, records, Pace::Straight);
+    apply_all(&tx, records);
     set_position(&tx, fresh, HEADER_BYTES)?;
     tx.commit().context("folding the journal log")?;
     if count > 0 || torn > 0 {
@@ -196,11 +175,8 @@ fn set_position(connection: &Connection, generation: i64, end: u64) -> Result<()
     .map(drop)
 }
 
-fn apply_all(connection: &Connection, records: Vec<LoggedWrite<'_>>, pace: Pace) {
+fn apply_all(connection: &Connection, records: Vec<LoggedWrite<'_>>) {
     for (sql, record) in statements(records) {
-        if pace == Pace::Yielding {
-            std::thread::yield_now();
-        }
         let applied = prepared(connection, sql)
             .and_then(|mut statement| execute(&mut statement, &record.params));
         if let Err(err) = applied {
@@ -437,26 +413,20 @@ pub(super) mod tests {
                 &outcome_params,
             )
             .unwrap();
-            // Both records in one fold, at either pace.
-            for pace in [Pace::Straight, Pace::Yielding] {
-                let (_folded_dir, mut folded) = migrated();
-                let writes = [
-                    (LoggedKind::Insert, insert.clone()),
-                    (LoggedKind::Finish, outcome_params.clone()),
-                ];
-                fold(&mut folded, &pending(dir.path(), 1, &writes), pace).unwrap();
-                assert_eq!(
-                    table(&folded),
-                    table(&expected),
-                    "outcome {outcome:?}, {pace:?}"
-                );
-                let duration: i64 = folded
-                    .query_row("SELECT duration_ms FROM tool_execution_record", [], |r| {
-                        r.get(0)
-                    })
-                    .unwrap();
-                assert_eq!(duration, 742);
-            }
+            // Both records in one fold.
+            let (_folded_dir, mut folded) = migrated();
+            let writes = [
+                (LoggedKind::Insert, insert.clone()),
+                (LoggedKind::Finish, outcome_params.clone()),
+            ];
+            fold(&mut folded, &pending(dir.path(), 1, &writes)).unwrap();
+            assert_eq!(table(&folded), table(&expected), "outcome {outcome:?}");
+            let duration: i64 = folded
+                .query_row("SELECT duration_ms FROM tool_execution_record", [], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            assert_eq!(duration, 742);
         }
     }
 
@@ -473,7 +443,7 @@ pub(super) mod tests {
                 row_params(&opened, 1_200, "inst").to_vec(),
             )],
         );
-        fold(&mut connection, &first, Pace::Straight).unwrap();
+        fold(&mut connection, &first).unwrap();
         let done = finish(None);
         let second = pending(
             dir.path(),
@@ -483,7 +453,7 @@ pub(super) mod tests {
                 finish_params("exec_b", &done, 1_300).to_vec(),
             )],
         );
-        fold(&mut connection, &second, Pace::Straight).unwrap();
+        fold(&mut connection, &second).unwrap();
         let (state, duration): (String, i64) = connection
             .query_row(
                 "SELECT lifecycle_state, duration_ms FROM tool_execution_record WHERE id = 'exec_b'",
@@ -514,7 +484,7 @@ pub(super) mod tests {
         log.append(LoggedKind::Insert, &row_params(&a, 2_000, "inst"))
             .unwrap();
         // Folded while the first run went on...
-        fold(&mut connection, &log.take(), Pace::Straight).unwrap();
+        fold(&mut connection, &log.take()).unwrap();
         // ... then one more record before a crash.
         log.append(LoggedKind::Insert, &row_params(&b, 2_100, "inst"))
             .unwrap();
@@ -545,7 +515,7 @@ pub(super) mod tests {
         let (a, b) = (row("exec_e"), row("exec_f"));
         log.append(LoggedKind::Insert, &row_params(&a, 3_000, "inst"))
             .unwrap();
-        fold(&mut connection, &log.take(), Pace::Straight).unwrap();
+        fold(&mut connection, &log.take()).unwrap();
         // A long log goes on in a new file; the crash comes before a fold
         // names it in the database.
         log.restart().unwrap();

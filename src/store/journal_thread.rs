@@ -32,7 +32,7 @@ use super::checkpointer::Checkpointer;
 use super::journal::{
     ADMISSION_VERDICT, FINISH_SQL, finish_params, insert_sql, is_guarded, refusal, row_params,
 };
-use super::journal_fold::{Pace, bind, database_error, execute, fold, prepared};
+use super::journal_fold::{bind, database_error, execute, fold, prepared};
 use super::journal_log::{JournalLog, LoggedKind};
 use super::journal_queue::{
     Gathered, JournalWrite, Message, Request, answer, gather, observe_batch,
@@ -196,20 +196,20 @@ impl JournalShared {
     pub(super) fn try_settle(&self) -> Option<Result<()>> {
         let mut guard = self.try_lock()?;
         match guard.as_mut() {
-            Some(journal) => Some(self.fold_locked(journal, Pace::Straight)),
+            Some(journal) => Some(self.fold_locked(journal)),
             // Closed: the close folded what it could; start-up folds the rest.
             None => Some(Ok(())),
         }
     }
 
     /// Folds every record appended so far, with the connection's lock held.
-    fn fold_locked(&self, journal: &mut JournalConnection, pace: Pace) -> Result<()> {
+    fn fold_locked(&self, journal: &mut JournalConnection) -> Result<()> {
         let pending = match self.lock_log().as_mut() {
             Some(log) if !log.is_empty() => log.take(),
             _ => return Ok(()),
         };
         let started = std::time::Instant::now();
-        if let Err(err) = fold(&mut journal.connection, &pending, pace) {
+        if let Err(err) = fold(&mut journal.connection, &pending) {
             if let Some(log) = self.lock_log().as_mut() {
                 log.put_back(pending);
             }
@@ -257,7 +257,7 @@ impl JournalShared {
         let journal = guard.as_mut()?;
         // What the log holds comes first: an admission counts those rows,
         // and an outcome's row may still be there.
-        if let Err(err) = self.fold_locked(journal, Pace::Straight) {
+        if let Err(err) = self.fold_locked(journal) {
             return Some(Err(err));
         }
         let started = std::time::Instant::now();
@@ -350,7 +350,7 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
         } = gather(message, &mut receiver);
         let mut guard = shared.lock();
         let folded = match guard.as_mut() {
-            Some(journal) => shared.fold_locked(journal, Pace::Yielding),
+            Some(journal) => shared.fold_locked(journal),
             // Closed: what the close could not fold, start-up folds.
             None => Ok(()),
         };
@@ -386,7 +386,7 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     if let (Some(mut log), Some(open)) = (log, journal.as_mut()) {
         let pending = log.take();
         if pending.count > 0
-            && let Err(err) = fold(&mut open.connection, &pending, Pace::Straight)
+            && let Err(err) = fold(&mut open.connection, &pending)
         {
             tracing::error!(error = %err, "folding the journal log at close failed; start-up folds it");
         }
