@@ -86,16 +86,24 @@ def print_top(outs, units, top):
         print(f"{per_unit:12.0f} {name[:160]}")
 
 
-def json_request(conn, method, path, body):
-    """A JSON request with the bench's token; exits on any status >= 300."""
+def raw_request(conn, method, path, body=None):
+    """A request with the bench's token (and `body` as JSON, if any); the
+    answer's bytes. Exits on any status >= 300."""
     import json
-    conn.request(method, path, body=json.dumps(body),
+    conn.request(method, path, body=None if body is None else json.dumps(body),
                  headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
     answer = conn.getresponse()
     text = answer.read()
     if answer.status >= 300:
         sys.exit(f"{method} {path}: HTTP {answer.status}: {text[:300]!r}")
-    return json.loads(text)
+    return text
+
+
+def json_request(conn, method, path, body):
+    """A JSON request with the bench's token; its answer parsed. Exits on any
+    status >= 300."""
+    import json
+    return json.loads(raw_request(conn, method, path, body))
 
 
 def stop(server, out, timeout=600):

@@ -3,22 +3,23 @@
 log's records are still waiting to be folded into the table when a long
 burst of builtin calls ends.
 
-The journal thread folds the log in the background and yields the CPU
-between records (`journal_fold::Pace::Yielding`, BENCHMARKS.md issue 20,
-sixteenth pass). Yielding must not starve it when every core is busy: the
-records waiting at the end of the burst should stay a fraction of a
-second's worth however long the burst lasts. This starts the server, has
+A fold that falls behind grows the log's pending records in memory (up to
+its bound, past which writes commit to the table one by one) and makes the
+first journal read after the burst fold them all first. The records waiting
+at the end of a burst should stay a few milliseconds' worth however long
+the burst lasts. A build whose background folds yielded the CPU at every
+record fell four seconds behind in 10 s of four client processes
+(BENCHMARKS.md, issue 20, sixteenth pass). This starts the server, has
 PROCESSES client processes send `roll_dice` calls one at a time each for
 SECONDS, then reads `/metrics` (`toolgate_journal_batch_rows_sum`: records
 folded so far) beside the calls made (two records each), and times the
-first journal read after the burst (it folds what is still waiting first).
+first journal read after the burst.
 
     python3 benches/fold_lag.py target/release/toolgate [SECONDS PROCESSES]
 
 Needs Python 3 only.
 """
 import http.client
-import json
 import multiprocessing
 import re
 import signal
@@ -26,19 +27,9 @@ import sys
 import tempfile
 import time
 
-from callgrind_common import TOKEN, launch
+from callgrind_common import json_request, launch, raw_request
 
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 CALL = {"name": "roll_dice", "arguments": {"sides": 20, "count": 2}}
-
-
-def request(conn, method, path, body=None):
-    conn.request(method, path, body=None if body is None else json.dumps(body), headers=HEADERS)
-    response = conn.getresponse()
-    data = response.read()
-    if response.status >= 300:
-        sys.exit(f"{method} {path}: HTTP {response.status}: {data[:200]!r}")
-    return data
 
 
 def calls_for(args):
@@ -47,13 +38,13 @@ def calls_for(args):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     end, made = time.time() + seconds, 0
     while time.time() < end:
-        request(conn, "POST", f"/sessions/{session}/tool-calls", CALL)
+        json_request(conn, "POST", f"/sessions/{session}/tool-calls", CALL)
         made += 1
     return made
 
 
 def folded_records(conn):
-    text = request(conn, "GET", "/metrics").decode()
+    text = raw_request(conn, "GET", "/metrics").decode()
     match = re.search(r"^toolgate_journal_batch_rows_sum ([\d.e+]+)$", text, re.M)
     if match is None:
         sys.exit("/metrics has no toolgate_journal_batch_rows_sum")
@@ -65,18 +56,18 @@ def main():
     if not args:
         sys.exit(__doc__)
     binary = args[0]
-    seconds = float(args[1]) if len(args) > 1 else 20.0
-    processes = int(args[2]) if len(args) > 2 else 16
+    seconds = float(args[1]) if len(args) > 1 else 10.0
+    processes = int(args[2]) if len(args) > 2 else 4
     data = tempfile.mkdtemp(prefix="toolgate-fold-lag-")
     server, conn = launch([binary], data, data)
     try:
-        session = json.loads(request(conn, "POST", "/sessions", {"character": "Lanlan"}))["data"]["id"]
+        session = json_request(conn, "POST", "/sessions", {"character": "Lanlan"})["data"]["id"]
         port = conn.port
         with multiprocessing.Pool(processes) as pool:
             made = sum(pool.map(calls_for, [(port, session, seconds)] * processes))
         folded = folded_records(conn)
         started = time.time()
-        request(conn, "GET", f"/tool-executions?session_id={session}&limit=1")
+        raw_request(conn, "GET", f"/tool-executions?session_id={session}&limit=1")
         first_read = time.time() - started
     finally:
         server.send_signal(signal.SIGTERM)

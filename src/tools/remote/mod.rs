@@ -418,7 +418,10 @@ impl Registries {
     }
 
     fn insert(&mut self, character_id: &str, tool: RemoteTool) -> Registered {
-        let tool = Arc::new(tool);
+        // Held before the previous registration is released, so a replacement
+        // by the same source keeps its holder keys instead of freeing and
+        // making them again.
+        self.hold(&tool.source, &tool.name);
         // The character's registry is there after its first registration;
         // its id is copied only to make it.
         let tools = match self.by_character.get_mut(character_id) {
@@ -428,11 +431,10 @@ impl Registries {
                 .entry(character_id.to_owned())
                 .or_default(),
         };
-        let previous = tools.insert(tool.name.clone(), tool.clone());
+        let previous = tools.insert(tool.name.clone(), Arc::new(tool));
         if let Some(previous) = &previous {
             self.release(&previous.source, &previous.name);
         }
-        self.hold(&tool.source, &tool.name);
         match previous {
             Some(_) => Registered::Replaced,
             None => Registered::Added,
