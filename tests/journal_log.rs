@@ -6,7 +6,10 @@
 
 mod common;
 
-use common::spawn_app;
+use std::time::Duration;
+
+use common::metrics::scrape;
+use common::{spawn_app, wait_until};
 
 const CALLS: usize = 40;
 
@@ -14,8 +17,14 @@ const CALLS: usize = 40;
 async fn each_call_is_in_the_journal_with_its_outcome_the_moment_it_is_answered() {
     let server = spawn_app().await;
     let session = server.create_session().await;
+    calls_read_at_once(&server, &session).await;
+}
+
+/// Makes [`CALLS`] calls, reading each one's row the moment it is answered,
+/// then the session's page.
+async fn calls_read_at_once(server: &common::TestServer, session: &str) {
     for n in 0..CALLS {
-        let data = server.roll_dice(&session, &format!("c{n}")).await;
+        let data = server.roll_dice(session, &format!("c{n}")).await;
         let id = data["execution_id"].as_str().expect("an execution id");
         // At once, long before the thread's fold: the read folds first.
         let row = server.get(&format!("/tool-executions/{id}")).await;
@@ -58,4 +67,83 @@ async fn a_clean_stop_leaves_every_call_in_the_database_file() {
         )
         .expect("counting rows");
     assert_eq!(finished, CALLS as i64);
+}
+
+/// The scheduling policy of the server's journal thread, from /proc: 0 is
+/// SCHED_OTHER, 5 SCHED_IDLE.
+fn journal_thread_policy(pid: u32) -> Option<i64> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        // The kernel keeps a thread's name to 15 bytes.
+        if comm.trim() == "toolgate-journa" {
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // Fields after the command's closing parenthesis start at the
+            // third (state); the policy is the 41st.
+            let after = &stat[stat.rfind(')')? + 2..];
+            return after.split(' ').nth(38)?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Whether a thread of this user may leave SCHED_IDLE again, which the
+/// server needs before it puts its journal thread there.
+fn may_leave_sched_idle() -> bool {
+    std::thread::spawn(|| {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` outlives both calls; 0 is the calling thread.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0
+                && libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) == 0
+        }
+    })
+    .join()
+    .unwrap()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn folds_wait_in_the_background_class_and_reads_do_not_wait_for_them() {
+    let server = spawn_app().await;
+    if server.on_postgres() {
+        eprintln!("SKIPPED on PostgreSQL: the journal's log is SQLite's");
+        return;
+    }
+    let waiting_policy = if may_leave_sched_idle() {
+        5
+    } else {
+        eprintln!(
+            "NOT TESTED HERE: this user may not leave SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE < 20); the journal thread must stay SCHED_OTHER"
+        );
+        0
+    };
+    let pid = server.pid();
+    let session = server.create_session().await;
+    server.roll_dice(&session, "first").await;
+    wait_until(
+        Duration::from_secs(10),
+        "the journal thread in its waiting class",
+        || async { journal_thread_policy(pid) == Some(waiting_policy) },
+    )
+    .await;
+    // With the thread waiting in the background, every call is still
+    // readable at once: a read folds what is pending itself, or raises the
+    // thread and waits for it.
+    let other = server.create_session().await;
+    calls_read_at_once(&server, &other).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the journal thread back in its waiting class",
+        || async { journal_thread_policy(pid) == Some(waiting_policy) },
+    )
+    .await;
+    let metrics = scrape(&server).await;
+    assert!(
+        metrics.contains("toolgate_journal_fold_raises_total"),
+        "the raises are counted: {metrics}"
+    );
 }

@@ -110,6 +110,7 @@ pub struct Metrics {
     pub evictions: Family<SourceLabels, Counter>,
     pub journal_batch_rows: Histogram,
     pub journal_commit_seconds: Histogram,
+    pub journal_fold_raises: Counter,
     pub db_pool_acquire_seconds: Histogram,
     pub job_lease_losses: Counter,
     pub script_runs: Counter,
@@ -135,6 +136,7 @@ impl Metrics {
             evictions: Family::default(),
             journal_batch_rows: batch_sizes(),
             journal_commit_seconds: latency(),
+            journal_fold_raises: Counter::default(),
             db_pool_acquire_seconds: short_waits(),
             job_lease_losses: Counter::default(),
             script_runs: Counter::default(),
@@ -191,6 +193,11 @@ impl Metrics {
             "journal_commit_duration_seconds",
             "Time of one journal writer batch commit",
             self.journal_commit_seconds.clone(),
+        );
+        r.register(
+            "journal_fold_raises",
+            "Times the journal thread was raised from the background scheduling class (SCHED_IDLE) because a read, a write or the fold backlog needed it",
+            self.journal_fold_raises.clone(),
         );
         r.register(
             "db_pool_acquire_duration_seconds",

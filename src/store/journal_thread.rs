@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 use tokio::sync::mpsc;
 
 use super::checkpointer::Checkpointer;
+use super::fold_priority::{FoldPriority, RAISE_AT_BACKLOG};
 use super::journal::{
     ADMISSION_VERDICT, FINISH_SQL, finish_params, insert_sql, is_guarded, refusal, row_params,
 };
@@ -61,6 +62,8 @@ pub(super) struct JournalShared {
     /// finds none needs no fold.
     unfolded: AtomicUsize,
     writes: AtomicUsize,
+    /// The journal thread's scheduling class: folds run in the background.
+    priority: FoldPriority,
 }
 
 /// Records waiting to be folded may take this much memory; past it, writes
@@ -74,6 +77,9 @@ const LOG_RESTART_BYTES: u64 = 16 << 20;
 /// written as one finished row; reads never wait for it (they fold what is
 /// pending themselves, [`JournalShared::settle`]).
 const FOLD_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long the thread waits in the normal scheduling class before it goes
+/// back to the background one ([`next_message`]).
+const LOWER_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 /// Every this many records appended while a fold is pending, the thread is
 /// nudged again (a fold that failed is tried again).
 const NUDGE_EVERY: usize = 64;
@@ -176,11 +182,21 @@ impl JournalShared {
             return Ok(Appended::No);
         }
         let before = self.unfolded.fetch_add(1, Ordering::AcqRel);
+        if before + 1 >= RAISE_AT_BACKLOG {
+            self.priority.raise();
+        }
         Ok(if before.is_multiple_of(NUDGE_EVERY) {
             Appended::Nudge
         } else {
             Appended::Queued
         })
+    }
+
+    /// Raises the journal thread to the normal scheduling class: call it
+    /// after queueing a message the thread must answer
+    /// ([`super::fold_priority`]).
+    pub(super) fn needs_thread(&self) {
+        self.priority.raise();
     }
 
     /// Whether records wait to be folded.
@@ -299,6 +315,7 @@ pub(super) fn spawn(
         log: Mutex::new(Some(log)),
         unfolded: AtomicUsize::new(0),
         writes: AtomicUsize::new(0),
+        priority: FoldPriority::new(),
     });
     let _ = journal.set(Arc::downgrade(&shared));
     let thread_shared = shared.clone();
@@ -334,12 +351,13 @@ pub(super) fn apply_settings(connection: &Connection) -> rusqlite::Result<()> {
 }
 
 fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
+    shared.priority.register_current_thread();
     let mut closing = None;
     // Only a clock for the fold's wait: this thread runs no tasks.
     let clock = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build();
-    while let Some(mut message) = receiver.blocking_recv() {
+    while let Some(mut message) = next_message(shared, clock.as_ref().ok(), &mut receiver) {
         if let (Message::Fold, Ok(clock)) = (&message, &clock) {
             message = after_fold_delay(clock, &mut receiver);
         }
@@ -401,6 +419,32 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
     }
     if let Some(done) = closing {
         let _ = done.send(());
+    }
+}
+
+/// The thread's next message. Before waiting it goes to the background
+/// scheduling class unless something waits for it; while it is in the normal
+/// class (raised for a need since met) it wakes after [`LOWER_AFTER`] to go
+/// back.
+fn next_message(
+    shared: &JournalShared,
+    clock: Option<&tokio::runtime::Runtime>,
+    receiver: &mut mpsc::Receiver<Message>,
+) -> Option<Message> {
+    loop {
+        shared.priority.lower_unless(|| {
+            shared.unfolded.load(Ordering::Acquire) >= RAISE_AT_BACKLOG || !receiver.is_empty()
+        });
+        let clock = match clock {
+            Some(clock) if shared.priority.may_lower() => clock,
+            _ => return receiver.blocking_recv(),
+        };
+        // The timer must be made inside the clock's context.
+        if let Ok(message) =
+            clock.block_on(async { tokio::time::timeout(LOWER_AFTER, receiver.recv()).await })
+        {
+            return message;
+        }
     }
 }
 
@@ -488,12 +532,14 @@ mod tests {
     use super::*;
     use crate::journal::ExecutionStatus;
     use crate::store::ExecutionFinish;
+    use crate::store::fold_priority::Class;
 
     fn shared(connection: Option<JournalConnection>) -> JournalShared {
         JournalShared {
             connection: Mutex::new(connection),
             log: Mutex::new(None),
             unfolded: AtomicUsize::new(0),
+            priority: FoldPriority::new(),
             writes: AtomicUsize::new(0),
         }
     }
@@ -598,5 +644,59 @@ mod tests {
         }
         let pending = shared.lock_log().as_ref().unwrap().pending_bytes();
         assert!((MAX_PENDING_BYTES..MAX_PENDING_BYTES + (5 << 20)).contains(&pending));
+    }
+
+    /// Waits (up to 10 s) for the journal thread to be in `class`.
+    fn wait_for_class(shared: &JournalShared, class: Class) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while shared.priority.thread_class() != Some(class) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the journal thread never went {class:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_thread_waits_in_the_background_and_a_backlog_or_a_waiter_raises_it() {
+        if !super::super::fold_priority::raising_permitted() {
+            eprintln!(
+                "NOT TESTED HERE: this process may not leave SCHED_IDLE, so the journal thread stays normal"
+            );
+            return;
+        }
+        let (_dir, database) = super::super::journal_fold::tests::migrated_database();
+        let (sender, receiver) = mpsc::channel(4);
+        let shared = spawn(&database, receiver).unwrap();
+        wait_for_class(&shared, Class::Background);
+
+        // With the connection held here nothing folds: the backlog grows
+        // until an append raises the thread to fold it.
+        let small = finish_write(None);
+        {
+            let _held = shared.lock();
+            for _ in 1..RAISE_AT_BACKLOG {
+                shared.append(&small).unwrap();
+            }
+            assert_eq!(shared.priority.thread_class(), Some(Class::Background));
+            shared.append(&small).unwrap();
+            assert_eq!(shared.priority.thread_class(), Some(Class::Normal));
+        }
+        sender.blocking_send(Message::Fold).unwrap();
+        wait_for_class(&shared, Class::Background);
+
+        // A message the thread must answer raises it once it is queued.
+        shared.append(&small).unwrap();
+        let (done, answer) = tokio::sync::oneshot::channel();
+        {
+            let _held = shared.lock();
+            sender.blocking_send(Message::Settle(done)).unwrap();
+            shared.needs_thread();
+            assert_eq!(shared.priority.thread_class(), Some(Class::Normal));
+        }
+        answer.blocking_recv().unwrap().unwrap();
+        assert!(!shared.has_unfolded());
+        wait_for_class(&shared, Class::Background);
     }
 }

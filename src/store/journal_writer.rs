@@ -79,6 +79,9 @@ impl JournalWriter {
             .send(Message::Write(Request { write, done }))
             .await
             .map_err(|_| writer_gone())?;
+        if let Some(shared) = &self.inline {
+            shared.needs_thread();
+        }
         answer.await.map_err(|_| writer_gone())?
     }
 }
@@ -101,6 +104,7 @@ impl JournalWriter {
             .send(Message::Settle(done))
             .await
             .map_err(|_| writer_gone())?;
+        shared.needs_thread();
         answer.await.map_err(|_| writer_gone())?
     }
 
@@ -108,6 +112,9 @@ impl JournalWriter {
     pub(super) async fn close(&self) {
         let (done, closed) = oneshot::channel();
         if self.queue.send(Message::Close(done)).await.is_ok() {
+            if let Some(shared) = &self.inline {
+                shared.needs_thread();
+            }
             let _ = closed.await;
         }
     }

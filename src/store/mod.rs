@@ -11,6 +11,7 @@ mod checkpointer;
 mod cluster;
 mod definitions;
 mod floors;
+mod fold_priority;
 mod instance_file;
 mod jobs;
 mod journal;
