@@ -147,3 +147,74 @@ async fn folds_wait_in_the_background_class_and_reads_do_not_wait_for_them() {
         "the raises are counted: {metrics}"
     );
 }
+
+/// Run by a user who may not leave SCHED_IDLE (no capabilities, an
+/// RLIMIT_NICE of 0), the server keeps its journal thread at normal
+/// priority, says why, and still serves. Needs root, to start it as
+/// `nobody` through `setpriv`.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn without_the_right_to_leave_sched_idle_folds_stay_at_normal_priority() {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncBufReadExt;
+
+    // SAFETY: no arguments, no preconditions.
+    #[allow(unsafe_code)]
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!(
+            "SKIPPED: needs root and /usr/bin/setpriv to start the server as an unprivileged user (the test above covers that case when the suite itself runs unprivileged)"
+        );
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let log = temp.path().join("server.log");
+    let mut child = tokio::process::Command::new("/usr/bin/setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_toolgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(temp.path().join("data"))
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_CONFIG")
+        .env("TOOLGATE_ADMIN_TOKEN", "tg_nobody_token_0123456789abcdef")
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("setpriv starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(address) = line.strip_prefix("toolgate listening on ") {
+                return address.trim().to_owned();
+            }
+        }
+        panic!(
+            "the server exited before listening: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    })
+    .await
+    .expect("listening within 60 s");
+    let pid = child.id().expect("running");
+    let health = reqwest::get(format!("{address}/healthz")).await.unwrap();
+    assert!(health.status().is_success(), "{health:?}");
+    assert_eq!(journal_thread_policy(pid), Some(0), "SCHED_OTHER");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("journal folds run at normal priority"),
+        "start-up says why: {said}"
+    );
+    assert!(
+        !said.contains("changing the journal thread's scheduling class failed"),
+        "the probe's refusal is not a failure: {said}"
+    );
+}

@@ -163,8 +163,10 @@ pub(super) fn raising_permitted() -> bool {
         let permitted = std::thread::Builder::new()
             .name("toolgate-probe".into())
             .spawn(|| {
+                // Straight to the kernel: a refusal here is an answer, not a
+                // failure to log.
                 let tid = current_tid();
-                set_class(tid, Class::Background) && set_class(tid, Class::Normal)
+                imp::set_class(tid, Class::Background) && imp::set_class(tid, Class::Normal)
             })
             .ok()
             .and_then(|probe| probe.join().ok())
