@@ -65,6 +65,12 @@ impl FoldPriority {
         self.tid.store(current_tid(), Ordering::SeqCst);
     }
 
+    /// Stops moving the registered thread, which is about to end: the
+    /// kernel may give its id to another thread afterwards.
+    pub(super) fn forget_thread(&self) {
+        self.tid.store(0, Ordering::SeqCst);
+    }
+
     /// The class the registered thread is in, if the kernel tells.
     #[cfg(test)]
     pub(super) fn thread_class(&self) -> Option<Class> {
@@ -341,6 +347,21 @@ mod tests {
         assert_eq!(class_of(worker.tid), Some(Class::Background));
         // Lowering again while in the background changes nothing.
         worker.lower();
+        assert_eq!(class_of(worker.tid), Some(Class::Background));
+        worker.stop();
+    }
+
+    #[test]
+    fn a_forgotten_thread_is_never_moved() {
+        if !permitted_here() {
+            return;
+        }
+        let priority = Arc::new(FoldPriority::new());
+        let worker = Worker::start(priority.clone(), Arc::default());
+        worker.lower();
+        assert_eq!(class_of(worker.tid), Some(Class::Background));
+        priority.forget_thread();
+        priority.raise();
         assert_eq!(class_of(worker.tid), Some(Class::Background));
         worker.stop();
     }

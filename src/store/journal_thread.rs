@@ -417,6 +417,8 @@ fn run(shared: &JournalShared, mut receiver: mpsc::Receiver<Message>) {
         drop(connection);
         checkpointer.stop();
     }
+    // Its id may be given to another thread once it ends.
+    shared.priority.forget_thread();
     if let Some(done) = closing {
         let _ = done.send(());
     }
