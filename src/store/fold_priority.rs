@@ -148,12 +148,6 @@ impl FoldPriority {
     }
 }
 
-impl Default for FoldPriority {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 fn count_raise() {
     let metrics = crate::metrics::metrics();
     if metrics.enabled() {
@@ -306,24 +300,26 @@ mod tests {
         }
     }
 
-    fn permitted_here() -> bool {
-        let permitted = raising_permitted();
-        if !permitted {
+    /// A priority and its registered worker, lowering unless `urgent`; None
+    /// (said loudly) where this process may not leave `SCHED_IDLE`.
+    fn started(urgent: Arc<AtomicBool>) -> Option<(Arc<FoldPriority>, Worker)> {
+        if !raising_permitted() {
             eprintln!(
                 "NOT TESTED HERE: this process may not leave SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE < 20), so the journal thread stays normal"
             );
+            return None;
         }
-        permitted
+        let priority = Arc::new(FoldPriority::new());
+        let worker = Worker::start(priority.clone(), urgent);
+        Some((priority, worker))
     }
 
     #[test]
     fn the_thread_goes_to_the_background_and_any_thread_raises_it_back() {
-        if !permitted_here() {
-            return;
-        }
-        let priority = Arc::new(FoldPriority::new());
         let urgent = Arc::new(AtomicBool::new(false));
-        let worker = Worker::start(priority.clone(), urgent.clone());
+        let Some((priority, worker)) = started(urgent.clone()) else {
+            return;
+        };
         assert_eq!(class_of(worker.tid), Some(Class::Normal));
 
         worker.lower();
@@ -353,11 +349,9 @@ mod tests {
 
     #[test]
     fn a_forgotten_thread_is_never_moved() {
-        if !permitted_here() {
+        let Some((priority, worker)) = started(Arc::default()) else {
             return;
-        }
-        let priority = Arc::new(FoldPriority::new());
-        let worker = Worker::start(priority.clone(), Arc::default());
+        };
         worker.lower();
         assert_eq!(class_of(worker.tid), Some(Class::Background));
         priority.forget_thread();
@@ -368,11 +362,9 @@ mod tests {
 
     #[test]
     fn a_thread_marked_background_but_normal_is_lowered_again() {
-        if !permitted_here() {
+        let Some((priority, worker)) = started(Arc::default()) else {
             return;
-        }
-        let priority = Arc::new(FoldPriority::new());
-        let worker = Worker::start(priority.clone(), Arc::default());
+        };
         worker.lower();
         // As if a raise's call to the kernel landed after the lowering's.
         assert!(set_class(worker.tid, Class::Normal));
@@ -385,11 +377,9 @@ mod tests {
 
     #[test]
     fn raises_racing_lowerings_never_leave_a_thread_marked_normal_in_the_background() {
-        if !permitted_here() {
+        let Some((priority, worker)) = started(Arc::default()) else {
             return;
-        }
-        let priority = Arc::new(FoldPriority::new());
-        let worker = Worker::start(priority.clone(), Arc::default());
+        };
         for round in 0..500 {
             let raiser = {
                 let priority = priority.clone();

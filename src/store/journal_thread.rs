@@ -199,6 +199,31 @@ impl JournalShared {
         self.priority.raise();
     }
 
+    /// The journal thread's scheduling class, if the kernel tells.
+    #[cfg(test)]
+    pub(super) fn thread_class(&self) -> Option<super::fold_priority::Class> {
+        self.priority.thread_class()
+    }
+
+    /// Waits (up to 10 s) for the journal thread to be in `class`.
+    #[cfg(test)]
+    pub(super) fn wait_for_class(&self, class: super::fold_priority::Class) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.thread_class() != Some(class) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the journal thread never went {class:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// The journal's connection, held: nothing folds or commits meanwhile.
+    #[cfg(test)]
+    pub(super) fn hold_connection(&self) -> impl Sized + '_ {
+        self.lock()
+    }
+
     /// Whether records wait to be folded.
     pub(super) fn has_unfolded(&self) -> bool {
         self.unfolded.load(Ordering::Acquire) > 0
@@ -648,18 +673,6 @@ mod tests {
         assert!((MAX_PENDING_BYTES..MAX_PENDING_BYTES + (5 << 20)).contains(&pending));
     }
 
-    /// Waits (up to 10 s) for the journal thread to be in `class`.
-    fn wait_for_class(shared: &JournalShared, class: Class) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while shared.priority.thread_class() != Some(class) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the journal thread never went {class:?}"
-            );
-            std::thread::yield_now();
-        }
-    }
-
     #[test]
     fn the_thread_waits_in_the_background_and_a_backlog_or_a_waiter_raises_it() {
         if !super::super::fold_priority::raising_permitted() {
@@ -671,7 +684,7 @@ mod tests {
         let (_dir, database) = super::super::journal_fold::tests::migrated_database();
         let (sender, receiver) = mpsc::channel(4);
         let shared = spawn(&database, receiver).unwrap();
-        wait_for_class(&shared, Class::Background);
+        shared.wait_for_class(Class::Background);
 
         // With the connection held here nothing folds: the backlog grows
         // until an append raises the thread to fold it.
@@ -686,7 +699,7 @@ mod tests {
             assert_eq!(shared.priority.thread_class(), Some(Class::Normal));
         }
         sender.blocking_send(Message::Fold).unwrap();
-        wait_for_class(&shared, Class::Background);
+        shared.wait_for_class(Class::Background);
 
         // A message the thread must answer raises it once it is queued.
         shared.append(&small).unwrap();
@@ -699,6 +712,6 @@ mod tests {
         }
         answer.blocking_recv().unwrap().unwrap();
         assert!(!shared.has_unfolded());
-        wait_for_class(&shared, Class::Background);
+        shared.wait_for_class(Class::Background);
     }
 }

@@ -75,14 +75,21 @@ impl JournalWriter {
 
     async fn queued(&self, write: JournalWrite) -> Result<Admitted> {
         let (done, answer) = oneshot::channel();
-        self.queue
-            .send(Message::Write(Request { write, done }))
-            .await
-            .map_err(|_| writer_gone())?;
+        self.send_awaited(Message::Write(Request { write, done }))
+            .await?;
+        answer.await.map_err(|_| writer_gone())?
+    }
+
+    /// Queues a message the writer must answer. A journal thread waiting in
+    /// the background scheduling class is raised once the message is queued,
+    /// so the answer never waits for an idle core
+    /// ([`super::fold_priority`]); a nudge to fold does not raise it.
+    async fn send_awaited(&self, message: Message) -> Result<()> {
+        self.queue.send(message).await.map_err(|_| writer_gone())?;
         if let Some(shared) = &self.inline {
             shared.needs_thread();
         }
-        answer.await.map_err(|_| writer_gone())?
+        Ok(())
     }
 }
 
@@ -100,21 +107,14 @@ impl JournalWriter {
             return settled;
         }
         let (done, answer) = oneshot::channel();
-        self.queue
-            .send(Message::Settle(done))
-            .await
-            .map_err(|_| writer_gone())?;
-        shared.needs_thread();
+        self.send_awaited(Message::Settle(done)).await?;
         answer.await.map_err(|_| writer_gone())?
     }
 
     /// Commits what is queued and stops the writer; later writes fail.
     pub(super) async fn close(&self) {
         let (done, closed) = oneshot::channel();
-        if self.queue.send(Message::Close(done)).await.is_ok() {
-            if let Some(shared) = &self.inline {
-                shared.needs_thread();
-            }
+        if self.send_awaited(Message::Close(done)).await.is_ok() {
             let _ = closed.await;
         }
     }
@@ -132,4 +132,61 @@ pub(super) fn sqlite_file(pool: &backend::Pool) -> Option<std::path::PathBuf> {
 
 fn writer_gone() -> Error {
     Error::Internal(anyhow::anyhow!("the journal writer has stopped"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::ExecutionStatus;
+    use crate::store::ExecutionFinish;
+    use crate::store::fold_priority::{Class, raising_permitted};
+
+    #[test]
+    fn a_read_waiting_behind_a_fold_raises_the_journal_thread() {
+        if !raising_permitted() {
+            eprintln!(
+                "NOT TESTED HERE: this process may not leave SCHED_IDLE, so the journal thread stays normal"
+            );
+            return;
+        }
+        let (dir, _database) = super::super::journal_fold::tests::migrated_database();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let location = crate::store::schema::Location::DataDir(dir.path().to_owned());
+        let pool = runtime
+            .block_on(crate::store::schema::connect(&location, false))
+            .unwrap();
+        let writer = JournalWriter::spawn(pool).unwrap();
+        let shared = writer.inline.clone().expect("a journal thread on a file");
+        shared.wait_for_class(Class::Background);
+
+        // The thread is nudged to fold but cannot take the connection, held
+        // here: a read's settle finds it busy and queues behind it.
+        let held = shared.hold_connection();
+        let finish = JournalWrite::Finish {
+            id: "exec_test".into(),
+            finish: ExecutionFinish {
+                status: ExecutionStatus::Success,
+                provider_started: true,
+                result: serde_json::Value::Null,
+                error_message: None,
+                reason_code: None,
+                commit_outcome: None,
+            },
+            at: 0,
+        };
+        runtime.block_on(writer.write(finish)).unwrap();
+        let settling = runtime.spawn({
+            let writer = writer.clone();
+            async move { writer.settle().await }
+        });
+        shared.wait_for_class(Class::Normal);
+        drop(held);
+        runtime.block_on(settling).unwrap().unwrap();
+        assert!(!shared.has_unfolded());
+        runtime.block_on(writer.close());
+    }
 }
