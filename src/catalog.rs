@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::store::{Run, Session};
 
 /// Whether a catalog entry can be called now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Availability {
     Available,
     Unavailable,
@@ -89,6 +89,16 @@ pub trait ToolProvider: Send + Sync {
         })
     }
 
+    /// Appends the key of each of this provider's entries for `session` to
+    /// `keys`, in the order of `entries`, and returns true; or returns false,
+    /// with `keys` as it was, when it cannot say without building them (the
+    /// default). A live model session whose keys, permissions, slot and model
+    /// provider equal those of a catalog already decided in one mutation takes
+    /// that decision without its entries being built (`model_sessions`).
+    fn entry_keys(&self, _session: &Session, _keys: &mut Vec<EntryKey>) -> bool {
+        false
+    }
+
     /// The handler that runs a deferred call of this provider.
     fn restore(
         &self,
@@ -99,6 +109,31 @@ pub trait ToolProvider: Send + Sync {
             self.kind(),
             invocation.call_id
         ))
+    }
+}
+
+/// What of a catalog entry decides what a model session takes: its spec, by
+/// address, and its availability. Two keys are equal only for the very same
+/// spec while the spec lives, so a key compared with one whose spec is held
+/// alive names that spec, never another at a reused address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EntryKey {
+    spec: usize,
+    availability: Availability,
+}
+
+impl EntryKey {
+    /// The key of `spec` offered with `availability`.
+    pub fn new(spec: &Arc<ToolSpec>, availability: Availability) -> Self {
+        Self {
+            spec: Arc::as_ptr(spec) as usize,
+            availability,
+        }
+    }
+
+    /// The key of `entry`.
+    pub fn of(entry: &CatalogEntry) -> Self {
+        Self::new(&entry.spec, entry.availability)
     }
 }
 

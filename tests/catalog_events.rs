@@ -270,3 +270,54 @@ async fn one_registration_gives_every_live_session_what_its_own_rules_allow() {
         "its own slot: {changed}"
     );
 }
+
+/// A registration into every role reaches each live session with its own
+/// character's tools: sessions whose catalogs differ only in another
+/// character's registration never share a decision.
+#[tokio::test]
+async fn one_registration_gives_every_character_its_own_tools() {
+    let server = spawn_with(SpawnOptions::default()).await;
+    let (first, mut first_events) = live_session(&server, "Lanlan", Value::Null, "narrator").await;
+    let (second, mut second_events) =
+        live_session(&server, "Second", Value::Null, "narrator").await;
+    let remote = |name: &str, role: Value| {
+        json!({
+            "name": name,
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {}},
+            "callback_url": "http://127.0.0.1:9/probe",
+            "role": role,
+            "source": "plugin:probe"
+        })
+    };
+    register_remote(&server, remote("second_only", json!("Second"))).await;
+    let changed = second_events.changed().await;
+    assert!(
+        names(&changed["tools"]).contains(&"second_only".to_owned()),
+        "{changed}"
+    );
+
+    register_remote(&server, remote("everyone", Value::Null)).await;
+    let first_changed = first_events.changed().await;
+    let second_changed = second_events.changed().await;
+    let first_names = names(&first_changed["tools"]);
+    let second_names = names(&second_changed["tools"]);
+    assert!(
+        first_names.contains(&"everyone".to_owned()),
+        "{first_changed}"
+    );
+    assert!(
+        !first_names.contains(&"second_only".to_owned()),
+        "{first_changed}"
+    );
+    assert!(
+        second_names.contains(&"everyone".to_owned()),
+        "{second_changed}"
+    );
+    assert!(
+        second_names.contains(&"second_only".to_owned()),
+        "{second_changed}"
+    );
+    assert_eq!(first_names, offered_names(&server, &first).await);
+    assert_eq!(second_names, offered_names(&server, &second).await);
+}

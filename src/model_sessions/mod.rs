@@ -29,8 +29,8 @@ use crate::store::Session;
 
 mod verdicts;
 
-pub use verdicts::Offer;
 use verdicts::Verdicts;
+pub use verdicts::{Offer, OfferKey};
 
 /// Events a model session's stream may hold before the session counts as stuck.
 const EVENT_BUFFER: usize = 1024;
@@ -192,6 +192,12 @@ type AcceptedTools = Arc<[Arc<ToolSpec>]>;
 /// model session's slot then decides what of it the model may call.
 pub trait OfferedCatalogs: Send + Sync {
     fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>>;
+
+    /// What decides the session's verdict, when every provider can give its
+    /// entries' keys without building them; `None` otherwise (the default).
+    fn offer_key<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Option<OfferKey>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 /// One live model session.
@@ -622,10 +628,7 @@ impl ModelSessionHub {
         let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
         for model_session in sessions {
-            let verdict = match catalogs.offer(&model_session.session).await {
-                Ok(offer) => verdicts.verdict(offer, model_session.slot, model_session.provider),
-                Err(err) => Err(format!("the catalog could not be assembled: {err}")),
-            };
+            let verdict = Self::verdict_of(catalogs, &model_session, verdicts).await;
             let mut accepted = model_session.accepted();
             let error = match verdict {
                 Ok(names) => {
@@ -668,6 +671,38 @@ impl ModelSessionHub {
             Ok(())
         } else {
             Err(refusals.join("; "))
+        }
+    }
+
+    /// What `model_session` takes of its catalog as it is now. The verdict of
+    /// an equal combination decided earlier in the mutation is found by the
+    /// entries' keys, before any entry is built: the sessions of a mutation
+    /// are mostly offered the same tools, and building every session's
+    /// entries was a third of a registration's fan-out (BENCHMARKS.md,
+    /// issue 20, eighteenth pass).
+    async fn verdict_of(
+        catalogs: &dyn OfferedCatalogs,
+        model_session: &ModelSession,
+        verdicts: &mut Verdicts,
+    ) -> verdicts::Verdict {
+        let (session, slot, provider) = (
+            &model_session.session,
+            model_session.slot,
+            model_session.provider,
+        );
+        let unassembled = |err: Error| format!("the catalog could not be assembled: {err}");
+        match catalogs.offer_key(session).await {
+            Ok(Some(key)) => {
+                if let Some(verdict) = verdicts.known(&key, slot, provider) {
+                    return verdict;
+                }
+            }
+            Ok(None) => {}
+            Err(err) => return Err(unassembled(err)),
+        }
+        match catalogs.offer(session).await {
+            Ok(offer) => verdicts.verdict(offer, slot, provider),
+            Err(err) => Err(unassembled(err)),
         }
     }
 

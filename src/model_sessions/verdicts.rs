@@ -20,7 +20,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use super::{AcceptedTools, ModelProvider};
-use crate::catalog::{Availability, Catalog, CatalogEntry};
+use crate::catalog::{Catalog, CatalogEntry, EntryKey};
 use crate::domain::tool::{Slot, ToolSpec};
 use crate::permissions::ToolPermissions;
 
@@ -43,6 +43,14 @@ impl Offer {
     }
 }
 
+/// What decides a session's verdict, read without building its catalog
+/// entries: every provider's entry keys (in the providers' order) and the
+/// session's permissions, as they are now.
+pub struct OfferKey {
+    pub entries: Vec<EntryKey>,
+    pub permissions: ToolPermissions,
+}
+
 /// The tools a session takes, or why its provider cannot take its catalog.
 pub(super) type Verdict = std::result::Result<AcceptedTools, String>;
 
@@ -58,7 +66,7 @@ struct Decided {
     slot: Slot,
     provider: ModelProvider,
     /// Each entry's spec by address, and its availability.
-    tools: Vec<(usize, Availability)>,
+    tools: Vec<EntryKey>,
     permissions: ToolPermissions,
     /// The specs `tools` names, held so their addresses stay theirs.
     _specs: Vec<Arc<ToolSpec>>,
@@ -66,24 +74,45 @@ struct Decided {
 }
 
 impl Verdicts {
-    /// What a session offered `offer` for `slot` takes through `provider`:
-    /// the verdict of an equal combination decided earlier in this mutation,
-    /// or a new one.
-    pub(super) fn verdict(&mut self, offer: Offer, slot: Slot, provider: ModelProvider) -> Verdict {
-        let tools: Vec<(usize, Availability)> = offer
-            .entries
-            .iter()
-            .map(|entry| (Arc::as_ptr(&entry.spec) as usize, entry.availability))
-            .collect();
-        let hash = hash_of(slot, &tools);
-        let earlier = self.decided.iter().find(|decided| {
+    /// The verdict of a combination decided earlier in this mutation whose
+    /// entries and permissions `key` gives, if there is one. Only a spec
+    /// held by an earlier verdict can have the address a key names, so an
+    /// equal key is that very catalog.
+    pub(super) fn known(
+        &self,
+        key: &OfferKey,
+        slot: Slot,
+        provider: ModelProvider,
+    ) -> Option<Verdict> {
+        let hash = hash_of(slot, &key.entries);
+        self.find(hash, &key.entries, &key.permissions, slot, provider)
+            .map(|decided| decided.verdict.clone())
+    }
+
+    fn find(
+        &self,
+        hash: u64,
+        tools: &[EntryKey],
+        permissions: &ToolPermissions,
+        slot: Slot,
+        provider: ModelProvider,
+    ) -> Option<&Decided> {
+        self.decided.iter().find(|decided| {
             decided.hash == hash
                 && decided.slot == slot
                 && decided.provider == provider
                 && decided.tools == tools
-                && decided.permissions == offer.permissions
-        });
-        if let Some(decided) = earlier {
+                && decided.permissions == *permissions
+        })
+    }
+
+    /// What a session offered `offer` for `slot` takes through `provider`:
+    /// the verdict of an equal combination decided earlier in this mutation,
+    /// or a new one.
+    pub(super) fn verdict(&mut self, offer: Offer, slot: Slot, provider: ModelProvider) -> Verdict {
+        let tools: Vec<EntryKey> = offer.entries.iter().map(EntryKey::of).collect();
+        let hash = hash_of(slot, &tools);
+        if let Some(decided) = self.find(hash, &tools, &offer.permissions, slot, provider) {
             return decided.verdict.clone();
         }
         let specs = offer
@@ -106,13 +135,10 @@ impl Verdicts {
     }
 }
 
-fn hash_of(slot: Slot, tools: &[(usize, Availability)]) -> u64 {
+fn hash_of(slot: Slot, tools: &[EntryKey]) -> u64 {
     let mut hasher = foldhash::fast::FixedState::default().build_hasher();
     slot.hash(&mut hasher);
-    for (address, availability) in tools {
-        hasher.write_usize(*address);
-        hasher.write_u8(*availability as u8);
-    }
+    tools.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -204,6 +230,46 @@ mod tests {
         let copied = verdicts.verdict(offer(&copies, Default::default()), Slot::Narrator, OPENAI);
         assert_eq!(names(&copied), names(&open));
         assert_eq!(verdicts.decided.len(), 5);
+    }
+
+    fn key(entries: &[CatalogEntry], permissions: ToolPermissions) -> OfferKey {
+        OfferKey {
+            entries: entries.iter().map(EntryKey::of).collect(),
+            permissions,
+        }
+    }
+
+    #[test]
+    fn a_key_finds_only_the_verdict_decided_for_its_very_specs_and_rules() {
+        let entries = two_tools();
+        let mut verdicts = Verdicts::default();
+        let open = Default::default;
+        assert!(
+            verdicts
+                .known(&key(&entries, open()), Slot::Narrator, OPENAI)
+                .is_none(),
+            "nothing decided yet"
+        );
+        let decided = verdicts.verdict(offer(&entries, open()), Slot::Narrator, OPENAI);
+        let found = verdicts.known(&key(&entries, open()), Slot::Narrator, OPENAI);
+        assert_eq!(names(&found.expect("the same specs")), names(&decided));
+
+        let misses = [
+            (key(&entries, denying("weather")), Slot::Narrator),
+            (key(&entries, open()), Slot::Director),
+            (key(&entries[..1], open()), Slot::Narrator),
+            (key(&two_tools(), open()), Slot::Narrator),
+        ];
+        for (other, slot) in misses {
+            assert!(verdicts.known(&other, slot, OPENAI).is_none());
+        }
+        let mut unavailable = entries.to_vec();
+        unavailable[1] = unavailable[1].clone().unavailable("the plugin is gone");
+        assert!(
+            verdicts
+                .known(&key(&unavailable, open()), Slot::Narrator, OPENAI)
+                .is_none()
+        );
     }
 
     #[test]

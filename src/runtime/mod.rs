@@ -30,7 +30,7 @@ use crate::catalog::{
 use crate::config::Settings;
 use crate::domain::tool::Slot;
 use crate::error::Result;
-use crate::model_sessions::{ModelSessionHub, Offer, OfferedCatalogs};
+use crate::model_sessions::{ModelSessionHub, Offer, OfferKey, OfferedCatalogs};
 use crate::permissions::ToolPermissions;
 use crate::store::{Session, Store};
 use crate::tools::builtin::BuiltinProvider;
@@ -255,6 +255,25 @@ impl OfferedCatalogs for ToolRuntime {
                 .shared_session(&session.account_id, &session.id)
                 .await?;
             self.offer_of(&current).await
+        })
+    }
+
+    fn offer_key<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Option<OfferKey>>> {
+        Box::pin(async move {
+            let current = self
+                .store
+                .shared_session(&session.account_id, &session.id)
+                .await?;
+            let mut entries = Vec::with_capacity(32);
+            for provider in self.providers.iter() {
+                if !provider.entry_keys(&current, &mut entries) {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(OfferKey {
+                entries,
+                permissions: ToolPermissions::from_metadata(&current.metadata)?,
+            }))
         })
     }
 }

@@ -227,6 +227,15 @@ impl Store {
         Ok(Page::new(definitions, total, page))
     }
 
+    /// The account's enabled definitions if they are cached, without reading
+    /// the database: what a caller that cannot wait for a read may use.
+    pub fn cached_enabled_definitions(
+        &self,
+        account_id: &str,
+    ) -> Option<std::sync::Arc<Vec<ToolDefinition>>> {
+        self.definition_cache.get(account_id)
+    }
+
     /// Every enabled definition of the account, by name: what its sessions see.
     pub async fn enabled_definitions(
         &self,

@@ -10,7 +10,7 @@ use serde_json::Value;
 use futures::future::BoxFuture;
 
 use crate::call::ToolOutcome;
-use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
+use crate::catalog::{CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvider};
 use crate::domain::definition::ToolDefinition;
 use crate::domain::tool::{ProviderType, ToolMetadata, ToolSpec};
 use crate::error::Result;
@@ -62,6 +62,14 @@ impl ToolProvider for DefinitionProvider {
 
     fn entries<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
         Box::pin(self.entries_where(session, |_| true))
+    }
+
+    fn entry_keys(&self, session: &Session, _keys: &mut Vec<EntryKey>) -> bool {
+        // Each build of a definition's entry makes its spec anew, so keys are
+        // given only for an account known to have no enabled definition.
+        self.store
+            .cached_enabled_definitions(&session.account_id)
+            .is_some_and(|definitions| definitions.is_empty())
     }
 
     fn entries_named<'a>(

@@ -23,7 +23,9 @@ use serde_json::{Value, json};
 
 use self::state::{RunSessionState, SessionState, StoreSessionState};
 use crate::call::ToolOutcome;
-use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
+use crate::catalog::{
+    Availability, CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvider,
+};
 use crate::domain::tool::{ProviderType, SideEffectLevel, Slot, ToolMetadata, ToolSpec};
 use crate::error::{Error, Result};
 use crate::reason::ReasonCode;
@@ -297,6 +299,16 @@ impl ToolProvider for BuiltinProvider {
 
     fn entries<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
         Box::pin(std::future::ready(Ok(self.entries_where(|_| true))))
+    }
+
+    fn entry_keys(&self, _session: &Session, keys: &mut Vec<EntryKey>) -> bool {
+        // The provider holds every builtin's spec for as long as it lives.
+        keys.extend(
+            self.handlers
+                .iter()
+                .map(|(spec, _)| EntryKey::new(spec, Availability::Available)),
+        );
+        true
     }
 
     fn entries_named<'a>(

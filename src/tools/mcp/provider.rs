@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::status::ConnectionState;
 use super::{Command, McpHub};
 use crate::call::{Attempt, JobInvocation, ToolCall, ToolOutcome};
-use crate::catalog::{CallContext, CatalogEntry, ToolHandler, ToolProvider};
+use crate::catalog::{CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvider};
 use crate::domain::tool::{SideEffectLevel, ToolSpec};
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -79,6 +79,12 @@ impl ToolProvider for McpProvider {
         Box::pin(std::future::ready(
             Ok(self.entries_where(session, |_| true)),
         ))
+    }
+
+    fn entry_keys(&self, session: &Session, _keys: &mut Vec<EntryKey>) -> bool {
+        // Keys are given only for the common case of an account without MCP
+        // servers; a server's tools are offered through their entries.
+        self.hub.account_slots(&session.account_id).is_empty()
     }
 
     fn entries_named<'a>(

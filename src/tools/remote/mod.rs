@@ -333,9 +333,12 @@ impl RemoteTool {
     }
 
     pub fn spec(&self) -> Arc<ToolSpec> {
-        self.spec
-            .get_or_init(|| Arc::new(self.build_spec()))
-            .clone()
+        self.shared_spec().clone()
+    }
+
+    /// The spec every catalog entry of this registration shares.
+    fn shared_spec(&self) -> &Arc<ToolSpec> {
+        self.spec.get_or_init(|| Arc::new(self.build_spec()))
     }
 
     fn build_spec(&self) -> ToolSpec {
@@ -651,6 +654,19 @@ impl RemoteRegistry {
             .get(character_id)
             .map(|tools| tools.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// Appends the catalog entry key of each of one character's tools, in
+    /// the order of `list`.
+    pub fn entry_keys(&self, character_id: &str, keys: &mut Vec<crate::catalog::EntryKey>) {
+        if let Some(tools) = self.lock().by_character.get(character_id) {
+            keys.extend(tools.values().map(|tool| {
+                crate::catalog::EntryKey::new(
+                    tool.shared_spec(),
+                    crate::catalog::Availability::Available,
+                )
+            }));
+        }
     }
 
     /// One character's tool called `name`, if it has one.

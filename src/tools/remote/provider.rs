@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::{Declaration, FailureEffect, RemoteRegistry, RemoteTool};
 use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{
-    CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, ToolHandler,
+    CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, EntryKey, ToolHandler,
     ToolProvider, mutate_with,
 };
 use crate::domain::CallbackUrl;
@@ -56,6 +56,11 @@ impl ToolProvider for RemoteProvider {
             .map(|tool| self.entry(tool))
             .collect();
         Box::pin(std::future::ready(Ok(entries)))
+    }
+
+    fn entry_keys(&self, session: &Session, keys: &mut Vec<EntryKey>) -> bool {
+        self.registry.entry_keys(&session.character_id, keys);
+        true
     }
 
     fn entries_named<'a>(
@@ -232,6 +237,68 @@ mod tests {
     use super::*;
     use crate::call::CallArguments;
     use crate::domain::tool::{SideEffectLevel, Slot};
+
+    fn session_of(character_id: &str) -> Session {
+        Session {
+            id: format!("sess_{character_id}"),
+            account_id: "acct_test".into(),
+            character_id: character_id.into(),
+            character: character_id.into(),
+            title: String::new(),
+            metadata: serde_json::json!({}),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    /// A live model session takes an earlier verdict by these keys without
+    /// its entries being built: they must be exactly its entries' keys.
+    #[tokio::test]
+    async fn entry_keys_are_the_keys_of_the_entries_each_role_is_offered() {
+        let settings = crate::config::Settings::for_data_dir(std::path::Path::new("/tmp"));
+        let registry = Arc::new(RemoteRegistry::new(&settings).unwrap());
+        let role = |id: &str| super::super::Role {
+            character_id: id.into(),
+            name: id.into(),
+        };
+        let tool = |name: &str| {
+            super::super::NewRemoteTool::validate(super::super::RegistrationInput {
+                name: name.to_owned(),
+                callback_url: "http://127.0.0.1:9333/cb".to_owned(),
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        registry
+            .register(&[role("char_a"), role("char_b")], &tool("shared"))
+            .unwrap();
+        registry
+            .register(&[role("char_a")], &tool("only_a"))
+            .unwrap();
+        let provider = RemoteProvider::new(registry);
+
+        let keys_of = |session: &Session| {
+            let mut keys = Vec::new();
+            assert!(provider.entry_keys(session, &mut keys));
+            keys
+        };
+        for character in ["char_a", "char_b", "char_none"] {
+            let session = session_of(character);
+            let entries = provider.entries(&session).await.unwrap();
+            let expected: Vec<EntryKey> = entries.iter().map(EntryKey::of).collect();
+            assert_eq!(keys_of(&session), expected, "{character}");
+        }
+        let (a, b) = (
+            keys_of(&session_of("char_a")),
+            keys_of(&session_of("char_b")),
+        );
+        assert_eq!(a.len(), 2);
+        assert_eq!(b.len(), 1);
+        assert!(
+            a.contains(&b[0]),
+            "every role shares the one spec of `shared`"
+        );
+    }
 
     #[test]
     fn snapshots_keep_the_tools_side_effect_level() {
