@@ -8,3 +8,6 @@
 /// random per map, so keys a client chooses cannot be aimed at one bucket
 /// ahead of time.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A `HashSet` hashed like [`FastMap`].
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -2,7 +2,6 @@
 //! characters, mutate their registries and synchronise their live model
 //! sessions, all as one catalog mutation (under its lock).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -10,6 +9,7 @@ use futures::future::BoxFuture;
 use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
 use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope, mutate_with};
 use crate::error::{Error, Result};
+use crate::fast_map::FastSet;
 use crate::store::{Character, Store};
 
 /// Which characters a Runtime Tools request addresses.
@@ -129,7 +129,7 @@ async fn mutation_roles(
         // created after this read has no registration yet: its registration
         // waits for this mutation. A list read outside the lock could miss a
         // character whose registration then lands before the collection.
-        let existing: HashSet<&str> = roles
+        let existing: FastSet<&str> = roles
             .iter()
             .map(|role| role.character_id.as_str())
             .collect();

@@ -10,7 +10,7 @@ mod listing_cache;
 mod manager;
 mod provider;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::fast_map::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -626,7 +626,7 @@ impl RemoteRegistry {
     /// Sound only when `existing` was read from the store inside the same
     /// catalog mutation (see the ordering argument in `manager`), so it is
     /// reachable from this module only.
-    fn retain_characters(&self, existing: &HashSet<&str>) -> usize {
+    fn retain_characters(&self, existing: &crate::fast_map::FastSet<&str>) -> usize {
         let mut registries = self.lock();
         let gone: Vec<String> = registries
             .by_character
@@ -915,7 +915,7 @@ mod tests {
         assert_eq!(held[2].role, "role c3");
         // Retaining no character releases everything.
         drop(held);
-        registry.retain_characters(&HashSet::new());
+        registry.retain_characters(&Default::default());
         let registries = registry.lock();
         assert_eq!((registries.tools, registries.by_character.len()), (0, 0));
     }
