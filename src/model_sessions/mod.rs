@@ -198,6 +198,11 @@ pub trait OfferedCatalogs: Send + Sync {
     fn offer_key<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Option<OfferKey>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
+
+    /// The offer of the session `key` was read from, with its permissions.
+    fn offer_of_key(&self, key: OfferKey) -> BoxFuture<'_, Result<Offer>> {
+        Box::pin(async move { self.offer(&key.session).await })
+    }
 }
 
 /// One live model session.
@@ -691,16 +696,17 @@ impl ModelSessionHub {
             model_session.provider,
         );
         let unassembled = |err: Error| format!("the catalog could not be assembled: {err}");
-        match catalogs.offer_key(session).await {
+        let offer = match catalogs.offer_key(session).await {
             Ok(Some(key)) => {
                 if let Some(verdict) = verdicts.known(&key, slot, provider) {
                     return verdict;
                 }
+                catalogs.offer_of_key(key).await
             }
-            Ok(None) => {}
+            Ok(None) => catalogs.offer(session).await,
             Err(err) => return Err(unassembled(err)),
-        }
-        match catalogs.offer(session).await {
+        };
+        match offer {
             Ok(offer) => verdicts.verdict(offer, slot, provider),
             Err(err) => Err(unassembled(err)),
         }
@@ -847,7 +853,7 @@ mod tests {
         assert!(provider.check_tools(&refs).unwrap_err().contains("128"));
     }
 
-    fn session() -> Session {
+    pub(super) fn session() -> Session {
         Session {
             id: "sess_test".into(),
             account_id: "acct_test".into(),

@@ -273,7 +273,18 @@ impl OfferedCatalogs for ToolRuntime {
             Ok(Some(OfferKey {
                 entries,
                 permissions: ToolPermissions::from_metadata(&current.metadata)?,
+                session: current,
             }))
+        })
+    }
+
+    fn offer_of_key(&self, key: OfferKey) -> BoxFuture<'_, Result<Offer>> {
+        Box::pin(async move {
+            Ok(Offer {
+                entries: Catalog::entries_of(&key.session, &self.providers).await?,
+                session_id: key.session.id.clone(),
+                permissions: key.permissions,
+            })
         })
     }
 }
