@@ -272,8 +272,9 @@ async fn one_registration_gives_every_live_session_what_its_own_rules_allow() {
 }
 
 /// A registration into every role reaches each live session with its own
-/// character's tools: sessions whose catalogs differ only in another
-/// character's registration never share a decision.
+/// character's tools and its permissions as they are now: sessions whose
+/// catalogs differ only in another character's registration never share a
+/// decision.
 #[tokio::test]
 async fn one_registration_gives_every_character_its_own_tools() {
     let server = spawn_with(SpawnOptions::default()).await;
@@ -297,13 +298,25 @@ async fn one_registration_gives_every_character_its_own_tools() {
         "{changed}"
     );
 
+    // A permission write empties the server's session cache, so the
+    // registration below reads the sessions it reaches from the database
+    // (together with the others on a shared database, which caches none).
+    let path = format!("/sessions/{first}/tool-permissions");
+    let denying = json!({"slot_deny_list": {"narrator": ["everyone"]}});
+    assert_eq!(server.put(&path, denying).await.status, 200);
+    first_events.changed().await;
+
     register_remote(&server, remote("everyone", Value::Null)).await;
     let first_changed = first_events.changed().await;
     let second_changed = second_events.changed().await;
     let first_names = names(&first_changed["tools"]);
     let second_names = names(&second_changed["tools"]);
     assert!(
-        first_names.contains(&"everyone".to_owned()),
+        !first_names.contains(&"everyone".to_owned()),
+        "its own deny list: {first_changed}"
+    );
+    assert!(
+        first_names.contains(&"roll_dice".to_owned()),
         "{first_changed}"
     );
     assert!(

@@ -191,17 +191,22 @@ type AcceptedTools = Arc<[Arc<ToolSpec>]>;
 /// entries and permissions as they are now (the runtime implements it); the
 /// model session's slot then decides what of it the model may call.
 pub trait OfferedCatalogs: Send + Sync {
+    /// `sessions` as they are now, read together: one per session, `None`
+    /// for one that is gone. A model session holds its session as it was
+    /// when it opened; its permissions may have changed since.
+    fn current<'a>(
+        &'a self,
+        sessions: &'a [&'a Session],
+    ) -> BoxFuture<'a, Result<Vec<Option<Arc<Session>>>>>;
+
+    /// What `session`, as it is now, offers its model.
     fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>>;
 
-    /// What decides the session's verdict, when every provider can give its
-    /// entries' keys without building them; `None` otherwise (the default).
-    fn offer_key<'a>(&'a self, _session: &'a Session) -> BoxFuture<'a, Result<Option<OfferKey>>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
-
-    /// The offer of the session `key` was read from, with its permissions.
-    fn offer_of_key(&self, key: OfferKey) -> BoxFuture<'_, Result<Offer>> {
-        Box::pin(async move { self.offer(&key.session).await })
+    /// What decides the verdict of `session`, as it is now, when every
+    /// provider can give its entries' keys without building them; `None`
+    /// otherwise (the default).
+    fn offer_key(&self, _session: &Session) -> Result<Option<OfferKey>> {
+        Ok(None)
     }
 }
 
@@ -406,6 +411,97 @@ impl ChangedBodies {
     }
 }
 
+/// Why a session has no verdict.
+fn unassembled(err: Error) -> String {
+    format!("the catalog could not be assembled: {err}")
+}
+
+/// The error of a session that is gone.
+fn gone(session: &Session) -> Error {
+    Error::not_found(format!("session {:?}", session.id))
+}
+
+/// The sessions of one mutation's live model sessions as they are now, read
+/// together before any is offered its catalog: a registration into every
+/// role is one change per role, and one read per session was a round trip
+/// each on a shared database.
+#[derive(Default)]
+struct CurrentSessions(FastMap<String, std::result::Result<Arc<Session>, String>>);
+
+impl CurrentSessions {
+    /// Reads `sessions` (each once) into the map.
+    async fn read(&mut self, catalogs: &dyn OfferedCatalogs, sessions: &[&Session]) {
+        let mut seen = crate::fast_map::FastSet::default();
+        let unique: Vec<&Session> = sessions
+            .iter()
+            .copied()
+            .filter(|session| !self.0.contains_key(&session.id) && seen.insert(session.id.as_str()))
+            .collect();
+        if unique.is_empty() {
+            return;
+        }
+        match catalogs.current(&unique).await {
+            Ok(found) => {
+                for (session, current) in unique.iter().zip(found) {
+                    let current = current.ok_or_else(|| unassembled(gone(session)));
+                    self.0.insert(session.id.clone(), current);
+                }
+            }
+            Err(err) => {
+                let reason = unassembled(err);
+                for session in unique {
+                    self.0.insert(session.id.clone(), Err(reason.clone()));
+                }
+            }
+        }
+    }
+
+    /// `session` as it is now, or why it cannot be offered a catalog. Every
+    /// session a sync concerns was read when it began (sessions join under
+    /// the mutation lock); one that was not is read here.
+    async fn of(
+        &mut self,
+        catalogs: &dyn OfferedCatalogs,
+        session: &Session,
+    ) -> std::result::Result<Arc<Session>, String> {
+        if !self.0.contains_key(&session.id) {
+            self.read(catalogs, &[session]).await;
+        }
+        self.0
+            .get(&session.id)
+            .cloned()
+            .unwrap_or_else(|| Err(unassembled(gone(session))))
+    }
+}
+
+/// What a session, as it is now, takes of its catalog for `slot` through
+/// `provider`. The verdict of an equal combination decided earlier in the
+/// mutation is found by the entries' keys, before any entry is built: the
+/// sessions of a mutation are mostly offered the same tools, and building
+/// every session's entries was a third of a registration's fan-out
+/// (BENCHMARKS.md, issue 20, eighteenth pass).
+async fn verdict_of(
+    catalogs: &dyn OfferedCatalogs,
+    session: &Session,
+    slot: Slot,
+    provider: ModelProvider,
+    verdicts: &mut Verdicts,
+) -> verdicts::Verdict {
+    match catalogs.offer_key(session) {
+        Ok(Some(key)) => {
+            if let Some(verdict) = verdicts.known(&key, slot, provider) {
+                return verdict;
+            }
+        }
+        Ok(None) => {}
+        Err(err) => return Err(unassembled(err)),
+    }
+    match catalogs.offer(session).await {
+        Ok(offer) => verdicts.verdict(offer, slot, provider),
+        Err(err) => Err(unassembled(err)),
+    }
+}
+
 /// Proof that the caller holds the mutation lock.
 pub struct MutationGuard<'a>(#[allow(dead_code)] tokio::sync::MutexGuard<'a, ()>);
 
@@ -477,7 +573,13 @@ impl ModelSessionHub {
         if self.live().closed {
             return Err(shutting_down());
         }
-        let catalog = catalogs.offer(&session).await?.catalog(Some(slot));
+        let current = catalogs
+            .current(&[&session])
+            .await?
+            .pop()
+            .flatten()
+            .ok_or_else(|| gone(&session))?;
+        let catalog = catalogs.offer(&current).await?.catalog(Some(slot));
         let (accepted, error) = match provider.accept(&catalog) {
             Ok(names) => (names, None),
             Err(reason) => (AcceptedTools::default(), Some(reason)),
@@ -612,9 +714,18 @@ impl ModelSessionHub {
     ) -> Vec<std::result::Result<(), String>> {
         let mut bodies = ChangedBodies::default();
         let mut verdicts = Verdicts::default();
+        let mut current = CurrentSessions::default();
+        {
+            let live: Vec<Arc<ModelSession>> = changes
+                .iter()
+                .flat_map(|change| self.concerned(&change.scope, false))
+                .collect();
+            let sessions: Vec<&Session> = live.iter().map(|live| &live.session).collect();
+            current.read(catalogs, &sessions).await;
+        }
         let mut results = Vec::with_capacity(changes.len());
         for change in changes {
-            let shared = (&mut bodies, &mut verdicts);
+            let shared = (&mut bodies, &mut verdicts, &mut current);
             results.push(self.sync_one(guard, catalogs, change, shared).await);
         }
         results
@@ -627,13 +738,19 @@ impl ModelSessionHub {
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
         change: &CatalogChange,
-        (bodies, verdicts): (&mut ChangedBodies, &mut Verdicts),
+        (bodies, verdicts, current): (&mut ChangedBodies, &mut Verdicts, &mut CurrentSessions),
     ) -> std::result::Result<(), String> {
         self.notify_observers(change, bodies);
         let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
         for model_session in sessions {
-            let verdict = Self::verdict_of(catalogs, &model_session, verdicts).await;
+            let verdict = match current.of(catalogs, &model_session.session).await {
+                Ok(session) => {
+                    let (slot, provider) = (model_session.slot, model_session.provider);
+                    verdict_of(catalogs, &session, slot, provider, verdicts).await
+                }
+                Err(reason) => Err(reason),
+            };
             let mut accepted = model_session.accepted();
             let error = match verdict {
                 Ok(names) => {
@@ -676,39 +793,6 @@ impl ModelSessionHub {
             Ok(())
         } else {
             Err(refusals.join("; "))
-        }
-    }
-
-    /// What `model_session` takes of its catalog as it is now. The verdict of
-    /// an equal combination decided earlier in the mutation is found by the
-    /// entries' keys, before any entry is built: the sessions of a mutation
-    /// are mostly offered the same tools, and building every session's
-    /// entries was a third of a registration's fan-out (BENCHMARKS.md,
-    /// issue 20, eighteenth pass).
-    async fn verdict_of(
-        catalogs: &dyn OfferedCatalogs,
-        model_session: &ModelSession,
-        verdicts: &mut Verdicts,
-    ) -> verdicts::Verdict {
-        let (session, slot, provider) = (
-            &model_session.session,
-            model_session.slot,
-            model_session.provider,
-        );
-        let unassembled = |err: Error| format!("the catalog could not be assembled: {err}");
-        let offer = match catalogs.offer_key(session).await {
-            Ok(Some(key)) => {
-                if let Some(verdict) = verdicts.known(&key, slot, provider) {
-                    return verdict;
-                }
-                catalogs.offer_of_key(key).await
-            }
-            Ok(None) => catalogs.offer(session).await,
-            Err(err) => return Err(unassembled(err)),
-        };
-        match offer {
-            Ok(offer) => verdicts.verdict(offer, slot, provider),
-            Err(err) => Err(unassembled(err)),
         }
     }
 
@@ -853,7 +937,7 @@ mod tests {
         assert!(provider.check_tools(&refs).unwrap_err().contains("128"));
     }
 
-    pub(super) fn session() -> Session {
+    fn session() -> Session {
         Session {
             id: "sess_test".into(),
             account_id: "acct_test".into(),
@@ -959,6 +1043,17 @@ mod tests {
     struct EmptyCatalogs;
 
     impl OfferedCatalogs for EmptyCatalogs {
+        fn current<'a>(
+            &'a self,
+            sessions: &'a [&'a Session],
+        ) -> BoxFuture<'a, Result<Vec<Option<Arc<Session>>>>> {
+            let found = sessions
+                .iter()
+                .map(|session| Some(Arc::new((*session).clone())))
+                .collect();
+            Box::pin(std::future::ready(Ok(found)))
+        }
+
         fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
             Box::pin(std::future::ready(Ok(Offer {
                 session_id: session.id.clone(),
@@ -1040,5 +1135,86 @@ mod tests {
             Ok(_) => panic!("a model session opened after close_all"),
         }
         assert!(hub.live().by_character.is_empty());
+    }
+
+    /// Empty catalogs that count their reads of current sessions and treat
+    /// `sess_gone` as deleted.
+    #[derive(Default)]
+    struct CountingCatalogs {
+        reads: Mutex<Vec<usize>>,
+    }
+
+    impl OfferedCatalogs for CountingCatalogs {
+        fn current<'a>(
+            &'a self,
+            sessions: &'a [&'a Session],
+        ) -> BoxFuture<'a, Result<Vec<Option<Arc<Session>>>>> {
+            self.reads.lock().unwrap().push(sessions.len());
+            let found = sessions
+                .iter()
+                .map(|session| (session.id != "sess_gone").then(|| Arc::new((*session).clone())))
+                .collect();
+            Box::pin(std::future::ready(Ok(found)))
+        }
+
+        fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
+            EmptyCatalogs.offer(session)
+        }
+    }
+
+    /// A session `id` of its own character `char_{id}`.
+    fn session_of(id: &str) -> Session {
+        Session {
+            id: id.into(),
+            character_id: format!("char_{id}"),
+            ..session()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mutation_reads_the_sessions_of_all_its_changes_at_once() {
+        let hub = Arc::new(ModelSessionHub::default());
+        let catalogs = CountingCatalogs::default();
+        let mut streams = Vec::new();
+        for id in ["sess_a", "sess_b", "sess_a"] {
+            let opened = hub.open(
+                &catalogs,
+                session_of(id),
+                Slot::Narrator,
+                ModelProvider::OpenAiCompatible,
+            );
+            streams.push(opened.await.unwrap());
+        }
+        // Two sessions of one character; `sess_gone` opened while it existed
+        // (on catalogs that still had it) and was deleted since.
+        streams.push(open(&hub).await.unwrap());
+        let gone = Session {
+            id: "sess_gone".into(),
+            ..session()
+        };
+        let opened = hub.open(
+            &EmptyCatalogs,
+            gone,
+            Slot::Narrator,
+            ModelProvider::OpenAiCompatible,
+        );
+        streams.push(opened.await.unwrap());
+        catalogs.reads.lock().unwrap().clear();
+
+        let changes: Vec<CatalogChange> = ["char_sess_a", "char_sess_b", "char_test"]
+            .into_iter()
+            .map(|id| CatalogChange::new(CatalogScope::Character(id.into())))
+            .collect();
+        let guard = hub.mutation_lock().await;
+        let results = hub.sync_all(&guard, &catalogs, &changes).await;
+        assert_eq!(
+            *catalogs.reads.lock().unwrap(),
+            [4],
+            "one read of the four distinct sessions behind five model sessions"
+        );
+        assert_eq!(results[..2], [Ok(()), Ok(())]);
+        let refusal = results[2].as_ref().expect_err("a deleted session refuses");
+        assert!(refusal.contains("could not be assembled"), "{refusal}");
+        assert!(refusal.contains("sess_gone"), "{refusal}");
     }
 }

@@ -23,7 +23,6 @@ use super::{AcceptedTools, ModelProvider};
 use crate::catalog::{Catalog, CatalogEntry, EntryKey};
 use crate::domain::tool::{Slot, ToolSpec};
 use crate::permissions::ToolPermissions;
-use crate::store::Session;
 
 /// What a session's model is offered, before it is assembled: every
 /// provider's entries and the session's permissions, as they are now.
@@ -50,9 +49,6 @@ impl Offer {
 pub struct OfferKey {
     pub entries: Vec<EntryKey>,
     pub permissions: ToolPermissions,
-    /// The session as it was read for the key: the offer built when no
-    /// verdict matches comes from the same read.
-    pub session: Arc<Session>,
 }
 
 /// The tools a session takes, or why its provider cannot take its catalog.
@@ -240,7 +236,6 @@ mod tests {
         OfferKey {
             entries: entries.iter().map(EntryKey::of).collect(),
             permissions,
-            session: Arc::new(crate::model_sessions::tests::session()),
         }
     }
 

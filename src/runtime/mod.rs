@@ -246,45 +246,33 @@ impl ToolRuntime {
 }
 
 impl OfferedCatalogs for ToolRuntime {
+    fn current<'a>(
+        &'a self,
+        sessions: &'a [&'a Session],
+    ) -> BoxFuture<'a, Result<Vec<Option<Arc<Session>>>>> {
+        Box::pin(async move {
+            let wanted: Vec<(&str, &str)> = sessions
+                .iter()
+                .map(|session| (session.account_id.as_str(), session.id.as_str()))
+                .collect();
+            self.store.shared_sessions(&wanted).await
+        })
+    }
+
     fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
-        Box::pin(async move {
-            // A model session holds the session as it was when it opened; its
-            // permissions may have changed since.
-            let current = self
-                .store
-                .shared_session(&session.account_id, &session.id)
-                .await?;
-            self.offer_of(&current).await
-        })
+        Box::pin(self.offer_of(session))
     }
 
-    fn offer_key<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Option<OfferKey>>> {
-        Box::pin(async move {
-            let current = self
-                .store
-                .shared_session(&session.account_id, &session.id)
-                .await?;
-            let mut entries = Vec::with_capacity(32);
-            for provider in self.providers.iter() {
-                if !provider.entry_keys(&current, &mut entries) {
-                    return Ok(None);
-                }
+    fn offer_key(&self, session: &Session) -> Result<Option<OfferKey>> {
+        let mut entries = Vec::with_capacity(32);
+        for provider in self.providers.iter() {
+            if !provider.entry_keys(session, &mut entries) {
+                return Ok(None);
             }
-            Ok(Some(OfferKey {
-                entries,
-                permissions: ToolPermissions::from_metadata(&current.metadata)?,
-                session: current,
-            }))
-        })
-    }
-
-    fn offer_of_key(&self, key: OfferKey) -> BoxFuture<'_, Result<Offer>> {
-        Box::pin(async move {
-            Ok(Offer {
-                entries: Catalog::entries_of(&key.session, &self.providers).await?,
-                session_id: key.session.id.clone(),
-                permissions: key.permissions,
-            })
-        })
+        }
+        Ok(Some(OfferKey {
+            entries,
+            permissions: ToolPermissions::from_metadata(&session.metadata)?,
+        }))
     }
 }

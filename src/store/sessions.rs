@@ -31,6 +31,10 @@ pub struct Session {
 const SELECT: &str = "SELECT s.id, s.account_id, s.character_id, c.name AS character_name, s.title, \
     s.metadata_json, s.created_at, s.updated_at FROM sessions s JOIN characters c ON c.id = s.character_id";
 
+/// How many sessions [`Store::shared_sessions`] reads in one statement, well
+/// under both backends' limits on bound values.
+pub const SESSIONS_PER_READ: usize = 256;
+
 fn from_row(row: &impl Record) -> Session {
     let metadata: String = row.get("metadata_json");
     Session {
@@ -99,6 +103,63 @@ impl Store {
         // box on every cached lookup too (a tenth of a register fan-out's
         // instructions, BENCHMARKS.md issue 20).
         Box::pin(self.read_session(account_id, id)).await
+    }
+
+    /// The sessions `wanted` names by account and id, as they are now: one
+    /// per entry, `None` for one that no longer exists or is another
+    /// account's. What the cache may not answer ([`Store::shared_session`]) is
+    /// read in one statement per [`SESSIONS_PER_READ`], not one per session:
+    /// a registration into every role reads every live model session's
+    /// session, and on a shared database each read is a round trip.
+    pub async fn shared_sessions(
+        &self,
+        wanted: &[(&str, &str)],
+    ) -> Result<Vec<Option<Arc<Session>>>> {
+        let mut found: Vec<Option<Arc<Session>>> = if self.shared_database() {
+            vec![None; wanted.len()]
+        } else {
+            wanted
+                .iter()
+                .map(|(_, id)| self.session_cache.get(id))
+                .collect()
+        };
+        let missing: Vec<usize> = (0..wanted.len()).filter(|&i| found[i].is_none()).collect();
+        if !missing.is_empty() {
+            let generation = self.session_cache.generation();
+            for chunk in missing.chunks(SESSIONS_PER_READ) {
+                let ids: Vec<&str> = chunk.iter().map(|&i| wanted[i].1).collect();
+                for session in self.read_sessions(&ids).await? {
+                    let session = Arc::new(session);
+                    self.session_cache
+                        .put(&session.id, generation, session.clone());
+                    for &i in chunk.iter().filter(|&&i| wanted[i].1 == session.id) {
+                        found[i] = Some(session.clone());
+                    }
+                }
+            }
+        }
+        for (slot, (account_id, _)) in found.iter_mut().zip(wanted) {
+            if slot
+                .as_ref()
+                .is_some_and(|session| session.account_id != *account_id)
+            {
+                *slot = None;
+            }
+        }
+        Ok(found)
+    }
+
+    /// The sessions of `ids` that exist, in one statement.
+    async fn read_sessions(&self, ids: &[&str]) -> Result<Vec<Session>> {
+        let placeholders = vec!["?"; ids.len()].join(", ");
+        let sql = format!("{SELECT} WHERE s.id IN ({placeholders})");
+        Ok(sql!(self.conn().await?, c => {
+            let mut read = query(AssertSqlSafe(sql));
+            for id in ids {
+                read = read.bind(*id);
+            }
+            read.fetch_all(c).await?.iter().map(from_row).collect()
+        }))
     }
 
     /// The account's session read from the database, then cached.
