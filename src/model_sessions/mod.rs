@@ -424,53 +424,71 @@ fn gone(session: &Session) -> Error {
 /// The sessions of one mutation's live model sessions as they are now, read
 /// together before any is offered its catalog: a registration into every
 /// role is one change per role, and one read per session was a round trip
-/// each on a shared database.
+/// each on a shared database. One entry per live model session a change
+/// concerns, in the order the changes reach them.
 #[derive(Default)]
-struct CurrentSessions(FastMap<String, std::result::Result<Arc<Session>, String>>);
+struct CurrentSessions {
+    live: Vec<Arc<ModelSession>>,
+    current: Vec<std::result::Result<Arc<Session>, String>>,
+    /// Where the next lookup starts: the changes reach their sessions in the
+    /// order they were read, less those closed on the way.
+    next: usize,
+}
 
 impl CurrentSessions {
-    /// Reads `sessions` (each once) into the map.
-    async fn read(&mut self, catalogs: &dyn OfferedCatalogs, sessions: &[&Session]) {
-        let mut seen = crate::fast_map::FastSet::default();
-        let unique: Vec<&Session> = sessions
-            .iter()
-            .copied()
-            .filter(|session| !self.0.contains_key(&session.id) && seen.insert(session.id.as_str()))
-            .collect();
-        if unique.is_empty() {
-            return;
-        }
-        match catalogs.current(&unique).await {
-            Ok(found) => {
-                for (session, current) in unique.iter().zip(found) {
-                    let current = current.ok_or_else(|| unassembled(gone(session)));
-                    self.0.insert(session.id.clone(), current);
-                }
-            }
-            Err(err) => {
-                let reason = unassembled(err);
-                for session in unique {
-                    self.0.insert(session.id.clone(), Err(reason.clone()));
-                }
-            }
+    /// Reads the sessions of `live`.
+    async fn read(catalogs: &dyn OfferedCatalogs, live: Vec<Arc<ModelSession>>) -> Self {
+        let current = current_of(catalogs, &live).await;
+        Self {
+            live,
+            current,
+            next: 0,
         }
     }
 
-    /// `session` as it is now, or why it cannot be offered a catalog. Every
-    /// session a sync concerns was read when it began (sessions join under
-    /// the mutation lock); one that was not is read here.
+    /// The session of `model_session` as it is now, or why it cannot be
+    /// offered a catalog. Every model session a sync reaches was live when
+    /// it began (sessions join under the mutation lock); one that was not
+    /// found in the read is read here.
     async fn of(
         &mut self,
         catalogs: &dyn OfferedCatalogs,
-        session: &Session,
+        model_session: &Arc<ModelSession>,
     ) -> std::result::Result<Arc<Session>, String> {
-        if !self.0.contains_key(&session.id) {
-            self.read(catalogs, &[session]).await;
+        let ahead = self.live[self.next..]
+            .iter()
+            .position(|live| Arc::ptr_eq(live, model_session));
+        if let Some(offset) = ahead {
+            let index = self.next + offset;
+            self.next = index + 1;
+            return self.current[index].clone();
         }
-        self.0
-            .get(&session.id)
-            .cloned()
-            .unwrap_or_else(|| Err(unassembled(gone(session))))
+        current_of(catalogs, std::slice::from_ref(model_session))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(unassembled(gone(&model_session.session))))
+    }
+}
+
+/// The sessions of `live` as they are now, in one read.
+async fn current_of(
+    catalogs: &dyn OfferedCatalogs,
+    live: &[Arc<ModelSession>],
+) -> Vec<std::result::Result<Arc<Session>, String>> {
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let sessions: Vec<&Session> = live.iter().map(|live| &live.session).collect();
+    match catalogs.current(&sessions).await {
+        Ok(found) => found
+            .into_iter()
+            .zip(&sessions)
+            .map(|(current, session)| current.ok_or_else(|| unassembled(gone(session))))
+            .collect(),
+        Err(err) => {
+            let reason = unassembled(err);
+            sessions.iter().map(|_| Err(reason.clone())).collect()
+        }
     }
 }
 
@@ -714,15 +732,11 @@ impl ModelSessionHub {
     ) -> Vec<std::result::Result<(), String>> {
         let mut bodies = ChangedBodies::default();
         let mut verdicts = Verdicts::default();
-        let mut current = CurrentSessions::default();
-        {
-            let live: Vec<Arc<ModelSession>> = changes
-                .iter()
-                .flat_map(|change| self.concerned(&change.scope, false))
-                .collect();
-            let sessions: Vec<&Session> = live.iter().map(|live| &live.session).collect();
-            current.read(catalogs, &sessions).await;
-        }
+        let live = changes
+            .iter()
+            .flat_map(|change| self.concerned(&change.scope, false))
+            .collect();
+        let mut current = CurrentSessions::read(catalogs, live).await;
         let mut results = Vec::with_capacity(changes.len());
         for change in changes {
             let shared = (&mut bodies, &mut verdicts, &mut current);
@@ -744,7 +758,7 @@ impl ModelSessionHub {
         let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
         for model_session in sessions {
-            let verdict = match current.of(catalogs, &model_session.session).await {
+            let verdict = match current.of(catalogs, &model_session).await {
                 Ok(session) => {
                     let (slot, provider) = (model_session.slot, model_session.provider);
                     verdict_of(catalogs, &session, slot, provider, verdicts).await
@@ -1209,8 +1223,8 @@ mod tests {
         let results = hub.sync_all(&guard, &catalogs, &changes).await;
         assert_eq!(
             *catalogs.reads.lock().unwrap(),
-            [4],
-            "one read of the four distinct sessions behind five model sessions"
+            [5],
+            "one read for the five model sessions of all three changes"
         );
         assert_eq!(results[..2], [Ok(()), Ok(())]);
         let refusal = results[2].as_ref().expect_err("a deleted session refuses");

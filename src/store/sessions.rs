@@ -128,13 +128,18 @@ impl Store {
             let generation = self.session_cache.generation();
             for chunk in missing.chunks(SESSIONS_PER_READ) {
                 let ids: Vec<&str> = chunk.iter().map(|&i| wanted[i].1).collect();
-                for session in self.read_sessions(&ids).await? {
-                    let session = Arc::new(session);
+                let read: crate::fast_map::FastMap<String, Arc<Session>> = self
+                    .read_sessions(&ids)
+                    .await?
+                    .into_iter()
+                    .map(|session| (session.id.clone(), Arc::new(session)))
+                    .collect();
+                for session in read.values() {
                     self.session_cache
                         .put(&session.id, generation, session.clone());
-                    for &i in chunk.iter().filter(|&&i| wanted[i].1 == session.id) {
-                        found[i] = Some(session.clone());
-                    }
+                }
+                for &i in chunk {
+                    found[i] = read.get(wanted[i].1).cloned();
                 }
             }
         }
