@@ -241,7 +241,7 @@ impl Store {
         &self,
         account_id: &str,
     ) -> Result<std::sync::Arc<Vec<ToolDefinition>>> {
-        if let Some(cached) = self.definition_cache.get(account_id) {
+        if let Some(cached) = self.cached_enabled_definitions(account_id) {
             return Ok(cached);
         }
         let generation = self.definition_cache.generation();

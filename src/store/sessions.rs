@@ -169,26 +169,11 @@ impl Store {
 
     /// The account's session read from the database, then cached.
     async fn read_session(&self, account_id: &str, id: &str) -> Result<Arc<Session>> {
-        let generation = self.session_cache.generation();
-        let sql = format!("{SELECT} WHERE s.id = ?");
-        let session = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
-            .bind(id)
-            .fetch_optional(c)
+        self.shared_sessions(&[(account_id, id)])
             .await?
-            .as_ref()
-            .map(from_row));
-        match session {
-            Some(session) => {
-                let session = Arc::new(session);
-                self.session_cache.put(id, generation, session.clone());
-                if session.account_id == account_id {
-                    Ok(session)
-                } else {
-                    Err(Error::not_found(format!("session {id:?}")))
-                }
-            }
-            None => Err(Error::not_found(format!("session {id:?}"))),
-        }
+            .pop()
+            .flatten()
+            .ok_or_else(|| Error::not_found(format!("session {id:?}")))
     }
 
     /// Forgets cached sessions after a write to sessions or characters (a

@@ -11,13 +11,12 @@ mod manager;
 mod provider;
 
 use std::collections::{BTreeMap, HashMap};
-
-use crate::fast_map::FastMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::catalog::{Availability, EntryKey};
 use crate::config::Settings;
 use crate::domain::CallbackUrl;
 use crate::domain::tool::{
@@ -25,6 +24,7 @@ use crate::domain::tool::{
     ToolMetadata, ToolSpec,
 };
 use crate::error::{Error, ErrorCode, Result};
+use crate::fast_map::FastMap;
 
 pub use client::{CallbackClient, Exchange, FailureEffect};
 pub use eviction::{EVICTION_THRESHOLD, FailureCounter};
@@ -658,14 +658,13 @@ impl RemoteRegistry {
 
     /// Appends the catalog entry key of each of one character's tools, in
     /// the order of `list`.
-    pub fn entry_keys(&self, character_id: &str, keys: &mut Vec<crate::catalog::EntryKey>) {
+    pub fn entry_keys(&self, character_id: &str, keys: &mut Vec<EntryKey>) {
         if let Some(tools) = self.lock().by_character.get(character_id) {
-            keys.extend(tools.values().map(|tool| {
-                crate::catalog::EntryKey::new(
-                    tool.shared_spec(),
-                    crate::catalog::Availability::Available,
-                )
-            }));
+            keys.extend(
+                tools
+                    .values()
+                    .map(|tool| EntryKey::new(tool.shared_spec(), Availability::Available)),
+            );
         }
     }
 
