@@ -421,52 +421,57 @@ fn gone(session: &Session) -> Error {
     Error::not_found(format!("session {:?}", session.id))
 }
 
-/// The sessions of one mutation's live model sessions as they are now, read
-/// together before any is offered its catalog: a registration into every
-/// role is one change per role, and one read per session was a round trip
-/// each on a shared database. One entry per live model session a change
-/// concerns, in the order the changes reach them.
+/// The live model sessions each change of one mutation reaches, found once
+/// before any is offered its catalog, with their sessions as they are now,
+/// read together: a registration into every role is one change per role,
+/// and one read per session was a round trip each on a shared database.
+/// Sessions join only under the mutation lock, so none joins while a sync
+/// runs; one that closes meanwhile is found gone when its event is queued.
 #[derive(Default)]
-struct CurrentSessions {
+struct Reached {
+    /// Each change's model sessions, the changes one after the other.
     live: Vec<Arc<ModelSession>>,
     current: Vec<std::result::Result<Arc<Session>, String>>,
-    /// Where the next lookup starts: the changes reach their sessions in the
-    /// order they were read, less those closed on the way.
-    next: usize,
+    /// Where each change's model sessions end in `live`.
+    ends: Vec<usize>,
+    /// Model sessions this sync closed (their streams were not being read):
+    /// a later change of the same mutation passes them by.
+    closed: Vec<Arc<ModelSession>>,
 }
 
-impl CurrentSessions {
-    /// Reads the sessions of `live`.
-    async fn read(catalogs: &dyn OfferedCatalogs, live: Vec<Arc<ModelSession>>) -> Self {
+impl Reached {
+    /// Finds the live model sessions of each of `changes` and reads their
+    /// sessions.
+    async fn find(
+        hub: &ModelSessionHub,
+        catalogs: &dyn OfferedCatalogs,
+        changes: &[CatalogChange],
+    ) -> Self {
+        let mut live = Vec::new();
+        let mut ends = Vec::with_capacity(changes.len());
+        for change in changes {
+            hub.concerned_into(&change.scope, false, &mut live);
+            ends.push(live.len());
+        }
         let current = current_of(catalogs, &live).await;
         Self {
             live,
             current,
-            next: 0,
+            ends,
+            closed: Vec::new(),
         }
     }
 
-    /// The session of `model_session` as it is now, or why it cannot be
-    /// offered a catalog. Every model session a sync reaches was live when
-    /// it began (sessions join under the mutation lock); one that was not
-    /// found in the read is read here.
-    async fn of(
-        &mut self,
-        catalogs: &dyn OfferedCatalogs,
-        model_session: &Arc<ModelSession>,
-    ) -> std::result::Result<Arc<Session>, String> {
-        let ahead = self.live[self.next..]
+    /// The positions in `live` of the model sessions of change `index`.
+    fn of_change(&self, index: usize) -> std::ops::Range<usize> {
+        let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
+        start..self.ends[index]
+    }
+
+    fn was_closed(&self, model_session: &Arc<ModelSession>) -> bool {
+        self.closed
             .iter()
-            .position(|live| Arc::ptr_eq(live, model_session));
-        if let Some(offset) = ahead {
-            let index = self.next + offset;
-            self.next = index + 1;
-            return self.current[index].clone();
-        }
-        current_of(catalogs, std::slice::from_ref(model_session))
-            .await
-            .pop()
-            .unwrap_or_else(|| Err(unassembled(gone(&model_session.session))))
+            .any(|closed| Arc::ptr_eq(closed, model_session))
     }
 }
 
@@ -517,6 +522,16 @@ async fn verdict_of(
     match catalogs.offer(session).await {
         Ok(offer) => verdicts.verdict(offer, slot, provider),
         Err(err) => Err(unassembled(err)),
+    }
+}
+
+/// Whether `session` is one of those an account's or a session's change
+/// concerns (a character's are found by their key).
+fn scope_holds(scope: &CatalogScope, session: &Session) -> bool {
+    match scope {
+        CatalogScope::Character(id) => session.character_id == *id,
+        CatalogScope::Account(id) => session.account_id == *id,
+        CatalogScope::Session(id) => session.id == *id,
     }
 }
 
@@ -680,33 +695,41 @@ impl ModelSessionHub {
     /// The live model sessions a change concerns (`observers`: the console's
     /// watchers of those sessions instead; they take no catalog).
     fn concerned(&self, scope: &CatalogScope, observers: bool) -> Vec<Arc<ModelSession>> {
+        let mut concerned = Vec::new();
+        self.concerned_into(scope, observers, &mut concerned);
+        concerned
+    }
+
+    /// [`Self::concerned`], added to `found`.
+    fn concerned_into(
+        &self,
+        scope: &CatalogScope,
+        observers: bool,
+        found: &mut Vec<Arc<ModelSession>>,
+    ) {
         let live = self.live();
         let live = &live.by_character;
-        let matching = |keep: &dyn Fn(&Session) -> bool| -> Vec<Arc<ModelSession>> {
-            live.values()
-                .flatten()
-                .filter(|model_session| {
-                    model_session.observer == observers && keep(&model_session.session)
-                })
-                .cloned()
-                .collect()
-        };
+        let wanted = |model_session: &&Arc<ModelSession>| model_session.observer == observers;
         match scope {
-            CatalogScope::Character(id) => live
-                .get(id)
-                .into_iter()
-                .flatten()
-                .filter(|model_session| model_session.observer == observers)
-                .cloned()
-                .collect(),
-            CatalogScope::Account(id) => matching(&|session| session.account_id == *id),
-            CatalogScope::Session(id) => matching(&|session| session.id == *id),
+            CatalogScope::Character(id) => {
+                found.extend(live.get(id).into_iter().flatten().filter(wanted).cloned());
+            }
+            CatalogScope::Account(_) | CatalogScope::Session(_) => found.extend(
+                live.values()
+                    .flatten()
+                    .filter(wanted)
+                    .filter(|model_session| scope_holds(scope, &model_session.session))
+                    .cloned(),
+            ),
         }
     }
 
     /// Tells the console's watchers of the sessions a change concerns that
     /// their catalog changed (they assemble it themselves, when they show it).
     fn notify_observers(&self, change: &CatalogChange, bodies: &mut ChangedBodies) {
+        if !self.any_observers() {
+            return;
+        }
         let observers = self.concerned(&change.scope, true);
         if observers.is_empty() {
             return;
@@ -732,15 +755,14 @@ impl ModelSessionHub {
     ) -> Vec<std::result::Result<(), String>> {
         let mut bodies = ChangedBodies::default();
         let mut verdicts = Verdicts::default();
-        let live = changes
-            .iter()
-            .flat_map(|change| self.concerned(&change.scope, false))
-            .collect();
-        let mut current = CurrentSessions::read(catalogs, live).await;
+        let mut reached = Reached::find(self, catalogs, changes).await;
         let mut results = Vec::with_capacity(changes.len());
-        for change in changes {
-            let shared = (&mut bodies, &mut verdicts, &mut current);
-            results.push(self.sync_one(guard, catalogs, change, shared).await);
+        for (index, change) in changes.iter().enumerate() {
+            let shared = (&mut bodies, &mut verdicts, &mut reached);
+            results.push(
+                self.sync_one(guard, catalogs, (index, change), shared)
+                    .await,
+            );
         }
         results
     }
@@ -751,19 +773,22 @@ impl ModelSessionHub {
         &self,
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
-        change: &CatalogChange,
-        (bodies, verdicts, current): (&mut ChangedBodies, &mut Verdicts, &mut CurrentSessions),
+        (index, change): (usize, &CatalogChange),
+        (bodies, verdicts, reached): (&mut ChangedBodies, &mut Verdicts, &mut Reached),
     ) -> std::result::Result<(), String> {
         self.notify_observers(change, bodies);
-        let sessions = self.concerned(&change.scope, false);
         let mut refusals = Vec::new();
-        for model_session in sessions {
-            let verdict = match current.of(catalogs, &model_session).await {
+        for at in reached.of_change(index) {
+            let model_session = &reached.live[at];
+            if reached.was_closed(model_session) {
+                continue;
+            }
+            let verdict = match &reached.current[at] {
                 Ok(session) => {
                     let (slot, provider) = (model_session.slot, model_session.provider);
-                    verdict_of(catalogs, &session, slot, provider, verdicts).await
+                    verdict_of(catalogs, session, slot, provider, verdicts).await
                 }
-                Err(reason) => Err(reason),
+                Err(reason) => Err(reason.clone()),
             };
             let mut accepted = model_session.accepted();
             let error = match verdict {
@@ -775,7 +800,7 @@ impl ModelSessionHub {
             };
             let event = ModelSessionEvent {
                 kind: "catalog_changed",
-                data: bodies.body(change, &model_session, error.as_deref(), &accepted),
+                data: bodies.body(change, model_session, error.as_deref(), &accepted),
             };
             drop(accepted);
             match model_session.deliver(event) {
@@ -792,6 +817,8 @@ impl ModelSessionHub {
                         "model session {} was closed: its event stream is not being read",
                         model_session.id
                     ));
+                    let closed = model_session.clone();
+                    reached.closed.push(closed);
                     continue;
                 }
             }
@@ -1127,12 +1154,16 @@ mod tests {
                 .await;
             assert_eq!(results, [Ok(())]);
         }
+        // The last mutation reaches the session twice (its character's change
+        // and its account's): the first closes it, the second passes it by.
+        let account_change = CatalogChange::new(CatalogScope::Account(session().account_id));
         let guard = hub.mutation_lock().await;
         let results = hub
-            .sync_all(&guard, &EmptyCatalogs, std::slice::from_ref(&change))
+            .sync_all(&guard, &EmptyCatalogs, &[change, account_change])
             .await;
         let refusal = results[0].as_ref().expect_err("the stream is full");
         assert!(refusal.contains("is not being read"), "{refusal}");
+        assert_eq!(results[1], Ok(()), "a closed session is not offered again");
         assert!(
             hub.live().by_character.is_empty(),
             "the stuck session was closed"

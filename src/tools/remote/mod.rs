@@ -271,39 +271,39 @@ fn metadata_for(declared: DeclaredMetadata, parameter_schema_basis: Basis) -> To
     }
 }
 
-/// A callback registered for one role: the few light fields, and the
-/// registration's shared [`Declaration`].
-#[derive(Debug, Clone)]
-pub struct RemoteTool {
+/// One registration as every role it was registered for holds it: a
+/// registration into every role is one of these, shared, not a copy of its
+/// strings per role (BENCHMARKS.md, issue 20, nineteenth pass).
+#[derive(Debug)]
+pub struct Registration {
     pub name: String,
     pub callback_url: CallbackUrl,
     pub source: String,
     pub timeout_seconds: f64,
-    /// Name of the character (role) it was registered for.
-    pub role: String,
     pub declaration: Arc<Declaration>,
-    /// This registration as `GET /api/tools` lists it, serialised the first
-    /// time it is listed: a registration never changes (a new one replaces
-    /// it), so the listing is written once per registry change, not per
-    /// request.
-    pub listing: Arc<std::sync::OnceLock<Box<[u8]>>>,
+    /// This registration as `GET /api/tools` lists it (which names no role),
+    /// serialised the first time it is listed: a registration never changes
+    /// (a new one replaces it), so the listing is written once per registry
+    /// change, not per request nor per role.
+    pub listing: std::sync::OnceLock<Box<[u8]>>,
     /// This registration as a catalog entry's spec, built the first time a
-    /// catalog holds it (per call, every catalog holds every tool of the
-    /// character).
-    pub spec: Arc<std::sync::OnceLock<Arc<ToolSpec>>>,
+    /// catalog holds it. A spec names no role, so the live sessions of every
+    /// role are offered the very same spec, and what they take is decided
+    /// once (model_sessions::verdicts).
+    pub spec: std::sync::OnceLock<Arc<ToolSpec>>,
 }
 
-impl RemoteTool {
-    pub fn new(tool: &NewRemoteTool, role: &str) -> Self {
+impl Registration {
+    /// `tool` as registered, with the declaration the registries hold.
+    pub fn new(tool: &NewRemoteTool, declaration: Arc<Declaration>) -> Self {
         Self {
             name: tool.name.clone(),
             callback_url: tool.callback_url.clone(),
             source: tool.source.clone(),
             timeout_seconds: tool.timeout_seconds,
-            role: role.to_owned(),
-            declaration: tool.declaration.clone(),
-            listing: Arc::default(),
-            spec: Arc::default(),
+            declaration,
+            listing: std::sync::OnceLock::new(),
+            spec: std::sync::OnceLock::new(),
         }
     }
 
@@ -352,6 +352,34 @@ impl RemoteTool {
             source: self.source.clone(),
             metadata: self.declaration.metadata.clone(),
         }
+    }
+}
+
+/// A callback registered for one role: the role's name, and the shared
+/// [`Registration`] (whose fields it reads as its own).
+#[derive(Debug, Clone)]
+pub struct RemoteTool {
+    /// Name of the character (role) it was registered for.
+    pub role: String,
+    pub registration: Arc<Registration>,
+}
+
+impl RemoteTool {
+    /// `tool` registered for `role` alone, with its own declaration.
+    pub fn new(tool: &NewRemoteTool, role: &str) -> Self {
+        let registration = Registration::new(tool, tool.declaration.clone());
+        Self {
+            role: role.to_owned(),
+            registration: Arc::new(registration),
+        }
+    }
+}
+
+impl std::ops::Deref for RemoteTool {
+    type Target = Registration;
+
+    fn deref(&self) -> &Registration {
+        &self.registration
     }
 }
 
@@ -580,16 +608,14 @@ impl RemoteRegistry {
         let declaration = registries
             .same_declaration(tool)
             .unwrap_or_else(|| tool.declaration.clone());
-        // A spec names no role, so every role's copy shares one: the live
-        // sessions of all these characters are then offered the very same
-        // spec, and what they take is decided once (model_sessions::verdicts).
-        let spec = Arc::default();
+        let registration = Arc::new(Registration::new(tool, declaration));
         Ok(roles
             .iter()
             .map(|role| {
-                let mut held = RemoteTool::new(tool, &role.name);
-                held.declaration = declaration.clone();
-                held.spec = Arc::clone(&spec);
+                let held = RemoteTool {
+                    role: role.name.clone(),
+                    registration: registration.clone(),
+                };
                 registries.insert(&role.character_id, held)
             })
             .collect())
@@ -834,6 +860,12 @@ mod tests {
             "one spec for both roles"
         );
         assert_eq!(spec("c1").name, "a");
+        let (c1, c2) = (&registry.list("c1")[0], &registry.list("c2")[0]);
+        assert!(
+            Arc::ptr_eq(&c1.registration, &c2.registration),
+            "one registration, listed once, for both roles"
+        );
+        assert_eq!((c1.role.as_str(), c2.role.as_str()), ("role c1", "role c2"));
         // A replacement is a new registration: its spec is built anew, once.
         let before = spec("c1");
         registry.register(&both, &tool("a", "s")).unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use super::{Declaration, FailureEffect, RemoteRegistry, RemoteTool};
+use super::{Declaration, FailureEffect, Registration, RemoteRegistry, RemoteTool};
 use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::catalog::{
     CallContext, CatalogChange, CatalogEntry, CatalogEvents, CatalogScope, EntryKey, ToolHandler,
@@ -89,14 +89,13 @@ impl ToolProvider for RemoteProvider {
             .get("timeout_seconds")
             .and_then(Value::as_f64)
             .ok_or("the job snapshot has no timeout_seconds")?;
-        let tool = RemoteTool {
+        let registration = Registration {
             name: text("name")?,
             callback_url,
             source: text("source")?,
             timeout_seconds,
-            role: text("role")?,
-            listing: Arc::default(),
-            spec: Arc::default(),
+            listing: Default::default(),
+            spec: Default::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),
@@ -107,6 +106,10 @@ impl ToolProvider for RemoteProvider {
                     None,
                 ),
             }),
+        };
+        let tool = RemoteTool {
+            role: text("role")?,
+            registration: Arc::new(registration),
         };
         Ok(Arc::new(RemoteHandler {
             tool: Arc::new(tool),
@@ -302,20 +305,23 @@ mod tests {
 
     #[test]
     fn snapshots_keep_the_tools_side_effect_level() {
-        let tool = RemoteTool {
+        let registration = Registration {
             name: "send_mail".into(),
             callback_url: CallbackUrl::parse("http://127.0.0.1:9/cb").unwrap(),
             source: "mail".into(),
             timeout_seconds: 2.0,
-            role: "Lanlan".into(),
-            listing: Arc::default(),
-            spec: Arc::default(),
+            listing: Default::default(),
+            spec: Default::default(),
             declaration: Arc::new(Declaration {
                 description: String::new(),
                 parameters: Arc::new(Value::Object(Default::default())),
                 validator: Default::default(),
                 metadata: ToolMetadata::declared(SideEffectLevel::Irreversible, vec![], None),
             }),
+        };
+        let tool = RemoteTool {
+            role: "Lanlan".into(),
+            registration: Arc::new(registration),
         };
         let registry = Arc::new(
             RemoteRegistry::new(&crate::config::Settings::for_data_dir(
