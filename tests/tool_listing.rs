@@ -99,3 +99,40 @@ async fn every_change_of_what_is_listed_shows_in_the_next_listing() {
     assert_eq!(names(&one.body["tools_by_role"], "Lanlan2"), ["alpha"]);
     assert_eq!(names(&listed(&server).await, "Lanlan2"), ["alpha"]);
 }
+
+/// A registration into every role is held once for all of them (issue 20):
+/// each role lists it whole, and a later registration for one role replaces
+/// only that role's, never what the other roles list.
+#[tokio::test]
+async fn every_role_lists_a_shared_registration_whole_and_one_role_replaces_only_its_own() {
+    let server = spawn_app().await;
+    let created = server.post("/characters", json!({"name": "Mika"})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let register = |description: &str, role: Option<&str>| {
+        json!({"name": "weather", "description": description, "role": role,
+               "source": "plugin:weather", "timeout_seconds": 7.5,
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+               "callback_url": "http://127.0.0.1:9333/cb"})
+    };
+    let every = common::register_remote(&server, register("shared", None)).await;
+    assert_eq!(
+        every.body["affected_roles"],
+        json!(["Lanlan", "Mika"]),
+        "{every:?}"
+    );
+    let by_role = listed(&server).await;
+    assert_eq!(by_role["Lanlan"], by_role["Mika"], "{by_role}");
+    let entry = &by_role["Lanlan"][0];
+    assert_eq!(entry["description"], "shared", "{by_role}");
+    assert_eq!(entry["source"], "plugin:weather", "{by_role}");
+    assert_eq!(entry["timeout_seconds"], 7.5, "{by_role}");
+    assert_eq!(
+        entry["parameters"]["properties"]["city"]["type"], "string",
+        "{by_role}"
+    );
+
+    common::register_remote(&server, register("Mika's own", Some("Mika"))).await;
+    let by_role = listed(&server).await;
+    assert_eq!(by_role["Mika"][0]["description"], "Mika's own", "{by_role}");
+    assert_eq!(by_role["Lanlan"][0]["description"], "shared", "{by_role}");
+}
