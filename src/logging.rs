@@ -7,6 +7,8 @@
 
 use std::io::{self, Write};
 
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, WorkerGuard};
+
 /// Writes to `inner`, escaping control characters in each write except the
 /// line end that closes it. The formatter writes one event per write, so a
 /// newline inside an event is escaped and the one that ends it is kept.
@@ -52,18 +54,77 @@ impl<W: Write> Write for SanitizingWriter<W> {
     }
 }
 
-/// A `MakeWriter` of sanitised standard error.
-#[derive(Clone, Copy)]
-pub struct SanitizedStderr {
-    pub keep_escape: bool,
+/// How many log lines standard error may fall behind before new ones are
+/// dropped (each about 200-300 bytes, so tens of megabytes at most).
+pub const BUFFERED_LOG_LINES: usize = tracing_appender::non_blocking::DEFAULT_BUFFERED_LINES_LIMIT;
+
+/// Sanitised standard error, written by a thread of its own: the thread that
+/// logs only queues the line. A sink that stops reading (a stuck collector, a
+/// paused terminal, a full pipe) then holds lines in memory, up to
+/// [`BUFFERED_LOG_LINES`], instead of holding the async worker that logged
+/// them and with it every request on that worker. Lines past that bound are
+/// dropped and counted ([`LogOutput::dropped_lines`]), never waited for.
+///
+/// The formatter writes each event whole, and the thread writes each queued
+/// event with one write, so the sanitiser still sees one event per write.
+pub fn stderr_off_thread(keep_escape: bool) -> (NonBlocking, LogOutput) {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(BUFFERED_LOG_LINES)
+        .thread_name("toolgate-log")
+        .finish(SanitizingWriter::new(io::stderr(), keep_escape));
+    let dropped = writer.error_counter();
+    (
+        writer,
+        LogOutput {
+            dropped,
+            _flush_on_drop: guard,
+        },
+    )
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SanitizedStderr {
-    type Writer = SanitizingWriter<io::Stderr>;
+/// The log thread's queue: dropping it writes what is queued (at exit).
+pub struct LogOutput {
+    dropped: ErrorCounter,
+    _flush_on_drop: WorkerGuard,
+}
 
-    fn make_writer(&'a self) -> Self::Writer {
-        SanitizingWriter::new(io::stderr(), self.keep_escape)
+impl LogOutput {
+    /// Log lines dropped so far because the sink was not reading.
+    pub fn dropped_lines(&self) -> usize {
+        self.dropped.dropped_lines()
     }
+
+    /// Every `every`, logs a warning when lines were dropped since the last
+    /// look. While the sink is stuck the warning is dropped too, and counted;
+    /// the first one that gets through gives the total.
+    pub async fn warn_of_dropped_lines(dropped: ErrorCounter, every: std::time::Duration) {
+        let mut reported = 0;
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            reported = warn_if_dropped(&dropped, reported);
+        }
+    }
+
+    /// A handle on the dropped-lines count, for [`Self::warn_of_dropped_lines`].
+    pub fn counter(&self) -> ErrorCounter {
+        self.dropped.clone()
+    }
+}
+
+/// Warns when more than `reported` lines were dropped; the count now.
+pub fn warn_if_dropped(dropped: &ErrorCounter, reported: usize) -> usize {
+    let total = dropped.dropped_lines();
+    if total > reported {
+        tracing::warn!(
+            dropped = total - reported,
+            total,
+            "log lines were dropped: the log output was not being read"
+        );
+    }
+    total
 }
 
 #[cfg(test)]
@@ -86,5 +147,48 @@ mod tests {
             sanitize("中文\tok\n".as_bytes(), false),
             "中文\tok\n".as_bytes()
         );
+    }
+
+    /// A sink that takes nothing until `open` is sent.
+    struct Stuck(std::sync::mpsc::Receiver<()>, Option<()>);
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.1.is_none() {
+                self.1 = self.0.recv().ok();
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_past_the_queue_are_dropped_and_counted_never_waited_for() {
+        let (open, opened) = std::sync::mpsc::channel();
+        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(2)
+            .finish(Stuck(opened, None));
+        let output = LogOutput {
+            dropped: writer.error_counter(),
+            _flush_on_drop: guard,
+        };
+        let mut line = writer.clone();
+        for _ in 0..10 {
+            line.write_all(b"a line\n").unwrap();
+        }
+        // The thread holds one line in the stuck write and two are queued.
+        let dropped = output.dropped_lines();
+        assert!((7..=8).contains(&dropped), "{dropped} dropped");
+        assert_eq!(warn_if_dropped(&output.counter(), 0), dropped);
+        assert_eq!(
+            warn_if_dropped(&output.counter(), dropped),
+            dropped,
+            "nothing more dropped, nothing more to warn of"
+        );
+        open.send(()).unwrap();
     }
 }

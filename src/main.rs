@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use clap::Parser;
 use toolgate::app::{App, shutdown_signal};
 use toolgate::config::{Cli, Command, LogFormat, Settings};
-use toolgate::logging::SanitizedStderr;
+use toolgate::logging::LogOutput;
 use toolgate::telemetry::Telemetry;
 
 /// mimalloc instead of glibc's malloc: under load the server's threads
@@ -21,7 +21,11 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let settings = Settings::resolve(*args)?;
-            let telemetry = init_tracing(settings.log_format);
+            let (telemetry, log_output) = init_tracing(settings.log_format);
+            tokio::spawn(LogOutput::warn_of_dropped_lines(
+                log_output.counter(),
+                std::time::Duration::from_secs(10),
+            ));
             if toolgate::telemetry::spans_exported() {
                 tracing::info!("traces are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
             }
@@ -45,8 +49,11 @@ async fn main() -> anyhow::Result<()> {
             // Tests and scripts read this line to learn the bound port.
             println!("toolgate listening on http://{addr}");
             let served = app.run(shutdown).await;
+            toolgate::logging::warn_if_dropped(&log_output.counter(), 0);
             // Flushing blocks on the exporter's HTTP client.
             let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+            // Writes the log lines still queued before the process ends.
+            drop(log_output);
             served
         }
         Command::Migrate(args) => toolgate::operator::migrate(args).await,
@@ -60,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-fn init_tracing(format: LogFormat) -> Telemetry {
+fn init_tracing(format: LogFormat) -> (Telemetry, LogOutput) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
     // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
@@ -68,12 +75,11 @@ fn init_tracing(format: LogFormat) -> Telemetry {
     let colour = format == LogFormat::Text
         && std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-    let writer = SanitizedStderr {
-        keep_escape: colour,
-    };
+    let (writer, output) = toolgate::logging::stderr_off_thread(colour);
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
-    match format {
+    let telemetry = match format {
         LogFormat::Text => toolgate::telemetry::init(fmt.with_ansi(colour), filter),
         LogFormat::Json => toolgate::telemetry::init(fmt.json().with_ansi(false), filter),
-    }
+    };
+    (telemetry, output)
 }

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Reply, TestServer, read_reply, register_remote, spawn_app};
+use common::{Reply, TestServer, read_reply, register_remote, spawn_app};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TOOL: &str = r#"{"name": "sneaky", "callback_url": "http://127.0.0.1:9/x"}"#;
 
@@ -220,44 +219,15 @@ async fn loopback_pages_and_plugin_clients_are_admitted() {
 /// at info), stops it and returns everything it wrote to stderr.
 async fn stderr_of_a_run(extra_args: &[&str]) -> Vec<u8> {
     let temp = tempfile::tempdir().expect("temp dir");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(temp.path().join("data"))
-        .args(extra_args)
-        .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_LISTEN")
-        .env_remove("TOOLGATE_DATA_DIR")
-        .env_remove("TOOLGATE_LOG_FORMAT")
-        .env_remove("TOOLGATE_CONFIG")
-        // NO_COLOR in the test's environment would hide a missing terminal check.
-        .env_remove("NO_COLOR")
-        .env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", "info,sqlx=warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn toolgate");
+    let (mut child, addr) =
+        common::spawn_with_piped_stderr(&temp.path().join("data"), extra_args, "info,sqlx=warn")
+            .await;
     let mut stderr = child.stderr.take().expect("stderr");
     let collected = tokio::spawn(async move {
         let mut bytes = Vec::new();
         let _ = stderr.read_to_end(&mut bytes).await;
         bytes
     });
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(addr) = line.strip_prefix("toolgate listening on http://") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("toolgate exited before listening");
-    })
-    .await
-    .expect("listening within 60s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
     let response = reqwest::Client::new()
         .get(format!("http://{addr}/api/tools"))
@@ -267,15 +237,7 @@ async fn stderr_of_a_run(extra_args: &[&str]) -> Vec<u8> {
         .expect("request");
     assert_eq!(response.status(), 403);
 
-    let pid = child.id().expect("running").to_string();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit within 30s of SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "{status:?}");
+    common::stop_cleanly(child).await;
     collected.await.expect("stderr reader")
 }
 

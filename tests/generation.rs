@@ -211,7 +211,7 @@ async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly()
         text_answer(&["after the wait"]),
     ])
     .await;
-    let server = with_model(&stand_in).await;
+    let mut server = with_model(&stand_in).await;
     let session = server.create_session().await;
     let mut events = Events::open(&server, &session).await;
     turn(&server, &session, "hello").await;
@@ -236,6 +236,8 @@ async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly()
         "{data}"
     );
     assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+    // Stopped first: every line it logged is then written.
+    assert!(server.stop().await.success());
     let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
     assert!(
         !log.contains("sk-test-stand-in-key"),

@@ -611,11 +611,8 @@ async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
         || async { processes_running(&["sleep", &deleted]).is_empty() },
     )
     .await;
-    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
-    assert!(
-        log.contains("toolgate-test-mcp started"),
-        "the child's stderr is in the log"
-    );
+    // The child's stderr is in the log.
+    server.log_containing("toolgate-test-mcp started").await;
 
     let second = create_server(&server, grouped_body("kept", &kept)).await;
     wait_for_source(&server, &session, &second, "live", CONNECTED).await;
@@ -662,11 +659,7 @@ async fn secrets_reach_the_servers_but_never_the_log() {
     .await;
     wait_for_source(&server, &session, &stdio, "live", CONNECTED).await;
     wait_for_source(&server, &session, &remote, "live", CONNECTED).await;
-    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
-    assert!(
-        log.contains("MCP server connected"),
-        "the log is the server's"
-    );
+    let log = server.log_containing("MCP server connected").await;
     assert!(!log.contains(env_secret), "an env secret is in the log");
     assert!(
         !log.contains(header_secret),

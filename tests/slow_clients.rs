@@ -303,10 +303,7 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_limit() {
     assert_eq!(server_soft, server_hard, "{line}");
     assert_eq!(server_hard, hard.to_string(), "{line}");
     // The raise is logged with what it was before.
-    let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log")).unwrap();
-    assert!(
-        log.contains(&format!("before={lowered}")) && log.contains(&format!("after={hard}")),
-        "{log}"
-    );
+    let log = server.log_containing(&format!("after={hard}")).await;
+    assert!(log.contains(&format!("before={lowered}")), "{log}");
     assert!(health_on_fresh_connection(&server).await);
 }

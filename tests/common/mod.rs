@@ -69,6 +69,63 @@ pub fn toolgate_command(
     command.output().expect("run toolgate")
 }
 
+/// A server whose standard error is a pipe the test holds: started with
+/// `extra_args` and `RUST_LOG=rust_log` on `data_dir`, ignoring the
+/// environment's settings; its listening address once it printed it. Its
+/// stdout is drained in the background; its stderr is the test's to read.
+pub async fn spawn_with_piped_stderr(
+    data_dir: &Path,
+    extra_args: &[&str],
+    rust_log: &str,
+) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(extra_args)
+        .env_remove("TOOLGATE_DATABASE_URL")
+        .env_remove("TOOLGATE_LISTEN")
+        .env_remove("TOOLGATE_DATA_DIR")
+        .env_remove("TOOLGATE_LOG_FORMAT")
+        .env_remove("TOOLGATE_CONFIG")
+        // NO_COLOR in the test's environment would hide a missing terminal check.
+        .env_remove("NO_COLOR")
+        .env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("RUST_LOG", rust_log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn toolgate");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(addr) = line.strip_prefix("toolgate listening on http://") {
+                return addr.trim().to_owned();
+            }
+        }
+        panic!("toolgate exited before listening");
+    })
+    .await
+    .expect("listening within 60s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+/// Stops `child` with SIGTERM and requires a clean exit within 30 s.
+pub async fn stop_cleanly(mut child: Child) {
+    let pid = child.id().expect("running").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exit within 30s of SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
 /// The JSON report `toolgate doctor --json` printed.
 pub fn doctor_report(output: &std::process::Output) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -348,6 +405,20 @@ impl TestServer {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().and_then(|c| c.id()).expect("running")
+    }
+
+    /// The server's log (its stderr) once it holds `needle`: log lines are
+    /// written by a thread of their own, a moment after they are logged.
+    pub async fn log_containing(&self, needle: &str) -> String {
+        let path = self.data_dir.join("..").join("server.log");
+        let mut log = String::new();
+        wait_until(Duration::from_secs(10), needle, || {
+            log = std::fs::read_to_string(&path).unwrap_or_default();
+            let found = log.contains(needle);
+            async move { found }
+        })
+        .await;
+        log
     }
 
     /// Stops the server with SIGTERM and waits for it to exit.
