@@ -6,6 +6,8 @@
 //! is the backstop for everything else.
 
 use std::io::{self, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, WorkerGuard};
 
@@ -63,17 +65,28 @@ pub const BUFFERED_LOG_LINES: usize = tracing_appender::non_blocking::DEFAULT_BU
 /// paused terminal, a full pipe) then holds lines in memory, up to
 /// [`BUFFERED_LOG_LINES`], instead of holding the async worker that logged
 /// them and with it every request on that worker. Lines past that bound are
-/// dropped and counted ([`LogOutput::dropped_lines`]), never waited for.
+/// dropped and counted ([`DroppedLines`]), never waited for.
 ///
 /// The formatter writes each event whole, and the thread writes each queued
 /// event with one write, so the sanitiser still sees one event per write.
 pub fn stderr_off_thread(keep_escape: bool) -> (NonBlocking, LogOutput) {
+    off_thread(
+        SanitizingWriter::new(io::stderr(), keep_escape),
+        BUFFERED_LOG_LINES,
+    )
+}
+
+/// `sink` written by the log thread, with `queued` lines at most waiting.
+fn off_thread(sink: impl Write + Send + 'static, queued: usize) -> (NonBlocking, LogOutput) {
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(true)
-        .buffered_lines_limit(BUFFERED_LOG_LINES)
+        .buffered_lines_limit(queued)
         .thread_name("toolgate-log")
-        .finish(SanitizingWriter::new(io::stderr(), keep_escape));
-    let dropped = writer.error_counter();
+        .finish(sink);
+    let dropped = DroppedLines {
+        counter: writer.error_counter(),
+        reported: Arc::default(),
+    };
     (
         writer,
         LogOutput {
@@ -85,46 +98,44 @@ pub fn stderr_off_thread(keep_escape: bool) -> (NonBlocking, LogOutput) {
 
 /// The log thread's queue: dropping it writes what is queued (at exit).
 pub struct LogOutput {
-    dropped: ErrorCounter,
+    pub dropped: DroppedLines,
     _flush_on_drop: WorkerGuard,
 }
 
-impl LogOutput {
-    /// Log lines dropped so far because the sink was not reading.
-    pub fn dropped_lines(&self) -> usize {
-        self.dropped.dropped_lines()
+/// The lines the log thread dropped, and how many of them a warning has
+/// already told of (shared by the periodic check and the one at exit).
+#[derive(Clone)]
+pub struct DroppedLines {
+    counter: ErrorCounter,
+    reported: Arc<AtomicUsize>,
+}
+
+impl DroppedLines {
+    /// Warns when lines were dropped since the last warning; how many.
+    /// While the sink is stuck the warning is dropped too, and counted: the
+    /// first one that gets through tells of them all.
+    pub fn warn_if_newly_dropped(&self) -> usize {
+        let total = self.counter.dropped_lines();
+        let newly = total.saturating_sub(self.reported.fetch_max(total, Ordering::Relaxed));
+        if newly > 0 {
+            tracing::warn!(
+                dropped = newly,
+                total,
+                "log lines were dropped: the log output was not being read"
+            );
+        }
+        newly
     }
 
-    /// Every `every`, logs a warning when lines were dropped since the last
-    /// look. While the sink is stuck the warning is dropped too, and counted;
-    /// the first one that gets through gives the total.
-    pub async fn warn_of_dropped_lines(dropped: ErrorCounter, every: std::time::Duration) {
-        let mut reported = 0;
+    /// Checks every `every`, for as long as the server runs.
+    pub async fn warn_every(self, every: std::time::Duration) {
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            reported = warn_if_dropped(&dropped, reported);
+            self.warn_if_newly_dropped();
         }
     }
-
-    /// A handle on the dropped-lines count, for [`Self::warn_of_dropped_lines`].
-    pub fn counter(&self) -> ErrorCounter {
-        self.dropped.clone()
-    }
-}
-
-/// Warns when more than `reported` lines were dropped; the count now.
-pub fn warn_if_dropped(dropped: &ErrorCounter, reported: usize) -> usize {
-    let total = dropped.dropped_lines();
-    if total > reported {
-        tracing::warn!(
-            dropped = total - reported,
-            total,
-            "log lines were dropped: the log output was not being read"
-        );
-    }
-    total
 }
 
 #[cfg(test)]
@@ -168,26 +179,18 @@ mod tests {
     #[test]
     fn lines_past_the_queue_are_dropped_and_counted_never_waited_for() {
         let (open, opened) = std::sync::mpsc::channel();
-        let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-            .lossy(true)
-            .buffered_lines_limit(2)
-            .finish(Stuck(opened, None));
-        let output = LogOutput {
-            dropped: writer.error_counter(),
-            _flush_on_drop: guard,
-        };
+        let (writer, output) = off_thread(Stuck(opened, None), 2);
         let mut line = writer.clone();
         for _ in 0..10 {
             line.write_all(b"a line\n").unwrap();
         }
         // The thread holds one line in the stuck write and two are queued.
-        let dropped = output.dropped_lines();
+        let dropped = output.dropped.warn_if_newly_dropped();
         assert!((7..=8).contains(&dropped), "{dropped} dropped");
-        assert_eq!(warn_if_dropped(&output.counter(), 0), dropped);
         assert_eq!(
-            warn_if_dropped(&output.counter(), dropped),
-            dropped,
-            "nothing more dropped, nothing more to warn of"
+            output.dropped.clone().warn_if_newly_dropped(),
+            0,
+            "told of once, by any copy"
         );
         open.send(()).unwrap();
     }

@@ -22,10 +22,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = Settings::resolve(*args)?;
             let (telemetry, log_output) = init_tracing(settings.log_format);
-            tokio::spawn(LogOutput::warn_of_dropped_lines(
-                log_output.counter(),
-                std::time::Duration::from_secs(10),
-            ));
+            tokio::spawn(
+                log_output
+                    .dropped
+                    .clone()
+                    .warn_every(std::time::Duration::from_secs(10)),
+            );
             if toolgate::telemetry::spans_exported() {
                 tracing::info!("traces are exported over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
             }
@@ -49,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
             // Tests and scripts read this line to learn the bound port.
             println!("toolgate listening on http://{addr}");
             let served = app.run(shutdown).await;
-            toolgate::logging::warn_if_dropped(&log_output.counter(), 0);
+            log_output.dropped.warn_if_newly_dropped();
             // Flushing blocks on the exporter's HTTP client.
             let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
             // Writes the log lines still queued before the process ends.

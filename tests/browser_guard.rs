@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Reply, TestServer, read_reply, register_remote, spawn_app};
+use common::{Reply, SpawnOptions, TestServer, read_reply, register_remote, spawn_app, spawn_with};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -218,11 +218,13 @@ async fn loopback_pages_and_plugin_clients_are_admitted() {
 /// Runs the binary with stderr on a pipe, sends one refused request (which logs
 /// at info), stops it and returns everything it wrote to stderr.
 async fn stderr_of_a_run(extra_args: &[&str]) -> Vec<u8> {
-    let temp = tempfile::tempdir().expect("temp dir");
-    let (mut child, addr) =
-        common::spawn_with_piped_stderr(&temp.path().join("data"), extra_args, "info,sqlx=warn")
-            .await;
-    let mut stderr = child.stderr.take().expect("stderr");
+    let mut server = spawn_with(SpawnOptions {
+        args: extra_args.iter().map(|arg| (*arg).to_owned()).collect(),
+        piped_stderr: true,
+        ..Default::default()
+    })
+    .await;
+    let mut stderr = server.take_stderr();
     let collected = tokio::spawn(async move {
         let mut bytes = Vec::new();
         let _ = stderr.read_to_end(&mut bytes).await;
@@ -230,14 +232,15 @@ async fn stderr_of_a_run(extra_args: &[&str]) -> Vec<u8> {
     });
 
     let response = reqwest::Client::new()
-        .get(format!("http://{addr}/api/tools"))
+        .get(server.url("/api/tools"))
         .header("origin", "http://evil.example")
         .send()
         .await
         .expect("request");
     assert_eq!(response.status(), 403);
 
-    common::stop_cleanly(child).await;
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
     collected.await.expect("stderr reader")
 }
 

@@ -208,14 +208,8 @@ async fn without_the_right_to_leave_sched_idle_folds_stay_at_normal_priority() {
     let health = reqwest::get(format!("{address}/healthz")).await.unwrap();
     assert!(health.status().is_success(), "{health:?}");
     assert_eq!(journal_thread_policy(pid), Some(0), "SCHED_OTHER");
-    // Start-up says why (log lines are written a moment after they are logged).
-    let mut said = String::new();
-    common::wait_until(Duration::from_secs(10), "the scheduling line", || {
-        said = std::fs::read_to_string(&log).unwrap_or_default();
-        let found = said.contains("journal folds run at normal priority");
-        async move { found }
-    })
-    .await;
+    // Start-up says why.
+    let said = common::file_containing(&log, "journal folds run at normal priority").await;
     assert!(
         !said.contains("changing the journal thread's scheduling class failed"),
         "the probe's refusal is not a failure: {said}"

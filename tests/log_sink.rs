@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::{SpawnOptions, spawn_with};
 use tokio::io::AsyncReadExt;
 
 /// Requests sent while nobody reads the log: at debug level each writes
@@ -16,17 +17,20 @@ const REQUESTS: usize = 1_500;
 
 #[tokio::test]
 async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
-    let temp = tempfile::tempdir().expect("temp dir");
-    let (mut child, addr) =
-        common::spawn_with_piped_stderr(&temp.path().join("data"), &[], "debug,sqlx=warn").await;
+    let mut server = spawn_with(SpawnOptions {
+        env: vec![("RUST_LOG".into(), "debug,sqlx=warn".into())],
+        piped_stderr: true,
+        ..Default::default()
+    })
+    .await;
     // Held open and not read until every request has been answered.
-    let mut stderr = child.stderr.take().expect("stderr");
+    let mut stderr = server.take_stderr();
 
     let client = reqwest::Client::new();
     for sent in 0..REQUESTS {
         let answer = tokio::time::timeout(
             Duration::from_secs(20),
-            client.get(format!("http://{addr}/api/tools")).send(),
+            client.get(server.url("/api/tools")).send(),
         )
         .await
         .unwrap_or_else(|_| {
@@ -41,7 +45,8 @@ async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
         let _ = stderr.read_to_end(&mut bytes).await;
         bytes
     });
-    common::stop_cleanly(child).await;
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
     let log = String::from_utf8_lossy(&drained.await.expect("stderr reader")).into_owned();
     assert!(
         log.len() > 64 * 1024,

@@ -427,7 +427,6 @@ fn gone(session: &Session) -> Error {
 /// and one read per session was a round trip each on a shared database.
 /// Sessions join only under the mutation lock, so none joins while a sync
 /// runs; one that closes meanwhile is found gone when its event is queued.
-#[derive(Default)]
 struct Reached {
     /// Each change's model sessions, the changes one after the other.
     live: Vec<Arc<ModelSession>>,

@@ -47,6 +47,9 @@ pub struct SpawnOptions {
     /// Leave TOOLGATE_ADMIN_TOKEN unset so a key is generated.
     pub no_admin_token: bool,
     pub listen: Option<String>,
+    /// Standard error on a pipe the test takes ([`TestServer::take_stderr`])
+    /// instead of in `server.log`.
+    pub piped_stderr: bool,
 }
 
 /// Runs a toolgate command (`doctor`, `migrate`, ...) on `data_dir`, with
@@ -67,63 +70,6 @@ pub fn toolgate_command(
         command.arg("--database-url").arg(url);
     }
     command.output().expect("run toolgate")
-}
-
-/// A server whose standard error is a pipe the test holds: started with
-/// `extra_args` and `RUST_LOG=rust_log` on `data_dir`, ignoring the
-/// environment's settings; its listening address once it printed it. Its
-/// stdout is drained in the background; its stderr is the test's to read.
-pub async fn spawn_with_piped_stderr(
-    data_dir: &Path,
-    extra_args: &[&str],
-    rust_log: &str,
-) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data_dir)
-        .args(extra_args)
-        .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_LISTEN")
-        .env_remove("TOOLGATE_DATA_DIR")
-        .env_remove("TOOLGATE_LOG_FORMAT")
-        .env_remove("TOOLGATE_CONFIG")
-        // NO_COLOR in the test's environment would hide a missing terminal check.
-        .env_remove("NO_COLOR")
-        .env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("RUST_LOG", rust_log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn toolgate");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(addr) = line.strip_prefix("toolgate listening on http://") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("toolgate exited before listening");
-    })
-    .await
-    .expect("listening within 60s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
-/// Stops `child` with SIGTERM and requires a clean exit within 30 s.
-pub async fn stop_cleanly(mut child: Child) {
-    let pid = child.id().expect("running").to_string();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
-        .await
-        .expect("exit within 30s of SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "{status:?}");
 }
 
 /// The JSON report `toolgate doctor --json` printed.
@@ -183,10 +129,18 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
         .env_remove("TOOLGATE_LLM_BASE_URL")
         .env_remove("TOOLGATE_LLM_API_KEY")
         .env_remove("TOOLGATE_LLM_MODEL")
+        .env_remove("TOOLGATE_LOG_FORMAT")
+        .env_remove("TOOLGATE_CONFIG")
+        // NO_COLOR in the test's environment would hide a missing terminal check.
+        .env_remove("NO_COLOR")
         .env("RUST_LOG", "info,sqlx=warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
+        .stderr(if options.piped_stderr {
+            Stdio::piped()
+        } else {
+            Stdio::from(log)
+        })
         .kill_on_drop(true);
     if options.no_admin_token {
         command.env_remove("TOOLGATE_ADMIN_TOKEN");
@@ -410,15 +364,16 @@ impl TestServer {
     /// The server's log (its stderr) once it holds `needle`: log lines are
     /// written by a thread of their own, a moment after they are logged.
     pub async fn log_containing(&self, needle: &str) -> String {
-        let path = self.data_dir.join("..").join("server.log");
-        let mut log = String::new();
-        wait_until(Duration::from_secs(10), needle, || {
-            log = std::fs::read_to_string(&path).unwrap_or_default();
-            let found = log.contains(needle);
-            async move { found }
-        })
-        .await;
-        log
+        file_containing(&self.data_dir.join("..").join("server.log"), needle).await
+    }
+
+    /// The server's standard error, when it was started with
+    /// [`SpawnOptions::piped_stderr`].
+    pub fn take_stderr(&mut self) -> tokio::process::ChildStderr {
+        self.child
+            .as_mut()
+            .and_then(|child| child.stderr.take())
+            .expect("started with piped_stderr, stderr not taken yet")
     }
 
     /// Stops the server with SIGTERM and waits for it to exit.
@@ -493,6 +448,20 @@ pub async fn read_reply(response: reqwest::Response) -> Reply {
     let text = response.text().await.unwrap_or_default();
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Reply { status, body, text }
+}
+
+/// The text of the file at `path` once it holds `needle` (a server's log:
+/// its lines are written by a thread of their own, a moment after they are
+/// logged), failing after 10 s.
+pub async fn file_containing(path: &Path, needle: &str) -> String {
+    let mut text = String::new();
+    wait_until(Duration::from_secs(10), needle, || {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        let found = text.contains(needle);
+        async move { found }
+    })
+    .await;
+    text
 }
 
 /// Polls `check` until it returns true, failing after `timeout`.

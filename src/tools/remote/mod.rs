@@ -365,7 +365,9 @@ pub struct RemoteTool {
 }
 
 impl RemoteTool {
-    /// `tool` registered for `role` alone, with its own declaration.
+    /// `tool` registered for `role` alone, with its own declaration (the
+    /// registry shares one registration between roles instead).
+    #[cfg(test)]
     pub fn new(tool: &NewRemoteTool, role: &str) -> Self {
         let registration = Registration::new(tool, tool.declaration.clone());
         Self {
