@@ -53,12 +53,42 @@ async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
         "the run logged only {} bytes: too few to fill a pipe",
         log.len()
     );
-    let answered = log
-        .lines()
-        .filter(|line| line.contains("url.path=\"/api/tools\"") && line.contains("latency_ms"))
-        .count();
+    let finished = lines_of(&log, "finished processing request");
     assert_eq!(
-        answered, REQUESTS,
-        "every request's line reaches the log once it is read"
+        finished,
+        REQUESTS,
+        "every request's line reaches the log once it is read\n{}",
+        explain(&log)
     );
+}
+
+/// How many of this run's requests logged `message`.
+fn lines_of(log: &str, message: &str) -> usize {
+    log.lines()
+        .filter(|line| line.contains("url.path=\"/api/tools\"") && line.contains(message))
+        .count()
+}
+
+/// What a reader needs to tell a lost line from a mangled one: both lines of
+/// every request counted, any warning of dropped lines, and every line that is
+/// not one whole log line (a timestamp, then a level).
+fn explain(log: &str) -> String {
+    let started = lines_of(log, "started processing request");
+    let dropped: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("dropped"))
+        .collect();
+    let odd: Vec<&str> = log
+        .lines()
+        .filter(|line| !line.starts_with("20") || !line.contains('Z'))
+        .take(20)
+        .collect();
+    let tail: Vec<&str> = log.lines().rev().take(12).collect();
+    format!(
+        "{started} started lines; {} bytes, {} lines in all\n\
+         dropped warnings: {dropped:#?}\nlines that are not whole log lines: {odd:#?}\n\
+         last lines, newest first: {tail:#?}",
+        log.len(),
+        log.lines().count()
+    )
 }
