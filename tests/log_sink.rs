@@ -42,12 +42,20 @@ async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
 
     let drained = tokio::spawn(async move {
         let mut bytes = Vec::new();
-        let _ = stderr.read_to_end(&mut bytes).await;
-        bytes
+        // A read that fails part-way would look like lost lines: say so instead.
+        let read = stderr.read_to_end(&mut bytes).await.map(|_| ());
+        (bytes, read)
     });
     let status = server.stop().await;
     assert!(status.success(), "{status:?}");
-    let log = String::from_utf8_lossy(&drained.await.expect("stderr reader")).into_owned();
+    let (bytes, read) = drained.await.expect("stderr reader");
+    let log = String::from_utf8_lossy(&bytes).into_owned();
+    if let Err(err) = read {
+        panic!(
+            "reading the server's log failed after {} bytes: {err}",
+            bytes.len()
+        );
+    }
     assert!(
         log.len() > 64 * 1024,
         "the run logged only {} bytes: too few to fill a pipe",
