@@ -1,8 +1,9 @@
 //! A log sink that stops reading never stops the server: log lines are
 //! written by a thread of their own, so a stderr pipe nobody drains (a stuck
 //! collector, a paused terminal) holds lines in memory instead of holding the
-//! async workers that logged them; and once the sink reads again, every line
-//! reaches it.
+//! async workers that logged them; once the sink reads again, every line
+//! reaches it; and a sink that never reads again does not keep the server
+//! from stopping.
 
 mod common;
 
@@ -15,17 +16,18 @@ use tokio::io::AsyncReadExt;
 /// several lines, together far more than a pipe holds (64 KiB on Linux).
 const REQUESTS: usize = 1_500;
 
-#[tokio::test]
-async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
-    let mut server = spawn_with(SpawnOptions {
+/// A server logging at debug level, its stderr on a pipe the test holds.
+async fn debug_server() -> common::TestServer {
+    spawn_with(SpawnOptions {
         env: vec![("RUST_LOG".into(), "debug,sqlx=warn".into())],
         piped_stderr: true,
         ..Default::default()
     })
-    .await;
-    // Held open and not read until every request has been answered.
-    let mut stderr = server.take_stderr();
+    .await
+}
 
+/// [`REQUESTS`] requests one at a time, each answered within 20 s.
+async fn send_requests(server: &common::TestServer) {
     let client = reqwest::Client::new();
     for sent in 0..REQUESTS {
         let answer = tokio::time::timeout(
@@ -39,6 +41,15 @@ async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
         .expect("request");
         assert_eq!(answer.status(), 200);
     }
+}
+
+#[tokio::test]
+async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
+    let mut server = debug_server().await;
+    // Held open and not read until every request has been answered.
+    let mut stderr = server.take_stderr();
+
+    send_requests(&server).await;
 
     let drained = tokio::spawn(async move {
         let mut bytes = Vec::new();
@@ -68,6 +79,21 @@ async fn an_undrained_log_pipe_does_not_stall_requests_and_loses_no_line() {
         "every request's line reaches the log once it is read\n{}",
         explain(&log)
     );
+}
+
+#[tokio::test]
+async fn a_server_whose_log_pipe_is_never_read_still_stops_cleanly() {
+    let mut server = debug_server().await;
+    // Held open and never read: the pipe is full and the log thread is
+    // blocked writing to it when the stop comes.
+    let stderr = server.take_stderr();
+    send_requests(&server).await;
+    // `stop` fails the test unless the server exits within 30 s of SIGTERM:
+    // the log thread's queue is given a bounded wait at exit, never an
+    // unbounded one.
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
+    drop(stderr);
 }
 
 /// How many of this run's requests logged `message`.
