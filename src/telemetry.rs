@@ -84,8 +84,10 @@ pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    let spans = tracing_subscriber::filter::Targets::new()
-        .with_target("toolgate::trace", tracing::Level::INFO);
+    let spans = AskedEachTime(
+        tracing_subscriber::filter::Targets::new()
+            .with_target("toolgate::trace", tracing::Level::INFO),
+    );
     // Neither the OpenTelemetry context as "current" while a span is entered
     // (nothing here reads `Context::current`: the traceparent is taken from
     // the span itself) nor busy/idle times: both cost clock reads and
@@ -96,6 +98,47 @@ where
         .with_context_activation(false)
         .with_tracked_inactivity(false)
         .with_filter(spans)
+}
+
+/// A per-layer filter that never lets a callsite skip the question.
+///
+/// tracing-subscriber's per-layer filters leave, in a thread-local, which
+/// filters refused the last span or event asked about, and the next span or
+/// event consumes it. A question that nothing follows leaves it behind: sqlx
+/// asks after each statement whether its query log is on (`log_enabled!`,
+/// refused under `sqlx=warn`), on the async workers on PostgreSQL. A callsite
+/// that every filter enables `always` is not asked again, so it consumed that
+/// leftover: the next request span on the worker was recorded as refused, its
+/// lines were logged without it and OpenTelemetry never saw it
+/// (tests/log_span_context.rs). With this filter no callsite is `always` for
+/// both layers, so every span and event is asked about first (a target
+/// match, a few hundred instructions per span).
+struct AskedEachTime(tracing_subscriber::filter::Targets);
+
+impl<S> tracing_subscriber::layer::Filter<S> for AskedEachTime {
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        tracing_subscriber::layer::Filter::<S>::enabled(&self.0, metadata, cx)
+    }
+
+    fn callsite_enabled(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        let interest = tracing_subscriber::layer::Filter::<S>::callsite_enabled(&self.0, metadata);
+        if interest.is_always() {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            interest
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        tracing_subscriber::layer::Filter::<S>::max_level_hint(&self.0)
+    }
 }
 
 /// Installs the global subscriber: `fmt` (the given writer and filter) for

@@ -114,13 +114,21 @@ fn explain(log: &str) -> String {
         .collect();
     let odd: Vec<&str> = log
         .lines()
-        .filter(|line| !line.starts_with("20") || !line.contains('Z'))
+        .filter(|line| {
+            let whole = line.starts_with("20") && line.contains('Z');
+            let request_without_path =
+                line.contains("processing request") && !line.contains("url.path=\"/api/tools\"");
+            !whole || request_without_path
+        })
         .take(20)
         .collect();
+    let first: Vec<&str> = log.lines().take(16).collect();
     let tail: Vec<&str> = log.lines().rev().take(12).collect();
     format!(
         "{started} started lines; {} bytes, {} lines in all\n\
-         dropped warnings: {dropped:#?}\nlines that are not whole log lines: {odd:#?}\n\
+         dropped warnings: {dropped:#?}\n\
+         lines that are not whole log lines, or a request's without its path: {odd:#?}\n\
+         first lines: {first:#?}\n\
          last lines, newest first: {tail:#?}",
         log.len(),
         log.lines().count()
