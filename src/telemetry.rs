@@ -16,9 +16,12 @@ use opentelemetry::trace::{
 };
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
+use tracing::level_filters::LevelFilter;
+use tracing::subscriber::Interest;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::{Context as LayerContext, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 /// Whether the installed subscriber exports spans (set once, by [`init`]).
@@ -84,10 +87,7 @@ pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    let spans = AskedEachTime(
-        tracing_subscriber::filter::Targets::new()
-            .with_target("toolgate::trace", tracing::Level::INFO),
-    );
+    let spans = AskedEachTime(Targets::new().with_target("toolgate::trace", tracing::Level::INFO));
     // Neither the OpenTelemetry context as "current" while a span is entered
     // (nothing here reads `Context::current`: the traceparent is taken from
     // the span itself) nor busy/idle times: both cost clock reads and
@@ -111,33 +111,29 @@ where
 /// leftover: the next request span on the worker was recorded as refused, its
 /// lines were logged without it and OpenTelemetry never saw it
 /// (tests/log_span_context.rs). With this filter no callsite is `always` for
-/// both layers, so every span and event is asked about first (a target
-/// match, a few hundred instructions per span).
-struct AskedEachTime(tracing_subscriber::filter::Targets);
+/// both layers, so every span and event is asked about first: a target
+/// match per span, within the noise of a remote call's instructions
+/// (BENCHMARKS.md, issue 20, twentieth look).
+struct AskedEachTime(Targets);
 
-impl<S> tracing_subscriber::layer::Filter<S> for AskedEachTime {
-    fn enabled(
-        &self,
-        metadata: &tracing::Metadata<'_>,
-        cx: &tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        tracing_subscriber::layer::Filter::<S>::enabled(&self.0, metadata, cx)
+// `Targets` is a `Layer` too, whose methods share these names: each call
+// names the `Filter` it means.
+impl<S> Filter<S> for AskedEachTime {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, cx: &LayerContext<'_, S>) -> bool {
+        Filter::<S>::enabled(&self.0, metadata, cx)
     }
 
-    fn callsite_enabled(
-        &self,
-        metadata: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        let interest = tracing_subscriber::layer::Filter::<S>::callsite_enabled(&self.0, metadata);
-        if interest.is_always() {
-            tracing::subscriber::Interest::sometimes()
-        } else {
-            interest
+    fn callsite_enabled(&self, metadata: &'static tracing::Metadata<'static>) -> Interest {
+        match Filter::<S>::callsite_enabled(&self.0, metadata) {
+            interest if interest.is_always() => Interest::sometimes(),
+            interest => interest,
         }
     }
 
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        tracing_subscriber::layer::Filter::<S>::max_level_hint(&self.0)
+    /// Passed on: without a hint the global maximum level would be `TRACE`,
+    /// and every `trace!` in the process would ask the filters.
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Filter::<S>::max_level_hint(&self.0)
     }
 }
 

@@ -86,14 +86,13 @@ async fn a_server_whose_log_pipe_is_never_read_still_stops_cleanly() {
     let mut server = debug_server().await;
     // Held open and never read: the pipe is full and the log thread is
     // blocked writing to it when the stop comes.
-    let stderr = server.take_stderr();
+    let _stderr = server.take_stderr();
     send_requests(&server).await;
     // `stop` fails the test unless the server exits within 30 s of SIGTERM:
     // the log thread's queue is given a bounded wait at exit, never an
     // unbounded one.
     let status = server.stop().await;
     assert!(status.success(), "{status:?}");
-    drop(stderr);
 }
 
 /// How many of this run's requests logged `message`.
@@ -103,34 +102,27 @@ fn lines_of(log: &str, message: &str) -> usize {
         .count()
 }
 
-/// What a reader needs to tell a lost line from a mangled one: both lines of
-/// every request counted, any warning of dropped lines, and every line that is
-/// not one whole log line (a timestamp, then a level).
+/// What tells a lost line from a mangled one: both lines of every request
+/// counted, any warning of dropped lines, request lines logged without their
+/// span (how the one line CI missed was lost: tests/log_span_context.rs), and
+/// the log's end (a read cut short ends early).
 fn explain(log: &str) -> String {
     let started = lines_of(log, "started processing request");
     let dropped: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("dropped"))
         .collect();
-    let odd: Vec<&str> = log
+    let without_span: Vec<&str> = log
         .lines()
-        .filter(|line| {
-            let whole = line.starts_with("20") && line.contains('Z');
-            let request_without_path =
-                line.contains("processing request") && !line.contains("url.path=\"/api/tools\"");
-            !whole || request_without_path
-        })
+        .filter(|line| line.contains("processing request") && !line.contains("http_request{"))
         .take(20)
         .collect();
-    let first: Vec<&str> = log.lines().take(16).collect();
-    let tail: Vec<&str> = log.lines().rev().take(12).collect();
+    let tail: Vec<&str> = log.lines().rev().take(8).collect();
     format!(
-        "{started} started lines; {} bytes, {} lines in all\n\
+        "{started} started lines, {} lines in all\n\
          dropped warnings: {dropped:#?}\n\
-         lines that are not whole log lines, or a request's without its path: {odd:#?}\n\
-         first lines: {first:#?}\n\
+         request lines without their span: {without_span:#?}\n\
          last lines, newest first: {tail:#?}",
-        log.len(),
         log.lines().count()
     )
 }
