@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Whose CPU a loaded remote call takes: toolgate's, or the load generator's
+(its client and its in-process callback server), while `toolgate-bench
+--phases remote` drives 16 calls at a time and then the direct round trip
+alone.
+
+`remote_c16_vs_c1_throughput` is limited by the CPU a call costs when both
+cores are busy; this tells how much of it is toolgate's. It reads each
+process's user and system time from /proc every 250 ms and prints, for the
+loaded remote window and the loaded direct window that follows it, the cores
+each process used and the CPU microseconds per call.
+
+    python3 benches/remote_cpu_split.py target/release/toolgate-bench [target/release/toolgate]
+
+Needs Python 3 and Linux's /proc.
+"""
+import os
+import subprocess
+import sys
+import time
+
+DURATION = 5
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def child_server(bench_pid):
+    """The toolgate server the bench started: its child process, listed under
+    whichever of its threads spawned it."""
+    pids = []
+    try:
+        for task in os.listdir(f"/proc/{bench_pid}/task"):
+            with open(f"/proc/{bench_pid}/task/{task}/children") as children:
+                pids += [int(pid) for pid in children.read().split()]
+    except OSError:
+        return None
+    return pids[0] if pids else None
+
+
+def window(samples, busy):
+    """The longest run of samples in which `busy(bench_share, server_share)`
+    holds, as (seconds, bench CPU seconds, server CPU seconds)."""
+    best, run = (0.0, 0.0, 0.0), None
+    for before, after in zip(samples, samples[1:]):
+        dt = after[0] - before[0]
+        bench, server = after[1] - before[1], after[2] - before[2]
+        if busy(bench / dt, server / dt):
+            run = (run[0] + dt, run[1] + bench, run[2] + server) if run else (dt, bench, server)
+            best = max(best, run)
+        else:
+            run = None
+    return best
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    command = [sys.argv[1], "--phases", "remote", "--duration", str(DURATION)]
+    if len(sys.argv) == 3:
+        command += ["--server", sys.argv[2]]
+    bench = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server, samples, start = None, [], time.time()
+    while bench.poll() is None:
+        server = server or child_server(bench.pid)
+        if server:
+            times = (cpu_seconds(bench.pid), cpu_seconds(server))
+            if None not in times:
+                samples.append((time.time() - start, *times))
+        time.sleep(0.25)
+    out = bench.stdout.read()
+    if bench.returncode != 0:
+        sys.exit(f"toolgate-bench failed ({bench.returncode})")
+    figures = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    remote_rate = float(figures["remote_call_per_s"])
+    direct_rate = float(figures["callback_direct_loaded_per_s"])
+    # Loaded remote calls keep toolgate on more than one core (one call at a
+    # time, before them, keeps it on less); the direct window leaves it idle.
+    remote = window(samples, lambda bench, server: server > 0.9)
+    direct = window(samples, lambda bench, server: server < 0.05 and bench > 1.0)
+    if remote[0] < DURATION / 2 or direct[0] < DURATION / 2:
+        sys.exit(f"the loaded windows were not found in the samples ({remote[0]:.1f} s, {direct[0]:.1f} s)")
+    for name, (seconds, bench_cpu, server_cpu), rate in (
+        ("remote_c16", remote, remote_rate),
+        ("direct_c16", direct, direct_rate),
+    ):
+        print(f"{name}_per_s {rate:.0f}")
+        print(f"{name}_bench_cores {bench_cpu / seconds:.2f}")
+        print(f"{name}_server_cores {server_cpu / seconds:.2f}")
+        print(f"{name}_bench_us_per_call {1e6 * bench_cpu / seconds / rate:.1f}")
+        print(f"{name}_server_us_per_call {1e6 * server_cpu / seconds / rate:.1f}")
+
+
+if __name__ == "__main__":
+    main()
