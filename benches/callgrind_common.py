@@ -1,6 +1,6 @@
-"""What the callgrind scripts beside this file share: a free port, a server
-start under callgrind, a profile's total and its per-function counts, and the
-`--top N` report of what grew between two runs."""
+"""What the bench scripts beside this file share: a free port, a server
+start under callgrind, a profile's total and its per-function counts, the
+`--top N` report of what grew between two runs, and a process's CPU time."""
 import http.client
 import os
 import re
@@ -9,6 +9,15 @@ import sys
 import time
 
 TOKEN = "tg_bench_admin_token_0123456789abcdef"
+
+
+def process_cpu_seconds(pid):
+    """`pid`'s (user, system) CPU time so far, in seconds (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The command name may hold spaces and parentheses: fields follow its last ")".
+        fields = stat.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def free_port():

@@ -15,7 +15,7 @@ Needs Python 3 and Linux's /proc.
 """
 import sys, os, json, time, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from callgrind_common import launch, TOKEN
+from callgrind_common import launch, process_cpu_seconds, TOKEN
 d = tempfile.mkdtemp()
 server, conn = launch([sys.argv[1]], os.path.join(d, "data"), d)
 H = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
@@ -31,8 +31,7 @@ sid = sess["data"]["id"]
 call = {"name": "roll_dice", "arguments": {"sides": 20, "count": 2}}
 for _ in range(200): req("POST", f"/sessions/{sid}/tool-calls", call)
 def cpu():
-    f = open(f"/proc/{server.pid}/stat").read().split(")")[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(process_cpu_seconds(server.pid))
 n = CALLS; c0 = cpu(); t0 = time.time()
 for _ in range(n): req("POST", f"/sessions/{sid}/tool-calls", call)
 print(f"{sys.argv[1]} tools={TOOLS} server_cpu_ms_per_call={(cpu()-c0)/n*1000:.3f} wall_ms_per_call={(time.time()-t0)/n*1000:.3f}")

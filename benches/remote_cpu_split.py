@@ -8,7 +8,8 @@ alone.
 cores are busy; this tells how much of it is toolgate's. It reads each
 process's user and system time from /proc every 250 ms and prints, for the
 loaded remote window and the loaded direct window that follows it, the cores
-each process used and the CPU microseconds per call.
+each process used (toolgate's also as user and system time) and the CPU
+microseconds per call.
 
     python3 benches/remote_cpu_split.py target/release/toolgate-bench [target/release/toolgate]
 
@@ -19,17 +20,9 @@ import subprocess
 import sys
 import time
 
+from callgrind_common import process_cpu_seconds
+
 DURATION = 5
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def child_server(bench_pid):
@@ -46,14 +39,14 @@ def child_server(bench_pid):
 
 
 def window(samples, busy):
-    """The longest run of samples in which `busy(bench_share, server_share)`
-    holds, as (seconds, bench CPU seconds, server CPU seconds)."""
-    best, run = (0.0, 0.0, 0.0), None
+    """The longest run of samples in which `busy(bench_cores, server_cores)`
+    holds, as (seconds, bench CPU, server user CPU, server system CPU)."""
+    best, run = (0.0, 0.0, 0.0, 0.0), None
     for before, after in zip(samples, samples[1:]):
-        dt = after[0] - before[0]
-        bench, server = after[1] - before[1], after[2] - before[2]
-        if busy(bench / dt, server / dt):
-            run = (run[0] + dt, run[1] + bench, run[2] + server) if run else (dt, bench, server)
+        step = tuple(b - a for a, b in zip(before, after))
+        dt = step[0]
+        if busy(step[1] / dt, (step[2] + step[3]) / dt):
+            run = tuple(r + d for r, d in zip(run, step)) if run else step
             best = max(best, run)
         else:
             run = None
@@ -71,9 +64,11 @@ def main():
     while bench.poll() is None:
         server = server or child_server(bench.pid)
         if server:
-            times = (cpu_seconds(bench.pid), cpu_seconds(server))
-            if None not in times:
-                samples.append((time.time() - start, *times))
+            try:
+                bench_cpu, server_cpu = process_cpu_seconds(bench.pid), process_cpu_seconds(server)
+            except OSError:  # a process that just ended
+                break
+            samples.append((time.time() - start, sum(bench_cpu), *server_cpu))
         time.sleep(0.25)
     out = bench.stdout.read()
     if bench.returncode != 0:
@@ -87,13 +82,16 @@ def main():
     direct = window(samples, lambda bench, server: server < 0.05 and bench > 1.0)
     if remote[0] < DURATION / 2 or direct[0] < DURATION / 2:
         sys.exit(f"the loaded windows were not found in the samples ({remote[0]:.1f} s, {direct[0]:.1f} s)")
-    for name, (seconds, bench_cpu, server_cpu), rate in (
+    for name, (seconds, bench_cpu, server_user, server_system), rate in (
         ("remote_c16", remote, remote_rate),
         ("direct_c16", direct, direct_rate),
     ):
+        server_cpu = server_user + server_system
         print(f"{name}_per_s {rate:.0f}")
         print(f"{name}_bench_cores {bench_cpu / seconds:.2f}")
         print(f"{name}_server_cores {server_cpu / seconds:.2f}")
+        print(f"{name}_server_user_cores {server_user / seconds:.2f}")
+        print(f"{name}_server_system_cores {server_system / seconds:.2f}")
         print(f"{name}_bench_us_per_call {1e6 * bench_cpu / seconds / rate:.1f}")
         print(f"{name}_server_us_per_call {1e6 * server_cpu / seconds / rate:.1f}")
 
