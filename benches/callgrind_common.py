@@ -20,6 +20,25 @@ def process_cpu_seconds(pid):
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def thread_cpu_seconds(pid):
+    """`pid`'s CPU time so far (user + system, in seconds) by thread name:
+    threads of one name (a runtime's workers) are summed. A thread that has
+    ended is not counted, so a group's figure is only meaningful over a
+    window in which its threads lived throughout."""
+    tick = os.sysconf("SC_CLK_TCK")
+    groups = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                text = stat.read()
+        except OSError:  # a thread that just ended
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
 def free_port():
     import socket
     with socket.socket() as probe:

@@ -9,7 +9,9 @@ cores are busy; this tells how much of it is toolgate's. It reads each
 process's user and system time from /proc every 250 ms and prints, for the
 loaded remote window and the loaded direct window that follows it, the cores
 each process used (toolgate's also as user and system time) and the CPU
-microseconds per call.
+microseconds per call. For the remote window it also prints toolgate's CPU
+microseconds per call by thread name (`remote_c16_thread_us_per_call NAME
+US`): the runtime's workers, the journal thread (its folds) and the rest.
 
     python3 benches/remote_cpu_split.py target/release/toolgate-bench [target/release/toolgate]
 
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from callgrind_common import process_cpu_seconds
+from callgrind_common import process_cpu_seconds, thread_cpu_seconds
 
 DURATION = 5
 
@@ -40,14 +42,18 @@ def child_server(bench_pid):
 
 def window(samples, busy):
     """The longest run of samples in which `busy(bench_cores, server_cores)`
-    holds, as (seconds, bench CPU, server user CPU, server system CPU)."""
-    best, run = (0.0, 0.0, 0.0, 0.0), None
-    for before, after in zip(samples, samples[1:]):
+    holds, as ((seconds, bench CPU, server user CPU, server system CPU),
+    index of its first sample, index of its last)."""
+    best, run, first = ((0.0, 0.0, 0.0, 0.0), 0, 0), None, 0
+    for index, (before, after) in enumerate(zip(samples, samples[1:])):
         step = tuple(b - a for a, b in zip(before, after))
         dt = step[0]
         if busy(step[1] / dt, (step[2] + step[3]) / dt):
-            run = tuple(r + d for r, d in zip(run, step)) if run else step
-            best = max(best, run)
+            if run is None:
+                run, first = step, index
+            else:
+                run = tuple(r + d for r, d in zip(run, step))
+            best = max(best, (run, first, index + 1))
         else:
             run = None
     return best
@@ -60,15 +66,17 @@ def main():
     if len(sys.argv) == 3:
         command += ["--server", sys.argv[2]]
     bench = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    server, samples, start = None, [], time.time()
+    server, samples, threads, start = None, [], [], time.time()
     while bench.poll() is None:
         server = server or child_server(bench.pid)
         if server:
             try:
                 bench_cpu, server_cpu = process_cpu_seconds(bench.pid), process_cpu_seconds(server)
+                server_threads = thread_cpu_seconds(server)
             except OSError:  # a process that just ended
                 break
             samples.append((time.time() - start, sum(bench_cpu), *server_cpu))
+            threads.append(server_threads)
         time.sleep(0.25)
     out = bench.stdout.read()
     if bench.returncode != 0:
@@ -78,8 +86,8 @@ def main():
     direct_rate = float(figures["callback_direct_loaded_per_s"])
     # Loaded remote calls keep toolgate on more than one core (one call at a
     # time, before them, keeps it on less); the direct window leaves it idle.
-    remote = window(samples, lambda bench, server: server > 0.9)
-    direct = window(samples, lambda bench, server: server < 0.05 and bench > 1.0)
+    remote, remote_first, remote_last = window(samples, lambda bench, server: server > 0.9)
+    direct, _, _ = window(samples, lambda bench, server: server < 0.05 and bench > 1.0)
     if remote[0] < DURATION / 2 or direct[0] < DURATION / 2:
         sys.exit(f"the loaded windows were not found in the samples ({remote[0]:.1f} s, {direct[0]:.1f} s)")
     for name, (seconds, bench_cpu, server_user, server_system), rate in (
@@ -94,6 +102,11 @@ def main():
         print(f"{name}_server_system_cores {server_system / seconds:.2f}")
         print(f"{name}_bench_us_per_call {1e6 * bench_cpu / seconds / rate:.1f}")
         print(f"{name}_server_us_per_call {1e6 * server_cpu / seconds / rate:.1f}")
+    before, after = threads[remote_first], threads[remote_last]
+    for name in sorted(after, key=lambda name: before.get(name, 0.0) - after[name]):
+        spent = after[name] - before.get(name, 0.0)
+        if spent > 0:
+            print(f"remote_c16_thread_us_per_call {name} {1e6 * spent / remote[0] / remote_rate:.1f}")
 
 
 if __name__ == "__main__":
