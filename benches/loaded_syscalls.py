@@ -5,7 +5,10 @@
 server is busy (more than 0.9 of a core over half a second), `perf stat`
 counts the server's system calls by kind for WINDOW seconds. Each count is
 divided by the calls made in that window, estimated from the bench's
-`remote_call_per_s` (measured over the loaded phase the window lies in).
+`remote_call_per_s` (measured over the loaded phase the window lies in). It
+prints the process's figure for each kind (`per_call KIND N`), then the
+threads that made at least one in 200 calls, by thread name (`per_call_thread KIND NAME N`: the
+runtime's workers, the journal thread, the checkpointer).
 
     python3 benches/loaded_syscalls.py target/release/toolgate-bench [target/release/toolgate]
 
@@ -59,16 +62,21 @@ def main():
     events = [f"syscalls:sys_enter_{kind}" for kind in KINDS] + ["raw_syscalls:sys_enter", "context-switches"]
     with tempfile.NamedTemporaryFile("r", suffix=".perf") as out:
         perf = subprocess.run(
-            ["perf", "stat", "-x", ",", "-o", out.name, *sum((["-e", e] for e in events), []),
-             "-p", str(server), "--", "sleep", str(WINDOW)],
+            ["perf", "stat", "--per-thread", "-x", ",", "-o", out.name,
+             *sum((["-e", e] for e in events), []), "-p", str(server), "--", "sleep", str(WINDOW)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if perf.returncode != 0:
             sys.exit(f"perf stat failed: {perf.stderr.strip()}")
-        counts = {}
+        counts, by_thread = {}, {}
         for line in out.read().splitlines():
+            # With --per-thread: "NAME-TID,COUNT,UNIT,EVENT,..."; a thread
+            # that ended or began outside the window says "<not counted>".
             fields = line.split(",")
-            if len(fields) > 2 and fields[0].strip().isdigit():
-                counts[fields[2]] = int(fields[0])
+            if len(fields) < 4 or not fields[1].strip().isdigit():
+                continue
+            name, event, count = fields[0].rsplit("-", 1)[0], fields[3], int(fields[1])
+            counts[event] = counts.get(event, 0) + count
+            by_thread[(event, name)] = by_thread.get((event, name), 0) + count
     output = bench.communicate()[0]
     if bench.returncode != 0:
         sys.exit(f"toolgate-bench failed ({bench.returncode})")
@@ -78,9 +86,13 @@ def main():
     if missing:
         sys.exit(f"perf counted nothing for {', '.join(missing)}")
     print(f"remote_call_per_s {figures['remote_call_per_s']}")
+    kind = {event: event.removeprefix("syscalls:sys_enter_").replace(":", "_") for event in events}
     for event in events:
-        name = event.removeprefix("syscalls:sys_enter_").replace(":", "_")
-        print(f"per_call {name} {counts[event] / calls:.2f}")
+        print(f"per_call {kind[event]} {counts[event] / calls:.2f}")
+    for (event, thread), count in sorted(by_thread.items(), key=lambda item: events.index(item[0][0])):
+        # Threads with a stray call or two in the window are left out.
+        if count / calls >= 0.005 and event.startswith("syscalls:"):
+            print(f"per_call_thread {kind[event]} {thread} {count / calls:.2f}")
 
 
 if __name__ == "__main__":
