@@ -73,12 +73,14 @@ def main():
             try:
                 bench_cpu, server_cpu = process_cpu_seconds(bench.pid), process_cpu_seconds(server)
                 server_threads = thread_cpu_seconds(server)
-            except OSError:  # a process that just ended
+            except OSError:  # the server has ended: the bench is finishing
                 break
             samples.append((time.time() - start, sum(bench_cpu), *server_cpu))
             threads.append(server_threads)
         time.sleep(0.25)
-    out = bench.stdout.read()
+    # The loop may end on the server's exit, before the bench's own: wait
+    # for the bench, so that its exit status is known.
+    out = bench.communicate()[0]
     if bench.returncode != 0:
         sys.exit(f"toolgate-bench failed ({bench.returncode})")
     figures = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
