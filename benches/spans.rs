@@ -3,11 +3,13 @@
 //! fields the server records, entered as the call runs, and the trace context
 //! written into the outgoing request (a callback's `traceparent` header, or an
 //! MCP call's `_meta` and header) — built by the same functions the server
-//! uses (`toolgate::telemetry`), under the same subscriber stack: the `fmt`
-//! layer at `info,sqlx=warn` writing into a sink, and the OpenTelemetry layer.
+//! uses (`toolgate::telemetry`), under the same subscriber stacks: the `fmt`
+//! layer at `info,sqlx=warn` writing into a sink, and the trace spans' ids
+//! (the server without an exporter) or the OpenTelemetry layer (with one).
 //! Once without any subscriber (the spans are disabled), once with the log
-//! layer alone (what OpenTelemetry adds is the difference to the next), once
-//! with both and no exporter (the server's default), once with a batch processor
+//! layer alone, once with the ids layer beside it (the server's default:
+//! what the ids add is the difference), once with the OpenTelemetry layer and
+//! no exporter (what the default stack replaced), once with a batch processor
 //! over an exporter that drops what it is given (what exporting adds to the
 //! call path; the export's own encoding and HTTP run on the processor's
 //! thread). Run with `cargo bench --bench spans`.
@@ -20,7 +22,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use toolgate::telemetry::{
     current_fields, inject_carried_or_root, inject_current, otel_layer, request_span,
-    tool_call_span,
+    span_ids_layer, tool_call_span,
 };
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -50,7 +52,14 @@ where
         .with_filter(tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
 }
 
-/// The server's subscriber stack over `provider`.
+/// The server's subscriber stack without an exporter.
+fn default_subscriber() -> impl tracing::Subscriber + Send + Sync {
+    tracing_subscriber::registry()
+        .with(log_layer())
+        .with(span_ids_layer())
+}
+
+/// The server's subscriber stack over `provider`, when spans are exported.
 fn subscriber(provider: &SdkTracerProvider) -> impl tracing::Subscriber + Send + Sync {
     tracing_subscriber::registry()
         .with(log_layer())
@@ -105,13 +114,25 @@ fn spans(c: &mut Criterion) {
         });
     });
 
-    let plain = SdkTracerProvider::builder().build();
-    tracing::subscriber::with_default(subscriber(&plain), || {
-        c.bench_function("spans/remote_call/no_exporter", |b| {
+    tracing::subscriber::with_default(default_subscriber(), || {
+        let callback = remote_call(&incoming);
+        let traceparent = callback["traceparent"].to_str().expect("ASCII");
+        assert!(
+            traceparent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "the default stack joins the caller's trace: {traceparent}"
+        );
+        c.bench_function("spans/remote_call/default", |b| {
             b.iter(|| std::hint::black_box(remote_call(&incoming)))
         });
-        c.bench_function("spans/mcp_call/no_exporter", |b| {
+        c.bench_function("spans/mcp_call/default", |b| {
             b.iter(|| std::hint::black_box(mcp_call(&incoming)))
+        });
+    });
+
+    let plain = SdkTracerProvider::builder().build();
+    tracing::subscriber::with_default(subscriber(&plain), || {
+        c.bench_function("spans/remote_call/otel_no_exporter", |b| {
+            b.iter(|| std::hint::black_box(remote_call(&incoming)))
         });
     });
 

@@ -1,10 +1,12 @@
-//! Traces: the tracing subscriber (log lines, plus OpenTelemetry spans), the
-//! OTLP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace
-//! context in and out. Every span has an OpenTelemetry context even without
-//! an exporter, so the `traceparent` sent with each callback lets a plugin's
-//! own trace join the call's; only the export is off. The spans themselves
-//! are built here too, so the criterion bench measures the ones the server
-//! makes.
+//! Traces: the tracing subscriber (log lines, plus OpenTelemetry spans when
+//! they are exported), the OTLP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is
+//! set, and W3C trace context in and out. Every trace span has a trace
+//! context even without an exporter ([`span_ids`] gives it one), so the
+//! `traceparent` sent with each callback lets a plugin's own trace join the
+//! call's; only the export is off. The spans themselves are built here too,
+//! so the criterion bench measures the ones the server makes.
+
+mod span_ids;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -81,13 +83,19 @@ fn provider() -> (SdkTracerProvider, bool) {
     }
 }
 
-/// The OpenTelemetry layer: spans of the `toolgate::trace` target only
-/// (requests, tool calls), whatever `RUST_LOG` says, traced by `provider`.
+/// The spans traced, whatever `RUST_LOG` says: the `toolgate::trace` target
+/// (requests, tool calls).
+fn trace_spans() -> AskedEachTime {
+    AskedEachTime(Targets::new().with_target("toolgate::trace", tracing::Level::INFO))
+}
+
+/// The OpenTelemetry layer: the trace spans, traced by `provider` (installed
+/// when spans are exported).
 pub fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + use<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    let spans = AskedEachTime(Targets::new().with_target("toolgate::trace", tracing::Level::INFO));
+    let spans = trace_spans();
     // Neither the OpenTelemetry context as "current" while a span is entered
     // (nothing here reads `Context::current`: the traceparent is taken from
     // the span itself) nor busy/idle times: both cost clock reads and
@@ -137,8 +145,18 @@ impl<S> Filter<S> for AskedEachTime {
     }
 }
 
+/// The layer that gives the trace spans their W3C ids only (installed when
+/// nothing exports them).
+pub fn span_ids_layer<S>() -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    span_ids::SpanIdsLayer.with_filter(trace_spans())
+}
+
 /// Installs the global subscriber: `fmt` (the given writer and filter) for
-/// log lines, and the OpenTelemetry layer for this crate's spans.
+/// log lines, and for this crate's trace spans the OpenTelemetry layer when
+/// they are exported, else only their ids.
 pub fn init<W>(fmt_layer: W, filter: tracing_subscriber::EnvFilter) -> Telemetry
 where
     W: Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
@@ -148,9 +166,18 @@ where
     EXPORTING.store(exporting, Ordering::Relaxed);
     tracing_subscriber::registry()
         .with(fmt_layer.with_filter(filter))
-        .with(otel_layer(&provider))
+        .with(exporting.then(|| otel_layer(&provider)))
+        .with((!exporting).then(span_ids_layer))
         .init();
     Telemetry { provider }
+}
+
+/// `span`'s trace context, from whichever layer traces it.
+fn context_of(span: &tracing::Span) -> opentelemetry::Context {
+    match span_ids::of(span) {
+        Some(ids) => opentelemetry::Context::new().with_remote_span_context(ids),
+        None => span.context(),
+    }
 }
 
 /// The span of one HTTP request, a child of the caller's trace when its
@@ -187,7 +214,7 @@ pub fn tool_call_span(session_id: &str, tool: &str, caller_slot: impl Display) -
 /// Writes the current span's W3C `traceparent` (and `tracestate`) into
 /// `headers` of an outgoing request.
 pub fn inject_current(headers: &mut http::HeaderMap) {
-    let context = tracing::Span::current().context();
+    let context = context_of(&tracing::Span::current());
     TraceContextPropagator::new()
         .inject_context(&context, &mut opentelemetry_http::HeaderInjector(headers));
 }
@@ -197,7 +224,7 @@ pub fn inject_current(headers: &mut http::HeaderMap) {
 pub fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     let parent =
         TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
-    if parent.has_active_span() {
+    if parent.has_active_span() && !span_ids::adopt(span, parent.span().span_context()) {
         let _ = span.set_parent(parent);
     }
 }
@@ -207,7 +234,8 @@ pub fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
 /// request's `_meta` (SEP-414); empty when no span context is current.
 pub fn current_fields() -> HashMap<String, String> {
     let mut fields = HashMap::new();
-    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut fields);
+    TraceContextPropagator::new()
+        .inject_context(&context_of(&tracing::Span::current()), &mut fields);
     fields
 }
 
@@ -219,7 +247,7 @@ pub fn inject_carried_or_root(carried: &HashMap<String, String>, headers: &mut h
     let propagator = TraceContextPropagator::new();
     let mut context = propagator.extract(carried);
     if !context.has_active_span() {
-        context = tracing::Span::current().context();
+        context = context_of(&tracing::Span::current());
     }
     if !context.has_active_span() {
         context = fresh_root();
