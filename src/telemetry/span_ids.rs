@@ -5,7 +5,7 @@
 //! OpenTelemetry layer builds a whole span for it all the same (its
 //! attributes formatted into strings, a span object made and dropped at the
 //! close): about 10 of toolgate's 60 µs of CPU per loaded remote call
-//! (BENCHMARKS.md, issue 20, twenty-second look). This layer gives each
+//! (BENCHMARKS.md, issue 20, twenty-second pass). This layer gives each
 //! trace span only its ids, as the OpenTelemetry SDK with its default
 //! sampler would: a child of the nearest trace span, or of the caller's
 //! trace once [`adopt`]ed, or a new sampled trace.
