@@ -1,6 +1,7 @@
 """What the bench scripts beside this file share: a free port, a server
 start under callgrind, a profile's total and its per-function counts, the
-`--top N` report of what grew between two runs, and a process's CPU time."""
+`--top N` report of what grew between two runs, a process's CPU time, and
+finding and reading a `toolgate-bench` run's server and figures."""
 import http.client
 import os
 import re
@@ -11,13 +12,23 @@ import time
 TOKEN = "tg_bench_admin_token_0123456789abcdef"
 
 
+# A server using more than this many cores is under the bench's loaded
+# phase (one call at a time keeps it below; remote_cpu_split, loaded_syscalls).
+LOADED_SERVER_CORES = 0.9
+
+
+def _stat_cpu(text):
+    """(user, system) seconds from a /proc `stat` line."""
+    # The command name may hold spaces and parentheses: fields follow its last ")".
+    fields = text.rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def process_cpu_seconds(pid):
     """`pid`'s (user, system) CPU time so far, in seconds (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as stat:
-        # The command name may hold spaces and parentheses: fields follow its last ")".
-        fields = stat.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+        return _stat_cpu(stat.read())
 
 
 def thread_cpu_seconds(pid):
@@ -25,7 +36,6 @@ def thread_cpu_seconds(pid):
     threads of one name (a runtime's workers) are summed. A thread that has
     ended is not counted, so a group's figure is only meaningful over a
     window in which its threads lived throughout."""
-    tick = os.sysconf("SC_CLK_TCK")
     groups = {}
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -34,9 +44,26 @@ def thread_cpu_seconds(pid):
         except OSError:  # a thread that just ended
             continue
         name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        groups[name] = groups.get(name, 0.0) + sum(_stat_cpu(text))
     return groups
+
+
+def child_server(bench_pid):
+    """The toolgate server `toolgate-bench` started: its child process, listed
+    under whichever of its threads spawned it; None before it has one."""
+    pids = []
+    try:
+        for task in os.listdir(f"/proc/{bench_pid}/task"):
+            with open(f"/proc/{bench_pid}/task/{task}/children") as children:
+                pids += [int(pid) for pid in children.read().split()]
+    except OSError:
+        return None
+    return pids[0] if pids else None
+
+
+def bench_figures(stdout):
+    """`toolgate-bench`'s `name value` lines as a dict of strings."""
+    return dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
 
 
 def free_port():

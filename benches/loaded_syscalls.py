@@ -16,15 +16,13 @@ Needs perf with the `syscalls` tracepoints (root, or perf_event_paranoid
 allowing it) and Linux's /proc. It fails loudly when perf is missing or
 refuses.
 """
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-from callgrind_common import process_cpu_seconds
-from remote_cpu_split import child_server
+from callgrind_common import LOADED_SERVER_CORES, bench_figures, child_server, process_cpu_seconds
 
 WINDOW = 3
 DURATION = 8
@@ -32,12 +30,12 @@ KINDS = ("writev", "write", "recvfrom", "read", "pwrite64", "pread64", "epoll_wa
          "fsync", "fdatasync", "sched_yield", "madvise", "mmap", "munmap")
 
 
-def wait_until_loaded(server, deadline):
+def wait_until_loaded(server, deadline, step=0.5):
     before = sum(process_cpu_seconds(server))
     while time.time() < deadline:
-        time.sleep(0.5)
+        time.sleep(step)
         after = sum(process_cpu_seconds(server))
-        if after - before > 0.45:
+        if after - before > LOADED_SERVER_CORES * step:
             return
         before = after
     sys.exit("the server never became busy: no loaded window to count")
@@ -80,7 +78,7 @@ def main():
     output = bench.communicate()[0]
     if bench.returncode != 0:
         sys.exit(f"toolgate-bench failed ({bench.returncode})")
-    figures = dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+    figures = bench_figures(output)
     calls = float(figures["remote_call_per_s"]) * WINDOW
     missing = [event for event in events if event not in counts]
     if missing:

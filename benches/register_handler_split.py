@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from callgrind_common import bench_figures
+
 # At its default --samples the bench times 300 registers one at a time, after
 # as many registers of its back-to-back pairs (loadgen/main.rs, register_phase:
 # `args.samples.min(300)` each).
@@ -63,7 +65,7 @@ def main():
     run = subprocess.run(command, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"toolgate-bench failed ({run.returncode}):\n{run.stderr[-3000:]}")
-    figures = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    figures = bench_figures(run.stdout)
     times = handler_times(os.path.join(keep, "server.log"))
     if len(times) < 2 * SAMPLES:
         sys.exit(f"found {len(times)} one-at-a-time 100-role registers in {keep}/server.log, "

@@ -17,27 +17,19 @@ US`): the runtime's workers, the journal thread (its folds) and the rest.
 
 Needs Python 3 and Linux's /proc.
 """
-import os
 import subprocess
 import sys
 import time
 
-from callgrind_common import process_cpu_seconds, thread_cpu_seconds
+from callgrind_common import (
+    LOADED_SERVER_CORES,
+    bench_figures,
+    child_server,
+    process_cpu_seconds,
+    thread_cpu_seconds,
+)
 
 DURATION = 5
-
-
-def child_server(bench_pid):
-    """The toolgate server the bench started: its child process, listed under
-    whichever of its threads spawned it."""
-    pids = []
-    try:
-        for task in os.listdir(f"/proc/{bench_pid}/task"):
-            with open(f"/proc/{bench_pid}/task/{task}/children") as children:
-                pids += [int(pid) for pid in children.read().split()]
-    except OSError:
-        return None
-    return pids[0] if pids else None
 
 
 def window(samples, busy):
@@ -83,12 +75,12 @@ def main():
     out = bench.communicate()[0]
     if bench.returncode != 0:
         sys.exit(f"toolgate-bench failed ({bench.returncode})")
-    figures = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    figures = bench_figures(out)
     remote_rate = float(figures["remote_call_per_s"])
     direct_rate = float(figures["callback_direct_loaded_per_s"])
     # Loaded remote calls keep toolgate on more than one core (one call at a
     # time, before them, keeps it on less); the direct window leaves it idle.
-    remote, remote_first, remote_last = window(samples, lambda bench, server: server > 0.9)
+    remote, remote_first, remote_last = window(samples, lambda bench, server: server > LOADED_SERVER_CORES)
     direct, _, _ = window(samples, lambda bench, server: server < 0.05 and bench > 1.0)
     if remote[0] < DURATION / 2 or direct[0] < DURATION / 2:
         sys.exit(f"the loaded windows were not found in the samples ({remote[0]:.1f} s, {direct[0]:.1f} s)")
