@@ -13,11 +13,9 @@ use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{
-    SpanContext, TraceContextExt, TraceFlags, TraceState, TracerProvider as _,
-};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -256,16 +254,6 @@ pub fn inject_carried_or_root(carried: &HashMap<String, String>, headers: &mut h
 }
 
 /// A context naming a new trace that no span of this process recorded.
-/// Flagged sampled like every span here (the sampler keeps all), so a
-/// plugin that samples by its parent keeps its own trace of the request.
 fn fresh_root() -> opentelemetry::Context {
-    let ids = RandomIdGenerator::default();
-    let root = SpanContext::new(
-        ids.new_trace_id(),
-        ids.new_span_id(),
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::NONE,
-    );
-    opentelemetry::Context::new().with_remote_span_context(root)
+    opentelemetry::Context::new().with_remote_span_context(span_ids::new_root())
 }

@@ -40,19 +40,26 @@ where
                 .get::<SpanIds>()
                 .map(|ids| ids.0.clone())
         });
-        let ids = RandomIdGenerator::default();
         let context = match parent {
-            Some(parent) => child_of(&parent, ids.new_span_id()),
-            None => SpanContext::new(
-                ids.new_trace_id(),
-                ids.new_span_id(),
-                TraceFlags::SAMPLED,
-                false,
-                TraceState::NONE,
-            ),
+            Some(parent) => child_of(&parent, RandomIdGenerator::default().new_span_id()),
+            None => new_root(),
         };
         span.extensions_mut().insert(SpanIds(context));
     }
+}
+
+/// The first span of a new trace, flagged sampled like every span here (the
+/// sampler keeps all), so that a plugin sampling by its parent keeps its own
+/// trace of the request.
+pub(super) fn new_root() -> SpanContext {
+    let ids = RandomIdGenerator::default();
+    SpanContext::new(
+        ids.new_trace_id(),
+        ids.new_span_id(),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::NONE,
+    )
 }
 
 /// A span of `parent`'s trace, sampled as it is, as the SDK's parent-based
