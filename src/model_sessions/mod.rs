@@ -230,6 +230,21 @@ struct ModelSession {
     names_json: SessionNames,
 }
 
+/// A sync's `catalog_changed` events, each with the queue place taken for it,
+/// in the order they were decided; dropping them queues them. A sync whose
+/// request is dropped midway (its client hung up) still queues every event
+/// it decided, as it did when each was queued at once.
+#[derive(Default)]
+struct HeldEvents(Vec<(mpsc::OwnedPermit<ModelSessionEvent>, ModelSessionEvent)>);
+
+impl Drop for HeldEvents {
+    fn drop(&mut self) {
+        for (place, event) in self.0.drain(..) {
+            place.send(event);
+        }
+    }
+}
+
 /// Why an event could not be queued.
 enum Delivery {
     Queued,
@@ -267,6 +282,20 @@ impl ModelSession {
     fn deliver(&self, event: ModelSessionEvent) -> Delivery {
         match self.events.try_send(event) {
             Ok(()) => Delivery::Queued,
+            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Gone,
+            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Stuck,
+        }
+    }
+
+    /// Takes `event`'s place in the queue now, and adds the event to `held`
+    /// to be queued when the sync ends: what [`Self::deliver`] would answer,
+    /// without waking the stream yet.
+    fn deliver_later(&self, event: ModelSessionEvent, held: &mut HeldEvents) -> Delivery {
+        match self.events.clone().try_reserve_owned() {
+            Ok(place) => {
+                held.0.push((place, event));
+                Delivery::Queued
+            }
             Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Gone,
             Err(mpsc::error::TrySendError::Full(_)) => Delivery::Stuck,
         }
@@ -746,6 +775,13 @@ impl ModelSessionHub {
 
     /// Offers each of one mutation's changes, in order, to the live model
     /// sessions it concerns; one result per change.
+    ///
+    /// Each session's place in its queue is taken as its verdict is made, so
+    /// the results are what queueing at once would give; the events are
+    /// queued together at the end. Queueing one wakes its stream, and 100
+    /// streams writing while the sync still decides took the machine's other
+    /// core from it and from the client waiting for the answer (BENCHMARKS.md,
+    /// issue 20, twenty-third pass).
     pub async fn sync_all(
         &self,
         guard: &MutationGuard<'_>,
@@ -755,14 +791,16 @@ impl ModelSessionHub {
         let mut bodies = ChangedBodies::default();
         let mut verdicts = Verdicts::default();
         let mut reached = Reached::find(self, catalogs, changes).await;
+        let mut held = HeldEvents::default();
         let mut results = Vec::with_capacity(changes.len());
         for (index, change) in changes.iter().enumerate() {
-            let shared = (&mut bodies, &mut verdicts, &mut reached);
+            let shared = (&mut bodies, &mut verdicts, &mut reached, &mut held);
             results.push(
                 self.sync_one(guard, catalogs, (index, change), shared)
                     .await,
             );
         }
+        drop(held);
         results
     }
 
@@ -773,7 +811,12 @@ impl ModelSessionHub {
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
         (index, change): (usize, &CatalogChange),
-        (bodies, verdicts, reached): (&mut ChangedBodies, &mut Verdicts, &mut Reached),
+        (bodies, verdicts, reached, held): (
+            &mut ChangedBodies,
+            &mut Verdicts,
+            &mut Reached,
+            &mut HeldEvents,
+        ),
     ) -> std::result::Result<(), String> {
         self.notify_observers(change, bodies);
         let mut refusals = Vec::new();
@@ -802,7 +845,7 @@ impl ModelSessionHub {
                 data: bodies.body(change, model_session, error.as_deref(), &accepted),
             };
             drop(accepted);
-            match model_session.deliver(event) {
+            match model_session.deliver_later(event, held) {
                 Delivery::Queued => {}
                 Delivery::Gone => {
                     self.remove(&model_session.session.character_id, &model_session.id);
@@ -1166,6 +1209,90 @@ mod tests {
         assert!(
             hub.live().by_character.is_empty(),
             "the stuck session was closed"
+        );
+    }
+
+    /// Empty catalogs whose second offer waits until `second` is notified.
+    #[derive(Default)]
+    struct GatedCatalogs {
+        offers: std::sync::atomic::AtomicUsize,
+        second: tokio::sync::Notify,
+    }
+
+    impl OfferedCatalogs for GatedCatalogs {
+        fn current<'a>(
+            &'a self,
+            sessions: &'a [&'a Session],
+        ) -> BoxFuture<'a, Result<Vec<Option<Arc<Session>>>>> {
+            EmptyCatalogs.current(sessions)
+        }
+
+        fn offer<'a>(&'a self, session: &'a Session) -> BoxFuture<'a, Result<Offer>> {
+            let made = self
+                .offers
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                if made == 1 {
+                    self.second.notified().await;
+                }
+                EmptyCatalogs.offer(session).await
+            })
+        }
+    }
+
+    /// The kinds of the events queued on `stream` so far, `ready` left out.
+    fn queued_kinds(stream: &mut Subscription) -> Vec<&'static str> {
+        use futures::{FutureExt, StreamExt};
+        std::iter::from_fn(|| stream.next().now_or_never().flatten())
+            .map(|event| event.kind)
+            .filter(|kind| *kind != "ready")
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_sync_queues_its_events_once_every_verdict_is_made() {
+        use futures::FutureExt;
+        let hub = Arc::new(ModelSessionHub::default());
+        let mut streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
+        let change = CatalogChange::new(CatalogScope::Character("char_test".into()));
+        let catalogs = GatedCatalogs::default();
+        let guard = hub.mutation_lock().await;
+        let mut sync =
+            std::pin::pin!(hub.sync_all(&guard, &catalogs, std::slice::from_ref(&change)));
+        assert!(
+            sync.as_mut().now_or_never().is_none(),
+            "the second offer waits"
+        );
+        for stream in &mut streams {
+            assert_eq!(
+                queued_kinds(stream),
+                Vec::<&str>::new(),
+                "queued before the last verdict"
+            );
+        }
+        catalogs.second.notify_one();
+        assert_eq!(sync.await, [Ok(())]);
+        for stream in &mut streams {
+            assert_eq!(queued_kinds(stream), ["catalog_changed"]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sync_cut_short_still_queues_the_events_it_decided() {
+        use futures::FutureExt;
+        let hub = Arc::new(ModelSessionHub::default());
+        let mut streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
+        let change = CatalogChange::new(CatalogScope::Character("char_test".into()));
+        let catalogs = GatedCatalogs::default();
+        let guard = hub.mutation_lock().await;
+        // Polled once and dropped at the second offer, as a request whose
+        // client hung up is.
+        let sync = hub.sync_all(&guard, &catalogs, std::slice::from_ref(&change));
+        assert!(sync.now_or_never().is_none(), "the second offer waits");
+        let queued: Vec<Vec<&str>> = streams.iter_mut().map(queued_kinds).collect();
+        assert!(
+            queued.contains(&vec!["catalog_changed"]) && queued.contains(&vec![]),
+            "the first verdict's event is queued, the second's never made: {queued:?}"
         );
     }
 
