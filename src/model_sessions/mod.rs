@@ -629,9 +629,9 @@ impl ModelSessionHub {
             .count()
     }
 
-    /// Serialises catalog mutations and syncs. Whoever holds it starts after
-    /// the last sync's events are queued, so that its own cannot overtake
-    /// them.
+    /// Serialises catalog mutations and syncs.
+    /// Whoever holds it starts after the last sync's events are queued, so
+    /// that its own cannot overtake them.
     pub async fn mutation_lock(&self) -> MutationGuard<'_> {
         let guard = self.mutation.lock().await;
         drop(take_held(&self.held));
@@ -994,9 +994,6 @@ impl ModelSessionHub {
         live.closed = true;
         live.by_character.clear();
         live.observers = 0;
-        // Held events keep their streams' senders: queued now, the streams
-        // end as soon as they are read, not when the held events' task runs.
-        drop(take_held(&self.held));
         self.closing.cancel();
     }
 
