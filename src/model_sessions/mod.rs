@@ -237,19 +237,6 @@ struct ModelSession {
 #[derive(Default)]
 struct HeldEvents(Vec<(mpsc::OwnedPermit<ModelSessionEvent>, ModelSessionEvent)>);
 
-impl std::fmt::Debug for HeldEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldEvents")
-            .field("events", &self.0.len())
-            .finish()
-    }
-}
-
-/// Takes the events `slot` holds, to be queued when dropped.
-fn take_held(slot: &Mutex<HeldEvents>) -> HeldEvents {
-    std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner()))
-}
-
 impl Drop for HeldEvents {
     fn drop(&mut self) {
         for (place, event) in self.0.drain(..) {
@@ -598,9 +585,6 @@ struct Live {
 pub struct ModelSessionHub {
     live: Mutex<Live>,
     mutation: tokio::sync::Mutex<()>,
-    /// The last sync's events, until its own task or the next holder of the
-    /// mutation lock queues them (see [`Self::sync_all`]).
-    held: Arc<Mutex<HeldEvents>>,
     /// Cancelled by `close_all`: streams the hub does not hold itself (the
     /// MCP endpoint's) end with it.
     closing: tokio_util::sync::CancellationToken,
@@ -630,12 +614,8 @@ impl ModelSessionHub {
     }
 
     /// Serialises catalog mutations and syncs.
-    /// Whoever holds it starts after the last sync's events are queued, so
-    /// that its own cannot overtake them.
     pub async fn mutation_lock(&self) -> MutationGuard<'_> {
-        let guard = self.mutation.lock().await;
-        drop(take_held(&self.held));
-        MutationGuard(guard)
+        MutationGuard(self.mutation.lock().await)
     }
 
     /// Opens a model session for `session`; it lives until the subscription drops
@@ -797,13 +777,11 @@ impl ModelSessionHub {
     /// sessions it concerns; one result per change.
     ///
     /// Each session's place in its queue is taken as its verdict is made, so
-    /// the results are what queueing at once would give. The events are
-    /// queued together once the sync has returned: by a task of their own,
-    /// or by the next holder of the mutation lock if it comes first.
-    /// Queueing one wakes its stream, and 100 streams writing while the sync
-    /// still decided, or while its request was still being answered, took
-    /// the machine's other core from them and from the client waiting for
-    /// the answer (BENCHMARKS.md, issue 20, twenty-third pass).
+    /// the results are what queueing at once would give; the events are
+    /// queued together at the end. Queueing one wakes its stream, and 100
+    /// streams writing while the sync still decides took the machine's other
+    /// core from it and from the client waiting for the answer (BENCHMARKS.md,
+    /// issue 20, twenty-third pass).
     pub async fn sync_all(
         &self,
         guard: &MutationGuard<'_>,
@@ -822,15 +800,7 @@ impl ModelSessionHub {
                     .await,
             );
         }
-        if !held.0.is_empty() {
-            // The lock's holder took the last sync's events before it began.
-            *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
-            let slot = self.held.clone();
-            // Spawned from a worker, the task waits in that worker's next
-            // slot and runs once the request's task yields, after its answer
-            // is written; no idle worker is woken for it.
-            tokio::spawn(async move { drop(take_held(&slot)) });
-        }
+        drop(held);
         results
     }
 
@@ -1279,49 +1249,29 @@ mod tests {
             .collect()
     }
 
-    /// The runtime is the test's one thread, so the task that queues a
-    /// sync's events runs only when the test waits.
     #[tokio::test]
-    async fn a_sync_queues_its_events_after_every_verdict_and_before_the_next_mutation() {
+    async fn a_sync_queues_its_events_once_every_verdict_is_made() {
         use futures::FutureExt;
         let hub = Arc::new(ModelSessionHub::default());
         let mut streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
         let change = CatalogChange::new(CatalogScope::Character("char_test".into()));
         let catalogs = GatedCatalogs::default();
-        let nothing = Vec::<&str>::new();
         let guard = hub.mutation_lock().await;
-        {
-            let mut sync =
-                std::pin::pin!(hub.sync_all(&guard, &catalogs, std::slice::from_ref(&change)));
-            assert!(
-                sync.as_mut().now_or_never().is_none(),
-                "the second offer waits"
+        let mut sync =
+            std::pin::pin!(hub.sync_all(&guard, &catalogs, std::slice::from_ref(&change)));
+        assert!(
+            sync.as_mut().now_or_never().is_none(),
+            "the second offer waits"
+        );
+        for stream in &mut streams {
+            assert_eq!(
+                queued_kinds(stream),
+                Vec::<&str>::new(),
+                "queued before the last verdict"
             );
-            for stream in &mut streams {
-                assert_eq!(queued_kinds(stream), nothing, "before the last verdict");
-            }
-            catalogs.second.notify_one();
-            assert_eq!(sync.await, [Ok(())]);
         }
-        for stream in &mut streams {
-            assert_eq!(queued_kinds(stream), nothing, "before the sync returned");
-        }
-        drop(guard);
-        // The next holder of the lock queues them if their task has not.
-        let guard = hub.mutation_lock().await;
-        for stream in &mut streams {
-            assert_eq!(queued_kinds(stream), ["catalog_changed"]);
-        }
-        let results = hub
-            .sync_all(&guard, &catalogs, std::slice::from_ref(&change))
-            .await;
-        assert_eq!(results, [Ok(())]);
-        drop(guard);
-        for stream in &mut streams {
-            assert_eq!(queued_kinds(stream), nothing, "before their task ran");
-        }
-        // Their task queues them without a next mutation.
-        tokio::task::yield_now().await;
+        catalogs.second.notify_one();
+        assert_eq!(sync.await, [Ok(())]);
         for stream in &mut streams {
             assert_eq!(queued_kinds(stream), ["catalog_changed"]);
         }
