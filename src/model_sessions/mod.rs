@@ -252,6 +252,23 @@ enum Delivery {
     Stuck,
 }
 
+impl<T> From<mpsc::error::TrySendError<T>> for Delivery {
+    fn from(refused: mpsc::error::TrySendError<T>) -> Self {
+        match refused {
+            mpsc::error::TrySendError::Closed(_) => Delivery::Gone,
+            mpsc::error::TrySendError::Full(_) => Delivery::Stuck,
+        }
+    }
+}
+
+/// What one sync carries from change to change.
+struct Syncing {
+    reached: Reached,
+    bodies: ChangedBodies,
+    verdicts: Verdicts,
+    held: HeldEvents,
+}
+
 impl ModelSession {
     fn new(
         id: String,
@@ -282,8 +299,7 @@ impl ModelSession {
     fn deliver(&self, event: ModelSessionEvent) -> Delivery {
         match self.events.try_send(event) {
             Ok(()) => Delivery::Queued,
-            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Gone,
-            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Stuck,
+            Err(refused) => refused.into(),
         }
     }
 
@@ -296,8 +312,7 @@ impl ModelSession {
                 held.0.push((place, event));
                 Delivery::Queued
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => Delivery::Gone,
-            Err(mpsc::error::TrySendError::Full(_)) => Delivery::Stuck,
+            Err(refused) => refused.into(),
         }
     }
 
@@ -754,7 +769,12 @@ impl ModelSessionHub {
 
     /// Tells the console's watchers of the sessions a change concerns that
     /// their catalog changed (they assemble it themselves, when they show it).
-    fn notify_observers(&self, change: &CatalogChange, bodies: &mut ChangedBodies) {
+    fn notify_observers(
+        &self,
+        change: &CatalogChange,
+        bodies: &mut ChangedBodies,
+        held: &mut HeldEvents,
+    ) {
         if !self.any_observers() {
             return;
         }
@@ -769,7 +789,7 @@ impl ModelSessionHub {
         for observer in observers {
             // A watcher that is gone or not reading misses a refresh; its
             // page still shows the catalog on reload.
-            let _ = observer.deliver(event.clone());
+            let _ = observer.deliver_later(event.clone(), held);
         }
     }
 
@@ -777,8 +797,8 @@ impl ModelSessionHub {
     /// sessions it concerns; one result per change.
     ///
     /// Each session's place in its queue is taken as its verdict is made, so
-    /// the results are what queueing at once would give; the events are
-    /// queued together at the end. Queueing one wakes its stream, and 100
+    /// the results are what queueing at once would give; the events, the
+    /// console watchers' included, are queued together at the end. Queueing one wakes its stream, and 100
     /// streams writing while the sync still decides took the machine's other
     /// core from it and from the client waiting for the answer (BENCHMARKS.md,
     /// issue 20, twenty-third pass).
@@ -788,19 +808,21 @@ impl ModelSessionHub {
         catalogs: &dyn OfferedCatalogs,
         changes: &[CatalogChange],
     ) -> Vec<std::result::Result<(), String>> {
-        let mut bodies = ChangedBodies::default();
-        let mut verdicts = Verdicts::default();
-        let mut reached = Reached::find(self, catalogs, changes).await;
-        let mut held = HeldEvents::default();
+        let mut syncing = Syncing {
+            reached: Reached::find(self, catalogs, changes).await,
+            bodies: ChangedBodies::default(),
+            verdicts: Verdicts::default(),
+            held: HeldEvents::default(),
+        };
         let mut results = Vec::with_capacity(changes.len());
         for (index, change) in changes.iter().enumerate() {
-            let shared = (&mut bodies, &mut verdicts, &mut reached, &mut held);
             results.push(
-                self.sync_one(guard, catalogs, (index, change), shared)
+                self.sync_one(guard, catalogs, (index, change), &mut syncing)
                     .await,
             );
         }
-        drop(held);
+        // Queues the held events, in order.
+        drop(syncing);
         results
     }
 
@@ -811,14 +833,15 @@ impl ModelSessionHub {
         _guard: &MutationGuard<'_>,
         catalogs: &dyn OfferedCatalogs,
         (index, change): (usize, &CatalogChange),
-        (bodies, verdicts, reached, held): (
-            &mut ChangedBodies,
-            &mut Verdicts,
-            &mut Reached,
-            &mut HeldEvents,
-        ),
+        syncing: &mut Syncing,
     ) -> std::result::Result<(), String> {
-        self.notify_observers(change, bodies);
+        let Syncing {
+            reached,
+            bodies,
+            verdicts,
+            held,
+        } = syncing;
+        self.notify_observers(change, bodies, held);
         let mut refusals = Vec::new();
         for at in reached.of_change(index) {
             let model_session = &reached.live[at];
@@ -1249,13 +1272,41 @@ mod tests {
             .collect()
     }
 
+    /// Two model sessions of `session()` and a console watcher of it, a
+    /// change of its character, and catalogs whose second offer waits.
+    struct GatedSync {
+        hub: Arc<ModelSessionHub>,
+        streams: [Subscription; 2],
+        watcher: Subscription,
+        change: CatalogChange,
+        catalogs: GatedCatalogs,
+    }
+
+    impl GatedSync {
+        async fn new() -> Self {
+            let hub = Arc::new(ModelSessionHub::default());
+            let streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
+            let watcher = hub.observe(session()).unwrap();
+            Self {
+                hub,
+                streams,
+                watcher,
+                change: CatalogChange::new(CatalogScope::Character("char_test".into())),
+                catalogs: GatedCatalogs::default(),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_sync_queues_its_events_once_every_verdict_is_made() {
         use futures::FutureExt;
-        let hub = Arc::new(ModelSessionHub::default());
-        let mut streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
-        let change = CatalogChange::new(CatalogScope::Character("char_test".into()));
-        let catalogs = GatedCatalogs::default();
+        let GatedSync {
+            hub,
+            mut streams,
+            mut watcher,
+            change,
+            catalogs,
+        } = GatedSync::new().await;
         let guard = hub.mutation_lock().await;
         let mut sync =
             std::pin::pin!(hub.sync_all(&guard, &catalogs, std::slice::from_ref(&change)));
@@ -1263,7 +1314,7 @@ mod tests {
             sync.as_mut().now_or_never().is_none(),
             "the second offer waits"
         );
-        for stream in &mut streams {
+        for stream in streams.iter_mut().chain([&mut watcher]) {
             assert_eq!(
                 queued_kinds(stream),
                 Vec::<&str>::new(),
@@ -1272,7 +1323,7 @@ mod tests {
         }
         catalogs.second.notify_one();
         assert_eq!(sync.await, [Ok(())]);
-        for stream in &mut streams {
+        for stream in streams.iter_mut().chain([&mut watcher]) {
             assert_eq!(queued_kinds(stream), ["catalog_changed"]);
         }
     }
@@ -1280,10 +1331,13 @@ mod tests {
     #[tokio::test]
     async fn a_sync_cut_short_still_queues_the_events_it_decided() {
         use futures::FutureExt;
-        let hub = Arc::new(ModelSessionHub::default());
-        let mut streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
-        let change = CatalogChange::new(CatalogScope::Character("char_test".into()));
-        let catalogs = GatedCatalogs::default();
+        let GatedSync {
+            hub,
+            mut streams,
+            watcher: _,
+            change,
+            catalogs,
+        } = GatedSync::new().await;
         let guard = hub.mutation_lock().await;
         // Polled once and dropped at the second offer, as a request whose
         // client hung up is.
