@@ -129,6 +129,17 @@ mod tests {
         tracing::subscriber::with_default(subscriber, test);
     }
 
+    /// A caller's span context, as an incoming `traceparent` names it.
+    fn remote(flags: TraceFlags, state: TraceState) -> SpanContext {
+        SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            flags,
+            true,
+            state,
+        )
+    }
+
     fn trace_span() -> tracing::Span {
         tracing::info_span!(target: "toolgate::trace", "http_request")
     }
@@ -160,13 +171,7 @@ mod tests {
     fn an_adopted_span_and_its_children_are_in_the_callers_trace() {
         with_layer(|| {
             let state = TraceState::from_key_value([("vendor", "x")]).unwrap();
-            let remote = SpanContext::new(
-                TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
-                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
-                TraceFlags::default(),
-                true,
-                state.clone(),
-            );
+            let remote = remote(TraceFlags::default(), state.clone());
             let request = trace_span();
             let own = of(&request).unwrap().span_id();
             assert!(adopt(&request, &remote));
@@ -220,14 +225,10 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             let request = trace_span();
             assert!(of(&request).is_none());
-            let remote = SpanContext::new(
-                TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
-                SpanId::from_hex("00f067aa0ba902b7").unwrap(),
-                TraceFlags::SAMPLED,
-                true,
-                TraceState::NONE,
-            );
-            assert!(!adopt(&request, &remote));
+            assert!(!adopt(
+                &request,
+                &remote(TraceFlags::SAMPLED, TraceState::NONE)
+            ));
         });
     }
 }
