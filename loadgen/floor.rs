@@ -7,6 +7,9 @@
 //! /fanout` queues one event on every open stream and answers. What toolgate
 //! costs above these figures is its own; what the floor costs above the direct
 //! round trip is the machine's (a second process and two more loopback hops).
+//! `PUT /page` keeps a body that `GET /page` then answers with: the journal's
+//! worst page as toolgate sent it, so that the client's own share of reading
+//! it is measured apart from toolgate's.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -39,6 +42,7 @@ struct Floor {
     callback: hyper::Uri,
     client: Client<HttpConnector, Full<Bytes>>,
     streams: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    page: Mutex<Bytes>,
 }
 
 /// Runs the floor server (the hidden `--floor-server CALLBACK_URL` mode): prints
@@ -50,6 +54,7 @@ pub async fn serve(callback_url: &str) -> anyhow::Result<()> {
         callback: callback_url.parse().context("callback url")?,
         client: Client::builder(TokioExecutor::new()).build(connector),
         streams: Mutex::new(Vec::new()),
+        page: Mutex::new(Bytes::new()),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("{LISTENING}{}", listener.local_addr()?);
@@ -85,6 +90,16 @@ impl Floor {
                     .count();
                 json(200, format!("{{\"delivered\":{delivered}}}"))
             }
+            "/page" if request.method() == hyper::Method::PUT => {
+                match request.into_body().collect().await {
+                    Ok(body) => {
+                        *self.page.lock().expect("lock") = body.to_bytes();
+                        json(204, Bytes::new())
+                    }
+                    Err(_) => json(400, "{}"),
+                }
+            }
+            "/page" => json(200, self.page.lock().expect("lock").clone()),
             _ => json(404, "{}"),
         }
     }
@@ -291,4 +306,37 @@ async fn fanout_latency(
     stats.check("floor fan-out")?;
     let times = std::mem::take(&mut *times.lock().expect("lock"));
     Ok(Stats::from(times, stats.elapsed, Vec::new()))
+}
+
+/// `floor_journal_worst_p99_ms`: the bare server answering with `page` (the
+/// journal's worst page, as toolgate answered it), read and checked by the
+/// journal phase's own client code one request at a time. It is the least the
+/// worst variant can take on this machine, so `floor_journal_worst_vs_best_ratio`
+/// (it over toolgate's best variant) is the least `journal_worst_vs_best_ratio`
+/// can be beside that best.
+pub async fn journal_floor(
+    samples: u64,
+    client: &reqwest::Client,
+    callback: &CallbackServer,
+    page: Bytes,
+) -> anyhow::Result<()> {
+    progress("floor: the journal's worst page through a bare hyper server");
+    let mut floor = FloorProcess::start(callback).await?;
+    let url = format!("{}/page", floor.base);
+    let stored = client.put(&url).body(page).send().await?;
+    ensure!(
+        stored.status().is_success(),
+        "floor page: HTTP {}",
+        stored.status()
+    );
+    let client = client.clone();
+    let stats = sequential(samples, Duration::from_secs(20), move |_| {
+        let request = client.get(&url);
+        async move { super::check_journal_answer(request).await }
+    })
+    .await;
+    stats.check("floor journal page")?;
+    stats.report_latency("floor_journal_worst");
+    floor.child.kill().await?;
+    Ok(())
 }

@@ -47,6 +47,11 @@ const RATIOS: &[(&str, &str, &str)] = &[
         "journal_query_best_p99_ms",
     ),
     (
+        "floor_journal_worst_vs_best_ratio",
+        "floor_journal_worst_p99_ms",
+        "journal_query_best_p99_ms",
+    ),
+    (
         "register_100chars_vs_direct_ratio",
         "register_all_roles_100chars_p50_ms",
         "callback_direct_p50_ms",

@@ -23,12 +23,13 @@ const ISSUE_20_LINES: [&str; 9] = [
 
 /// The floor's lines: the same ratios through a bare hyper server, the least
 /// the matching toolgate ratios can be on the machine of the run.
-const FLOOR_LINES: [&str; 5] = [
+const FLOOR_LINES: [&str; 6] = [
     "floor_remote_overhead_ratio_c1",
     "floor_remote_call_p99_vs_p50_c1",
     "floor_remote_overhead_ratio_c16",
     "floor_remote_c16_vs_c1_throughput",
     "floor_register_100_vs_direct_ratio",
+    "floor_journal_worst_vs_best_ratio",
 ];
 
 /// Every `name value` line of the bench's standard output, by name.
