@@ -383,6 +383,53 @@ async fn runs_open_commit_and_discard() {
     assert_eq!(foreign.status, StatusCode::NOT_FOUND);
 }
 
+/// A run's commit changes its calls' rows after the journal has folded them,
+/// and every page must show the new outcome: a page that kept a row's text
+/// from the fold would not (issue 20, twenty-fourth look).
+#[tokio::test]
+async fn a_committed_runs_calls_show_the_outcome_after_their_rows_were_folded() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let floor_id = floor(&server, &session).await;
+    let opened = server
+        .post(&format!("/floors/{floor_id}/runs"), json!({}))
+        .await;
+    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
+    let run = opened.body["data"]["run_id"].as_str().unwrap().to_owned();
+    let result = call(
+        &server,
+        &session,
+        json!({"name": "roll_dice", "arguments": {"sides": 6}, "run_id": run}),
+    )
+    .await;
+    assert_eq!(result["status"], "success", "{result}");
+    // Read once before the commit: the row is folded.
+    let rows = server.get(&format!("/tool-executions?run_id={run}")).await;
+    assert_eq!(
+        rows.body["data"][0]["commit_outcome"], "pending",
+        "{rows:?}"
+    );
+    assert_eq!(rows.body["data"][0]["lifecycle_state"], "finished");
+    let committed = server
+        .post(&format!("/runs/{run}/commit"), json!({"content": "done"}))
+        .await;
+    assert_eq!(committed.status, StatusCode::OK, "{committed:?}");
+    for query in [
+        format!("run_id={run}"),
+        format!("session_id={session}&sort_by=created_at"),
+    ] {
+        let rows = server.get(&format!("/tool-executions?{query}")).await;
+        assert_eq!(
+            rows.body["data"][0]["commit_outcome"], "committed",
+            "{query}: {rows:?}"
+        );
+        assert_eq!(
+            rows.body["data"][0]["id"], result["execution_id"],
+            "{query}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_run_stops_at_max_steps_per_generation() {
     let server = spawn_app().await;
