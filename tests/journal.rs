@@ -19,6 +19,16 @@ async fn floor(server: &common::TestServer, session: &str) -> String {
     reply.body["data"]["id"].as_str().unwrap().to_owned()
 }
 
+/// Opens a run on `floor_id`: its id and its page's.
+async fn open_run(server: &common::TestServer, floor_id: &str) -> (String, String) {
+    let opened = server
+        .post(&format!("/floors/{floor_id}/runs"), json!({}))
+        .await;
+    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
+    let id = |field: &str| opened.body["data"][field].as_str().unwrap().to_owned();
+    (id("run_id"), id("page_id"))
+}
+
 async fn call(server: &common::TestServer, session: &str, body: Value) -> Value {
     let reply = server
         .post(&format!("/sessions/{session}/tool-calls"), body)
@@ -293,12 +303,7 @@ async fn runs_open_commit_and_discard() {
     let session = server.create_session().await;
     let floor_id = floor(&server, &session).await;
 
-    let opened = server
-        .post(&format!("/floors/{floor_id}/runs"), json!({}))
-        .await;
-    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
-    let run = opened.body["data"]["run_id"].as_str().unwrap().to_owned();
-    let page = opened.body["data"]["page_id"].as_str().unwrap().to_owned();
+    let (run, page) = open_run(&server, &floor_id).await;
     let result = call(&server, &session, json!({"name": "nope", "run_id": run})).await;
     assert_eq!(result["status"], "denied");
     let rows = server.get(&format!("/tool-executions?run_id={run}")).await;
@@ -391,11 +396,7 @@ async fn a_committed_runs_calls_show_the_outcome_after_their_rows_were_folded() 
     let server = spawn_app().await;
     let session = server.create_session().await;
     let floor_id = floor(&server, &session).await;
-    let opened = server
-        .post(&format!("/floors/{floor_id}/runs"), json!({}))
-        .await;
-    assert_eq!(opened.status, StatusCode::CREATED, "{opened:?}");
-    let run = opened.body["data"]["run_id"].as_str().unwrap().to_owned();
+    let (run, _page) = open_run(&server, &floor_id).await;
     let result = call(
         &server,
         &session,
