@@ -99,7 +99,9 @@ impl Floor {
                     Err(_) => json(400, "{}"),
                 }
             }
-            "/page" => json(200, self.page.lock().expect("lock").clone()),
+            "/page" if request.method() == hyper::Method::GET => {
+                json(200, self.page.lock().expect("lock").clone())
+            }
             _ => json(404, "{}"),
         }
     }

@@ -231,7 +231,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         let worst_page = journal_phase(&args, &api, &plan).await?;
         if args.wants("floor") {
-            floor::journal_floor(args.samples.min(500), &client, &callback, worst_page).await?;
+            floor::journal_floor(journal_samples(&args), &client, &callback, worst_page).await?;
         }
     }
     server.stop().await?;
@@ -1199,6 +1199,15 @@ struct JournalMeta {
     total: i64,
 }
 
+/// The seed of each journal variant's random choices (sessions, floors, runs).
+const JOURNAL_QUERY_SEED: u64 = 11;
+
+/// How many requests a journal page is measured with (the journal's floor
+/// too): `--samples`, at most 500.
+fn journal_samples(args: &Args) -> u64 {
+    args.samples.min(500)
+}
+
 /// `GET /tool-executions` variants, each measured one request at a time;
 /// returns one answer of the variant with the worst p99, as toolgate sent it.
 async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Result<Bytes> {
@@ -1270,14 +1279,16 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
         !plan.floors.is_empty() && !plan.runs.is_empty(),
         "the seeded journal is too small to pick floors and runs from"
     );
-    let samples = args.samples.min(500);
+    let samples = journal_samples(args);
     let mut worst_p99: f64 = 0.0;
     let mut best_p99 = f64::INFINITY;
     let mut worst_make: Option<Make> = None;
     for (label, make) in variants {
         let api = api.clone();
         let plan = plan.clone();
-        let rng = Arc::new(std::sync::Mutex::new(StdRng::seed_from_u64(11)));
+        let rng = Arc::new(std::sync::Mutex::new(StdRng::seed_from_u64(
+            JOURNAL_QUERY_SEED,
+        )));
         let stats = sequential(samples, Duration::from_secs(20), move |_| {
             let query = make(&plan, &mut rng.lock().expect("lock"));
             let request = api.get(&format!("/tool-executions?{query}"));
@@ -1296,7 +1307,8 @@ async fn journal_phase(args: &Args, api: &Api, plan: &SeedPlan) -> anyhow::Resul
     figure("journal_query_worst_p99_ms", worst_p99);
     figure("journal_query_best_p99_ms", best_p99);
     let make = worst_make.context("no journal variant was measured")?;
-    let query = make(&plan, &mut StdRng::seed_from_u64(11));
+    // The variant's first query, as it was measured first.
+    let query = make(&plan, &mut StdRng::seed_from_u64(JOURNAL_QUERY_SEED));
     let response = api.get(&format!("/tool-executions?{query}")).send().await?;
     ensure!(
         response.status().is_success(),

@@ -21,8 +21,10 @@ const ISSUE_20_LINES: [&str; 9] = [
     "model_sessions_2k_rss_mb",
 ];
 
-/// The floor's lines: the same ratios through a bare hyper server, the least
-/// the matching toolgate ratios can be on the machine of the run.
+/// The floor's lines: the same ratios through a bare hyper server (the
+/// journal's: the bare server's answer of toolgate's worst page over
+/// toolgate's best), the least the matching toolgate ratios can be on the
+/// machine of the run.
 const FLOOR_LINES: [&str; 6] = [
     "floor_remote_overhead_ratio_c1",
     "floor_remote_call_p99_vs_p50_c1",

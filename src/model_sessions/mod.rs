@@ -798,10 +798,10 @@ impl ModelSessionHub {
     ///
     /// Each session's place in its queue is taken as its verdict is made, so
     /// the results are what queueing at once would give; the events, the
-    /// console watchers' included, are queued together at the end. Queueing one wakes its stream, and 100
-    /// streams writing while the sync still decides took the machine's other
-    /// core from it and from the client waiting for the answer (BENCHMARKS.md,
-    /// issue 20, twenty-third pass).
+    /// console watchers' included, are queued together at the end. Queueing
+    /// one wakes its stream, and 100 streams writing while the sync still
+    /// decides took the machine's other core from it and from the client
+    /// waiting for the answer (BENCHMARKS.md, issue 20, twenty-third pass).
     pub async fn sync_all(
         &self,
         guard: &MutationGuard<'_>,
