@@ -15,6 +15,7 @@ mod event_frames;
 mod events;
 mod executions;
 pub mod extract;
+mod finish_on_hangup;
 mod jobs;
 mod mcp;
 mod mcp_runtime;
@@ -300,7 +301,8 @@ async fn health(State(state): State<AppState>) -> axum::Json<serde_json::Value> 
 /// boxed the request's future again, a heap allocation and a copy of the
 /// future per layer per request (BENCHMARKS.md, issue 20, fifteenth pass).
 /// Outermost first: the request id is set, then echoed, then the request's
-/// span and log lines, its time limit, the panic guard, the body limit.
+/// span and log lines, its time limit, the panic guard, a change's guard
+/// against hang-ups (and the time limit), the body limit.
 pub fn router(state: AppState) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
     let body_limit = state.runtime.settings.body_limit_bytes;
@@ -320,6 +322,9 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
+        .layer(finish_on_hangup::FinishOnHangupLayer::new(
+            state.runtime.clone(),
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
         .service(routed(state));
     // Still a `Router` for `listener::serve` and the tests: every request

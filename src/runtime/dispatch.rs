@@ -57,7 +57,8 @@ impl ToolRuntime {
                 result
             }
             .instrument(span),
-            self.calls.clone(),
+            "tool call",
+            self.started_work.clone(),
         )
         .await
     }

@@ -193,7 +193,7 @@ impl ToolRuntime {
             cancel: claim.cancel.clone(),
         };
         let runtime = self.clone();
-        self.calls
+        self.started_work
             .spawn(async move { runtime.run_turn(&llm, turn, claim).await });
         Ok(())
     }

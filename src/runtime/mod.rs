@@ -39,6 +39,7 @@ use crate::tools::mcp::{McpHub, McpListener, McpProvider};
 use crate::tools::remote::{RemoteProvider, RemoteRegistry};
 use crate::tools::script::{ScriptLimits, ScriptRunner};
 
+pub use detach::FinishOnDrop;
 pub use dry_run::{DRY_RUN_MAX_CALLS, DryRun, DryRunCall, DryRunVerdict};
 pub use generation::{Turn, TurnClaim};
 pub use jobs::JobSignal;
@@ -73,9 +74,9 @@ pub struct RuntimeParts {
     pub model_sessions: Arc<ModelSessionHub>,
     /// Wakes the job workers when a job becomes claimable.
     pub jobs: Arc<JobSignal>,
-    /// Calls whose caller went away before they finished: they run to their
-    /// end in a task of their own, and shutdown waits for them.
-    calls: TaskTracker,
+    /// Calls and changes whose caller went away before they finished: they
+    /// run to their end in a task of their own, and shutdown waits for them.
+    started_work: TaskTracker,
     /// The model endpoint of the generation loop; None when not configured.
     pub llm: Option<crate::llm::LlmClient>,
     /// Each session's generation in progress in this process (a finished one
@@ -127,7 +128,7 @@ impl ToolRuntime {
             providers: providers.into(),
             model_sessions: Arc::new(ModelSessionHub::default()),
             jobs: Arc::new(JobSignal::default()),
-            calls: TaskTracker::new(),
+            started_work: TaskTracker::new(),
             store,
             settings,
         })))
@@ -164,18 +165,28 @@ impl ToolRuntime {
             .find(|provider| provider.kind() == kind)
     }
 
-    /// Stops taking new calls' tasks and waits for the started ones (at
-    /// shutdown, after the listener has stopped).
+    /// Stops taking new calls' tasks and waits for the started calls and
+    /// changes (at shutdown, after the listener has stopped).
     pub async fn finish_started_calls(&self) {
         self.stopping.cancel();
-        self.calls.close();
-        if !self.calls.is_empty() {
+        self.started_work.close();
+        if !self.started_work.is_empty() {
             tracing::info!(
-                calls = self.calls.len(),
-                "waiting for started tool calls to finish"
+                unfinished = self.started_work.len(),
+                "waiting for started tool calls and changes to finish"
             );
         }
-        self.calls.wait().await;
+        self.started_work.wait().await;
+    }
+
+    /// `work`, run where it is awaited; dropped unfinished (its client hung
+    /// up), it runs to its end in a task that shutdown waits for. `what`
+    /// names it in the log line of that hand-off.
+    pub fn finish_on_drop<F>(&self, what: &'static str, work: F) -> FinishOnDrop<F>
+    where
+        F: Future<Output: Send> + Send + 'static,
+    {
+        FinishOnDrop::new(work, what, self.started_work.clone())
     }
 
     /// Runs a stored write that changes catalogs (a definition, a session's
