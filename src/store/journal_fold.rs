@@ -15,6 +15,8 @@ use std::path::Path;
 use rusqlite::types::{ToSqlOutput, Value as SqlValue};
 use rusqlite::{CachedStatement, Connection, ToSql, TransactionBehavior};
 
+use super::journal_transaction::JournalTransaction;
+
 use super::journal::{FINISH_SQL, FINISHED_INSERT, PLAIN_INSERT, Param, finished_row, row_at};
 use super::journal_log::{self, HEADER_BYTES, JournalLog, LoggedKind, LoggedWrite, Pending};
 use crate::error::{Error, Result};
@@ -37,9 +39,7 @@ pub(super) fn fold(connection: &mut Connection, pending: &Pending) -> Result<()>
             pending.count
         )));
     }
-    let tx = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(database_error)?;
+    let tx = JournalTransaction::begin(connection).map_err(database_error)?;
     apply_all(&tx, records);
     set_position(&tx, pending.generation, pending.end)?;
     tx.commit().map_err(database_error)

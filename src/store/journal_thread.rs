@@ -22,7 +22,7 @@
 //! writes gather, callers queue for the group commit as before, so at most one
 //! async worker is ever inside a commit.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
@@ -38,6 +38,7 @@ use super::journal_log::{JournalLog, LoggedKind};
 use super::journal_queue::{
     Gathered, JournalWrite, Message, Request, answer, gather, observe_batch,
 };
+use super::journal_transaction::JournalTransaction;
 use super::schema::{CONNECTION_PRAGMAS, SQLITE_BUSY_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::ids::now_ms;
@@ -360,8 +361,8 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
         super::wal_vfs::registered()?,
     )?;
     apply_settings(&connection)?;
-    // Four statements in all; keep every one prepared.
-    connection.set_prepared_statement_cache_capacity(8);
+    // Six statements and a transaction's three; keep every one prepared.
+    connection.set_prepared_statement_cache_capacity(12);
     Ok(connection)
 }
 
@@ -517,9 +518,7 @@ fn commit_batch(connection: &mut Connection, batch: &[Request]) -> Result<Vec<Ad
     if let [single] = batch {
         return Ok(vec![apply(connection, &single.write)?]);
     }
-    let tx = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(database_error)?;
+    let tx = JournalTransaction::begin(connection).map_err(database_error)?;
     let admitted = batch
         .iter()
         .map(|request| apply(&tx, &request.write))

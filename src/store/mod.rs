@@ -21,6 +21,7 @@ mod journal_queue;
 mod journal_reader;
 mod journal_task;
 mod journal_thread;
+mod journal_transaction;
 mod journal_writer;
 mod mcp;
 pub mod memory;
