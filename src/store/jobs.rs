@@ -404,14 +404,17 @@ pub(super) async fn finish_job_execution(
     Ok(())
 }
 
-/// Writes a job's delivery to its session (in the completion's transaction).
+/// Writes a job's delivery to its session (in the completion's transaction);
+/// none when the session was deleted since the call, which leaves no one to
+/// deliver to. A missing session must not fail the completion: the journal
+/// row is finished in the same transaction, and the approval sweep ends every
+/// due call in one.
 pub(super) async fn insert_delivery(conn: &mut impl AsHandle, delivery: &Delivery) -> Result<()> {
     sql!(*conn, c => query(
         "INSERT INTO session_deliveries (id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-         execution_reason_code, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         execution_reason_code, created_at) SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ? FROM sessions WHERE id = ?",
     )
     .bind(&delivery.id)
-    .bind(&delivery.session_id)
     .bind(&delivery.execution_id)
     .bind(&delivery.runtime_job_id)
     .bind(&delivery.call_id)
@@ -420,6 +423,7 @@ pub(super) async fn insert_delivery(conn: &mut impl AsHandle, delivery: &Deliver
     .bind(delivery.is_error as i64)
     .bind(delivery.execution_reason_code.map(ReasonCode::as_str))
     .bind(delivery.created_at)
+    .bind(&delivery.session_id)
     .execute(c)
     .await
     .map(|_| ())?);
