@@ -775,3 +775,33 @@ async fn the_error_code_table_is_served() {
     let missing = server.get("/no/such/route").await;
     assert!(codes.contains(&missing.code()), "{missing:?}");
 }
+
+/// Many deletes of one character or session at once: exactly one answers 200
+/// (the one that removed it), every other 404.
+#[tokio::test]
+async fn of_concurrent_deletes_of_one_thing_exactly_one_succeeds() {
+    let server = spawn_app().await;
+    for round in 0..5 {
+        let name = format!("Racer{round}");
+        let created = server.post("/characters", json!({"name": name})).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+        let session = server.create_session().await;
+        for path in [
+            format!("/characters/{name}"),
+            format!("/sessions/{session}"),
+        ] {
+            let deletes = (0..20).map(|_| server.delete(&path));
+            let statuses: Vec<StatusCode> = futures::future::join_all(deletes)
+                .await
+                .into_iter()
+                .map(|reply| reply.status)
+                .collect();
+            let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+            let missing = statuses
+                .iter()
+                .filter(|s| **s == StatusCode::NOT_FOUND)
+                .count();
+            assert_eq!((ok, missing), (1, 19), "{path}: {statuses:?}");
+        }
+    }
+}

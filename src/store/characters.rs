@@ -269,10 +269,14 @@ impl Store {
             .bind(&character.id)
             .execute(c)
             .await
-            .map(|_| ()));
+            .map(|done| done.rows_affected()));
         self.sessions_changed().await;
         self.characters_changed().await;
-        deleted?;
+        // Of two deletes that both read the row, only the one that removed
+        // it answers that it did.
+        if deleted? == 0 {
+            return Err(Error::not_found(format!("character {name:?}")));
+        }
         Ok(character)
     }
 }

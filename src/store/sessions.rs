@@ -263,12 +263,17 @@ impl Store {
 
     pub async fn delete_session(&self, account_id: &str, id: &str) -> Result<Session> {
         let session = self.session(account_id, id).await?;
-        sql!(self.conn().await?, c => query("DELETE FROM sessions WHERE id = ?")
+        let deleted = sql!(self.conn().await?, c => query("DELETE FROM sessions WHERE id = ?")
             .bind(&session.id)
             .execute(c)
             .await
-            .map(|_| ()))?;
+            .map(|done| done.rows_affected()))?;
         self.sessions_changed().await;
+        // Of two deletes that both read the row, only the one that removed
+        // it answers that it did.
+        if deleted == 0 {
+            return Err(Error::not_found(format!("session {id:?}")));
+        }
         Ok(session)
     }
 }
