@@ -185,6 +185,9 @@ pub struct ServeArgs {
     /// Time a connection has to send a whole request head, in milliseconds, else it is closed (default: 10000).
     #[arg(long, env = "TOOLGATE_HEADER_READ_TIMEOUT_MS")]
     pub header_read_timeout_ms: Option<u64>,
+    /// Time a request's body has to arrive whole once its head has, in milliseconds, else it is answered 408 and its connection closed (default: 30000).
+    #[arg(long, env = "TOOLGATE_REQUEST_BODY_TIMEOUT_MS")]
+    pub request_body_timeout_ms: Option<u64>,
     /// Time an idle keep-alive connection is kept open, in milliseconds (default: 60000).
     #[arg(long, env = "TOOLGATE_IDLE_TIMEOUT_MS")]
     pub idle_timeout_ms: Option<u64>,
@@ -233,6 +236,7 @@ struct FileSettings {
     argument_validation_timeout_ms: Option<u64>,
     script_memory_limit_bytes: Option<usize>,
     header_read_timeout_ms: Option<u64>,
+    request_body_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
     max_runtime_tools: Option<usize>,
@@ -296,6 +300,7 @@ pub struct Settings {
     pub script_memory_limit_bytes: usize,
     pub argument_validation_timeout_ms: u64,
     pub header_read_timeout_ms: u64,
+    pub request_body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
     pub max_runtime_tools: usize,
@@ -314,6 +319,7 @@ impl Settings {
     pub const DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS: u64 = 1000;
     /// Time a connection has to send a whole request head.
     pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    pub const DEFAULT_REQUEST_BODY_TIMEOUT_MS: u64 = 30_000;
     /// Time an idle keep-alive connection is kept open.
     pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
     /// Concurrent client connections.
@@ -358,11 +364,12 @@ impl Settings {
             );
         }
         if settings.header_read_timeout_ms == 0
+            || settings.request_body_timeout_ms == 0
             || settings.idle_timeout_ms == 0
             || settings.max_connections == 0
         {
             anyhow::bail!(
-                "connection limits must be greater than zero (header read timeout, idle timeout, max connections)"
+                "connection limits must be greater than zero (header read timeout, request body timeout, idle timeout, max connections)"
             );
         }
         if settings.max_runtime_tools == 0
@@ -431,6 +438,10 @@ impl Settings {
                 .header_read_timeout_ms
                 .or(file.header_read_timeout_ms)
                 .unwrap_or(Self::DEFAULT_HEADER_READ_TIMEOUT_MS),
+            request_body_timeout_ms: args
+                .request_body_timeout_ms
+                .or(file.request_body_timeout_ms)
+                .unwrap_or(Self::DEFAULT_REQUEST_BODY_TIMEOUT_MS),
             idle_timeout_ms: args
                 .idle_timeout_ms
                 .or(file.idle_timeout_ms)

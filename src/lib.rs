@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod app;
+pub mod body_deadline;
 pub mod bootstrap;
 pub mod call;
 pub mod catalog;

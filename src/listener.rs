@@ -4,13 +4,16 @@
 //! - A request head must arrive whole within the header read timeout, counted
 //!   from the accept for a connection's first request and from the first byte
 //!   of each later one.
+//! - Its body must then arrive whole within the request body timeout
+//!   ([`crate::body_deadline`]), else it is answered 408 and the connection,
+//!   its body unread, closed.
 //! - A keep-alive connection with no request in flight is closed after the idle
 //!   timeout.
 //! - At most `max_connections` connections are open at once. One over the cap is
 //!   accepted and closed at once (the client reads EOF), never left waiting in
 //!   the listen backlog. The cap counts every connection, `/healthz` probes
 //!   included: while it is full a probe is refused like any other client. Clients
-//!   that hold a connection without sending requests lose it within the two
+//!   that hold a connection without sending requests lose it within the
 //!   timeouts above, so a full cap of slow or idle clients drains by itself.
 //! - The soft open-file limit is raised to the hard limit at start, and the cap is
 //!   lowered to leave [`RESERVED_FDS`] descriptors free when the limit is too low
@@ -46,6 +49,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::body_deadline::DeadlineBody;
 use crate::config::Settings;
 use crate::poll_again::PollAgain;
 
@@ -60,6 +64,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
+    pub request_body_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
 }
@@ -87,6 +92,7 @@ impl ConnectionLimits {
         }
         Self {
             header_read_timeout: Duration::from_millis(settings.header_read_timeout_ms),
+            request_body_timeout: Duration::from_millis(settings.request_body_timeout_ms),
             idle_timeout: Duration::from_millis(settings.idle_timeout_ms),
             max_connections,
         }
@@ -233,7 +239,9 @@ async fn serve_connection(
             let request_guard = activity.request_started();
             let router = router.clone();
             async move {
-                let response = router.oneshot(request.map(Body::new)).await?;
+                let body_limit = limits.request_body_timeout;
+                let request = request.map(|body| Body::new(DeadlineBody::new(body, body_limit)));
+                let response = router.oneshot(request).await?;
                 Ok::<_, Infallible>(response.map(|body| TrackedBody {
                     inner: body,
                     _request: request_guard,

@@ -1,5 +1,6 @@
-//! A JSON request body is exactly one JSON value: anything but whitespace after
-//! it is refused (400 `validation_error`, 422 on `/api/tools`), never ignored.
+//! A JSON request body is exactly one JSON object: anything but whitespace after
+//! it is refused (400 `validation_error`, 422 on `/api/tools`), never ignored,
+//! and so is any other kind of value, an array read field by field included.
 
 mod common;
 
@@ -98,4 +99,46 @@ async fn trailing_bytes_after_a_runtime_tools_body_are_422() {
     .await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(reply.body["ok"], true, "{reply:?}");
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_an_object_is_refused_whatever_its_kind() {
+    let server = spawn_app().await;
+    let kinds = [
+        (r#"["Lanlan","via an array"]"#, "an array"),
+        (r#""Lanlan""#, "a string"),
+        ("true", "a boolean"),
+        (" 7", "a number"),
+        ("null", "null"),
+    ];
+    let routes = [
+        ("/sessions", true, StatusCode::BAD_REQUEST),
+        ("/accounts", true, StatusCode::BAD_REQUEST),
+        ("/characters", true, StatusCode::BAD_REQUEST),
+        (
+            "/api/tools/register",
+            false,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (path, key, status) in routes {
+        for (body, kind) in kinds {
+            let reply = post_raw(&server, path, body, key).await;
+            assert_eq!(reply.status, status, "{path} {body:?} -> {reply:?}");
+            assert_eq!(
+                reply.code(),
+                "validation_error",
+                "{path} {body:?} -> {reply:?}"
+            );
+            let message = reply.body["error"]["message"].as_str().unwrap();
+            assert_eq!(
+                message,
+                format!("request body must be a JSON object, got {kind}"),
+                "{path} {body:?}"
+            );
+        }
+    }
+    // Nothing was made of them.
+    let sessions = server.get("/sessions").await;
+    assert_eq!(sessions.body["meta"]["total"], 0, "{sessions:?}");
 }

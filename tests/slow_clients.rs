@@ -1,7 +1,9 @@
 //! Slow and idle clients cannot exhaust the server: a request head must arrive
-//! within the header read timeout, idle keep-alive connections are closed after
-//! the idle timeout, connections over the cap are closed at once, and the
-//! open-file limit is raised to its hard limit. Raw TCP against the real binary.
+//! within the header read timeout and its body within the request body
+//! timeout, a body declared over the limit is refused before it is read, idle
+//! keep-alive connections are closed after the idle timeout, connections over
+//! the cap are closed at once, and the open-file limit is raised to its hard
+//! limit. Raw TCP against the real binary.
 
 mod common;
 
@@ -279,6 +281,106 @@ async fn connections_over_the_cap_are_closed_at_once_and_slots_come_back() {
         .await
         .expect("the server did not exit within 10 s of SIGTERM while idle connections were held");
     assert!(status.success(), "{status:?}");
+}
+
+/// Reads until the server closes the connection; what it sent, or None when
+/// it is still open after `limit`.
+async fn answer_then_close(stream: &mut TcpStream, limit: Duration) -> Option<String> {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// A head declaring `length` body bytes, followed by `sent` of them.
+fn post_head(path: &str, token: Option<&str>, length: usize, sent: &str) -> Vec<u8> {
+    let auth = token.map_or(String::new(), |token| {
+        format!("Authorization: Bearer {token}\r\n")
+    });
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {length}\r\n\r\n{sent}"
+    )
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_answered_408_and_frees_its_slot() {
+    let timeout = TIMEOUT_MS.to_string();
+    let server = spawn_with(args(&[
+        ("--max-connections", "2"),
+        ("--request-body-timeout-ms", &timeout),
+        ("--header-read-timeout-ms", NEVER_MS),
+        ("--idle-timeout-ms", NEVER_MS),
+    ]))
+    .await;
+    // Both slots: the keyless loopback API and a platform route with a key.
+    let token = server.token.clone();
+    let mut stalled = Vec::new();
+    for (path, token) in [
+        ("/api/tools/register", None),
+        ("/sessions", Some(token.as_str())),
+    ] {
+        let mut stream = connect(&server).await;
+        stream
+            .write_all(&post_head(path, token, 50, "{"))
+            .await
+            .unwrap();
+        stalled.push((path, Instant::now(), stream));
+    }
+    for (path, sent_at, mut stream) in stalled {
+        let answer = answer_then_close(&mut stream, MARGIN)
+            .await
+            .unwrap_or_else(|| panic!("{path}: a stalled body still holds its connection"));
+        let elapsed = sent_at.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(TIMEOUT_MS * 4 / 5),
+            "{path}: answered after {elapsed:?}, before the {TIMEOUT_MS} ms body timeout"
+        );
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            answer.contains(r#""code":"request_timeout""#),
+            "{path}: {answer}"
+        );
+    }
+    // The two slots are free again.
+    common::wait_until(MARGIN, "/healthz after the stalled bodies", || {
+        health_on_fresh_connection(&server)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_body_declared_over_the_limit_is_refused_before_it_is_sent() {
+    let server = spawn_with(args(&[("--request-body-timeout-ms", NEVER_MS)])).await;
+    let token = server.token.clone();
+    for (path, token) in [
+        ("/api/tools/register", None),
+        ("/sessions", Some(token.as_str())),
+    ] {
+        let mut stream = connect(&server).await;
+        stream
+            .write_all(&post_head(path, token, 100_000_000, ""))
+            .await
+            .unwrap();
+        let answer = answer_then_close(&mut stream, MARGIN)
+            .await
+            .unwrap_or_else(|| panic!("{path}: no answer while the body was never sent"));
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(
+            answer.contains(r#""code":"payload_too_large""#),
+            "{path}: {answer}"
+        );
+    }
 }
 
 #[cfg(target_os = "linux")]

@@ -9,16 +9,30 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use crate::body_deadline::is_body_timeout;
+use crate::error::ErrorCode;
 use crate::state::AppState;
 
 /// A JSON request body; errors name the offending field.
 pub struct Json<T>(pub T);
 
-/// Reads the body, answering 413 past the configured limit.
+/// Reads the body, answering 413 past the configured limit (at once when its
+/// `Content-Length` says so) and 408 when it does not arrive in time.
 pub async fn body_bytes(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let limit = state.runtime.settings.body_limit_bytes;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::payload_too_large(limit));
+    }
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::payload_too_large(state.runtime.settings.body_limit_bytes)
+            ApiError::payload_too_large(limit)
+        } else if std::error::Error::source(&rejection).is_some_and(is_body_timeout) {
+            ApiError::new(ErrorCode::RequestTimeout, rejection.body_text())
         } else {
             ApiError::validation(format!("could not read request body: {rejection}"))
         }
@@ -50,12 +64,34 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
+/// Parses a body that must be a JSON object. serde would also read a struct
+/// from an array (its fields by position), which no route means; the first
+/// byte says what kind of value the body is, so nothing is parsed twice.
+pub fn parse_json_object<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    let kind = match first {
+        Some(b'[') => Some("an array"),
+        Some(b'"') => Some("a string"),
+        Some(b't' | b'f') => Some("a boolean"),
+        Some(b'n') => Some("null"),
+        Some(b'-' | b'0'..=b'9') => Some("a number"),
+        // An object, nothing, or not JSON: the parser says which.
+        _ => None,
+    };
+    match kind {
+        Some(kind) => Err(format!("request body must be a JSON object, got {kind}")),
+        None => parse_json(bytes),
+    }
+}
+
 impl<T: DeserializeOwned> FromRequest<AppState> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let bytes = body_bytes(req, state).await?;
-        parse_json(&bytes).map(Json).map_err(ApiError::validation)
+        parse_json_object(&bytes)
+            .map(Json)
+            .map_err(ApiError::validation)
     }
 }
 
@@ -176,7 +212,7 @@ impl<T: DeserializeOwned + Default> FromRequest<AppState> for OptionalJson<T> {
         if trimmed.is_empty() || trimmed == b"null" {
             return Ok(OptionalJson(T::default()));
         }
-        parse_json(&bytes)
+        parse_json_object(&bytes)
             .map(OptionalJson)
             .map_err(ApiError::validation)
     }

@@ -22,7 +22,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{body_bytes, parse_json};
+use super::extract::{body_bytes, parse_json_object};
 use crate::domain::callback_url::is_loopback_ip;
 use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot};
 use crate::error::{Error, ErrorCode};
@@ -82,27 +82,7 @@ fn from_domain(err: Error) -> ApiError {
 
 async fn read_body<T: DeserializeOwned>(request: Request, state: &AppState) -> ApiResult<T> {
     let bytes = body_bytes(request, state).await?;
-    // serde would accept an array for a struct (field by position); the contract
-    // only speaks of objects, and "expected an object" is the readable message.
-    let value: Value = parse_json(&bytes).map_err(unprocessable)?;
-    if !value.is_object() {
-        return Err(unprocessable(format!(
-            "request body must be a JSON object, got {}",
-            json_kind(&value)
-        )));
-    }
-    parse_json(&bytes).map_err(unprocessable)
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+    parse_json_object(&bytes).map_err(unprocessable)
 }
 
 /// Body of `POST /api/tools/register`.
