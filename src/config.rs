@@ -173,6 +173,15 @@ pub struct ServeArgs {
         value_parser = exactly_true
     )]
     pub enable_unsafe_script_handler: Option<bool>,
+    /// Let every account attach stdio MCP servers, which run their command as the server's own user; without it only the admin account may (default: off, only the exact value `true` turns it on).
+    #[arg(
+        long,
+        env = "TOOLGATE_MCP_STDIO_FOR_ALL_ACCOUNTS",
+        num_args = 0,
+        default_missing_value = "true",
+        value_parser = exactly_true
+    )]
+    pub mcp_stdio_for_all_accounts: Option<bool>,
     /// Wall-clock limit of one script-handler call, in milliseconds (default: 1000).
     #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS")]
     pub script_timeout_ms: Option<u64>,
@@ -232,6 +241,7 @@ struct FileSettings {
     callback_response_limit_bytes: Option<usize>,
     job_workers: Option<usize>,
     enable_unsafe_script_handler: Option<bool>,
+    mcp_stdio_for_all_accounts: Option<bool>,
     script_timeout_ms: Option<u64>,
     argument_validation_timeout_ms: Option<u64>,
     script_memory_limit_bytes: Option<usize>,
@@ -296,6 +306,8 @@ pub struct Settings {
     pub callback_response_limit_bytes: usize,
     pub job_workers: usize,
     pub enable_unsafe_script_handler: bool,
+    /// Whether accounts other than the admin may attach stdio MCP servers.
+    pub mcp_stdio_for_all_accounts: bool,
     pub script_timeout_ms: u64,
     pub script_memory_limit_bytes: usize,
     pub argument_validation_timeout_ms: u64,
@@ -382,6 +394,12 @@ impl Settings {
     }
 
     fn from_parts(args: ServeArgs, file: FileSettings) -> Self {
+        // The flag's value, else the file's, else the default.
+        macro_rules! pick {
+            ($field:ident, $default:expr) => {
+                args.$field.or(file.$field).unwrap_or($default)
+            };
+        }
         Self {
             listen: args
                 .listen
@@ -408,60 +426,43 @@ impl Settings {
                 .default_character
                 .or(file.default_character)
                 .unwrap_or_else(|| "Lanlan".to_owned()),
-            body_limit_bytes: args
-                .body_limit_bytes
-                .or(file.body_limit_bytes)
-                .unwrap_or(Self::DEFAULT_BODY_LIMIT),
-            callback_response_limit_bytes: args
-                .callback_response_limit_bytes
-                .or(file.callback_response_limit_bytes)
-                .unwrap_or(Self::DEFAULT_BODY_LIMIT),
+            body_limit_bytes: pick!(body_limit_bytes, Self::DEFAULT_BODY_LIMIT),
+            callback_response_limit_bytes: pick!(
+                callback_response_limit_bytes,
+                Self::DEFAULT_BODY_LIMIT
+            ),
             job_workers: args.job_workers.or(file.job_workers).unwrap_or(4),
             // A flag, or the variable however it is spelled, wins over the file.
-            enable_unsafe_script_handler: args
-                .enable_unsafe_script_handler
-                .or(file.enable_unsafe_script_handler)
-                .unwrap_or(false),
-            script_timeout_ms: args
-                .script_timeout_ms
-                .or(file.script_timeout_ms)
-                .unwrap_or(Self::DEFAULT_SCRIPT_TIMEOUT_MS),
-            argument_validation_timeout_ms: args
-                .argument_validation_timeout_ms
-                .or(file.argument_validation_timeout_ms)
-                .unwrap_or(Self::DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS),
-            script_memory_limit_bytes: args
-                .script_memory_limit_bytes
-                .or(file.script_memory_limit_bytes)
-                .unwrap_or(Self::DEFAULT_SCRIPT_MEMORY_BYTES),
-            header_read_timeout_ms: args
-                .header_read_timeout_ms
-                .or(file.header_read_timeout_ms)
-                .unwrap_or(Self::DEFAULT_HEADER_READ_TIMEOUT_MS),
-            request_body_timeout_ms: args
-                .request_body_timeout_ms
-                .or(file.request_body_timeout_ms)
-                .unwrap_or(Self::DEFAULT_REQUEST_BODY_TIMEOUT_MS),
-            idle_timeout_ms: args
-                .idle_timeout_ms
-                .or(file.idle_timeout_ms)
-                .unwrap_or(Self::DEFAULT_IDLE_TIMEOUT_MS),
-            max_connections: args
-                .max_connections
-                .or(file.max_connections)
-                .unwrap_or(Self::DEFAULT_MAX_CONNECTIONS),
-            max_runtime_tools: args
-                .max_runtime_tools
-                .or(file.max_runtime_tools)
-                .unwrap_or(Self::DEFAULT_MAX_RUNTIME_TOOLS),
-            max_runtime_tools_per_source: args
-                .max_runtime_tools_per_source
-                .or(file.max_runtime_tools_per_source)
-                .unwrap_or(Self::DEFAULT_MAX_RUNTIME_TOOLS_PER_SOURCE),
-            max_tool_schema_bytes: args
-                .max_tool_schema_bytes
-                .or(file.max_tool_schema_bytes)
-                .unwrap_or(Self::DEFAULT_MAX_TOOL_SCHEMA_BYTES),
+            enable_unsafe_script_handler: pick!(enable_unsafe_script_handler, false),
+            mcp_stdio_for_all_accounts: pick!(mcp_stdio_for_all_accounts, false),
+            script_timeout_ms: pick!(script_timeout_ms, Self::DEFAULT_SCRIPT_TIMEOUT_MS),
+            argument_validation_timeout_ms: pick!(
+                argument_validation_timeout_ms,
+                Self::DEFAULT_ARGUMENT_VALIDATION_TIMEOUT_MS
+            ),
+            script_memory_limit_bytes: pick!(
+                script_memory_limit_bytes,
+                Self::DEFAULT_SCRIPT_MEMORY_BYTES
+            ),
+            header_read_timeout_ms: pick!(
+                header_read_timeout_ms,
+                Self::DEFAULT_HEADER_READ_TIMEOUT_MS
+            ),
+            request_body_timeout_ms: pick!(
+                request_body_timeout_ms,
+                Self::DEFAULT_REQUEST_BODY_TIMEOUT_MS
+            ),
+            idle_timeout_ms: pick!(idle_timeout_ms, Self::DEFAULT_IDLE_TIMEOUT_MS),
+            max_connections: pick!(max_connections, Self::DEFAULT_MAX_CONNECTIONS),
+            max_runtime_tools: pick!(max_runtime_tools, Self::DEFAULT_MAX_RUNTIME_TOOLS),
+            max_runtime_tools_per_source: pick!(
+                max_runtime_tools_per_source,
+                Self::DEFAULT_MAX_RUNTIME_TOOLS_PER_SOURCE
+            ),
+            max_tool_schema_bytes: pick!(
+                max_tool_schema_bytes,
+                Self::DEFAULT_MAX_TOOL_SCHEMA_BYTES
+            ),
         }
     }
 }

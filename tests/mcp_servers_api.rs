@@ -668,11 +668,12 @@ async fn accounts_never_see_each_other() {
         );
         assert_eq!(reply.code(), "not_found");
     }
-    // The same name in another account is another server.
+    // The same name in another account is another server (an http one: only
+    // the admin may run stdio commands, below).
     let theirs = as_second(
         Method::POST,
         "/mcp/servers".into(),
-        Some(stdio_body("shared-name")),
+        Some(secret_http_body("shared-name")),
     )
     .await;
     assert_eq!(theirs.status, StatusCode::CREATED, "{theirs:?}");
@@ -1321,4 +1322,65 @@ fn config_of(server: &Value) -> Value {
         fields.remove("live_status");
     }
     config
+}
+
+/// A stdio server's command runs as the server's own user, so only the admin
+/// account may run one, unless the server is started to let every account.
+#[tokio::test]
+async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
+    let server = spawn_app().await;
+    let tenant = server.create_account("tenant").await;
+    let as_tenant = |method: Method, path: String, body: Value| {
+        let tenant = tenant.clone();
+        let server = &server;
+        async move { server.send_as(&tenant, method, &path, Some(body)).await }
+    };
+    let refused = as_tenant(Method::POST, "/mcp/servers".into(), stdio_body("theirs")).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{refused:?}");
+    assert_eq!(refused.code(), "forbidden");
+    // A disabled one runs nothing; enabling it, or making an http one stdio, is refused.
+    let mut disabled = stdio_body("parked");
+    disabled["enabled"] = json!(false);
+    let parked = as_tenant(Method::POST, "/mcp/servers".into(), disabled).await;
+    assert_eq!(parked.status, StatusCode::CREATED, "{parked:?}");
+    let parked = id_of(&parked.body["data"]);
+    let enable = as_tenant(
+        Method::PATCH,
+        format!("/mcp/servers/{parked}/toggle"),
+        json!({"enabled": true}),
+    )
+    .await;
+    assert_eq!(enable.status, StatusCode::FORBIDDEN, "{enable:?}");
+    let http = as_tenant(Method::POST, "/mcp/servers".into(), secret_http_body("web")).await;
+    assert_eq!(http.status, StatusCode::CREATED, "{http:?}");
+    let http = id_of(&http.body["data"]);
+    let switch = as_tenant(
+        Method::PATCH,
+        format!("/mcp/servers/{http}"),
+        json!({"transport": "stdio", "stdio": {"command": "toolgate-test-no-such-mcp-server"}}),
+    )
+    .await;
+    assert_eq!(switch.status, StatusCode::FORBIDDEN, "{switch:?}");
+    let unchanged = server
+        .send_as(&tenant, Method::GET, &format!("/mcp/servers/{http}"), None)
+        .await;
+    assert_eq!(unchanged.body["data"]["transport"], "http", "{unchanged:?}");
+    // The admin may.
+    create(&server, stdio_body("ours")).await;
+
+    let open = spawn_with(SpawnOptions {
+        args: vec!["--mcp-stdio-for-all-accounts".into()],
+        ..Default::default()
+    })
+    .await;
+    let tenant = open.create_account("tenant").await;
+    let allowed = open
+        .send_as(
+            &tenant,
+            Method::POST,
+            "/mcp/servers",
+            Some(stdio_body("theirs")),
+        )
+        .await;
+    assert_eq!(allowed.status, StatusCode::CREATED, "{allowed:?}");
 }

@@ -18,7 +18,7 @@ use super::envelope::{Data, List};
 use super::error::ApiResult;
 use super::extract::{Json, Path, Query};
 use crate::domain::PageRequest;
-use crate::domain::mcp::{McpServer, McpTransport, ToolOverride, mask_secrets};
+use crate::domain::mcp::{McpServer, McpServerConfig, McpTransport, ToolOverride, mask_secrets};
 use crate::domain::mcp_input::McpServerBody;
 use crate::domain::tool::{AsyncCapability, SideEffectLevel, Slot};
 use crate::state::AppState;
@@ -174,6 +174,7 @@ async fn create_server(
     Json(body): Json<McpServerBody>,
 ) -> ApiResult<(StatusCode, axum::Json<Data<McpServerView>>)> {
     let config = body.create()?;
+    may_run(&state, &account, &config)?;
     let _ordered = CONFIG_WRITES.lock().await;
     let created = state
         .runtime
@@ -253,7 +254,12 @@ async fn update_server(
 ) -> ApiResult<axum::Json<Data<McpServerView>>> {
     // Before the lookup: an empty PATCH is wrong whatever it targets.
     body.check_not_empty()?;
-    let saved = save_change(&state, &account.id, &id, |existing| body.apply(existing)).await?;
+    let saved = save_change(&state, &account.id, &id, |existing| {
+        let changed = body.apply(existing)?;
+        may_run(&state, &account, &changed.config)?;
+        Ok(changed)
+    })
+    .await?;
     tracing::info!(server = %saved.id, name = ?saved.config.name, "MCP server updated");
     Ok(axum::Json(Data {
         data: view(&state, saved),
@@ -278,6 +284,7 @@ async fn toggle_server(
     let saved = save_change(&state, &account.id, &id, |existing| {
         let mut server = existing.clone();
         server.config.enabled = body.enabled;
+        may_run(&state, &account, &server.config)?;
         Ok(server)
     })
     .await?;
@@ -309,6 +316,28 @@ async fn delete_server(
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": id, "deleted": true }),
     }))
+}
+
+/// Refuses an enabled stdio server to any account but the admin, unless the
+/// server allows every account (`--mcp-stdio-for-all-accounts`): its command
+/// runs as the server's own user, which could read every account's data.
+fn may_run(
+    state: &AppState,
+    account: &crate::store::Account,
+    config: &McpServerConfig,
+) -> crate::error::Result<()> {
+    let stdio = matches!(config.transport, McpTransport::Stdio(_));
+    if !stdio
+        || !config.enabled
+        || account.is_admin
+        || state.runtime.settings.mcp_stdio_for_all_accounts
+    {
+        return Ok(());
+    }
+    Err(crate::error::Error::refused(
+        crate::error::ErrorCode::Forbidden,
+        "only the admin account may run stdio MCP servers (their commands run as the server's user); use the http transport, or start the server with --mcp-stdio-for-all-accounts",
+    ))
 }
 
 /// Changes a stored server in one write transaction (`change` sees the row as
