@@ -45,7 +45,7 @@ error_codes! {
     NotFound => ("not_found", 404, "The thing does not exist, or belongs to another account."),
     MethodNotAllowed => ("method_not_allowed", 405, "The route does not accept that method."),
     RequestTimeout => ("request_timeout", 408, "The request took longer than the server allows."),
-    AccountConflict => ("account_conflict", 409, "An account with that name exists."),
+    AccountConflict => ("account_conflict", 409, "An account with that API key exists (account names need not be unique)."),
     CharacterConflict => ("character_conflict", 409, "A character with that name exists in the account."),
     ToolDefinitionConflict => ("tool_definition_conflict", 409, "A definition with that identity (source, source_id, name) exists in the account."),
     McpServerConflict => ("mcp_server_conflict", 409, "An MCP server with that name exists in the account."),

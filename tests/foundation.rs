@@ -570,6 +570,9 @@ async fn lists_share_one_paging_shape() {
         "offset=-1",
         "sort_by=password",
         "sort_order=up",
+        "unknown=1",
+        "cursor=garbage",
+        "%ff=1",
     ] {
         let reply = server.get(&format!("/characters?{bad}")).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");

@@ -587,9 +587,21 @@ async fn schema_errors_are_422_with_a_message_naming_the_field() {
         ("/api/tools/clear", json!({})),
         ("/api/tools/clear", json!({"source": ""})),
         ("/api/tools/clear", json!({"source": "x", "extra": 1})),
+        // Past what a registration may hold: nothing to remove, and never
+        // logged whole.
+        ("/api/tools/unregister", json!({"name": "n".repeat(65)})),
+        ("/api/tools/unregister", json!({"name": "n".repeat(900_000)})),
+        ("/api/tools/clear", json!({"source": "s".repeat(129)})),
     ] {
         let reply = api_post(&server, path, body.clone()).await;
-        assert_eq!(reply.status, 422, "{path} {body} -> {reply:?}");
+        assert_eq!(reply.status, 422, "{path} -> {reply:?}");
+    }
+    for (path, body) in [
+        ("/api/tools/unregister", json!({"name": "n".repeat(64)})),
+        ("/api/tools/clear", json!({"source": "s".repeat(128)})),
+    ] {
+        let reply = api_post(&server, path, body).await;
+        assert_eq!(reply.status, 200, "{path} -> {reply:?}");
     }
 }
 

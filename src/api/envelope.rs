@@ -115,6 +115,7 @@ impl IntoResponse for WrittenList {
 /// `limit`, `offset`, `sort_by`, `sort_order` as they arrive in a query string.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// Page size, 1-200 (default 50).
     pub limit: Option<i64>,

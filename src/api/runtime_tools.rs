@@ -28,8 +28,8 @@ use crate::domain::tool::{AsyncCapability, DeliveryMode, ReplaySafety, SideEffec
 use crate::error::{Error, ErrorCode};
 use crate::state::AppState;
 use crate::tools::remote::{
-    DeclaredMetadata, FailedRole, ListingCache, ListingKey, MutationReport, RegistrationInput,
-    RemoteTool, Role, Target,
+    DeclaredMetadata, FailedRole, ListingCache, ListingKey, MutationReport, NewRemoteTool,
+    RegistrationInput, RemoteTool, Role, Target,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -226,9 +226,9 @@ async fn unregister_tool(
     request: Request,
 ) -> ApiResult<axum::Json<UnregisterToolResponse>> {
     let body: UnregisterToolBody = read_body(request, &state).await?;
-    if body.name.is_empty() {
-        return Err(unprocessable("name must not be empty"));
-    }
+    // The rule registrations follow: no other name can be held, and a name
+    // of any length would otherwise go whole into the log line.
+    check_chars("name", &body.name, NewRemoteTool::MAX_NAME_CHARS)?;
     let (removed, report) = state
         .runtime
         .remote
@@ -288,9 +288,7 @@ async fn clear_tools(
     request: Request,
 ) -> ApiResult<axum::Json<ClearToolsResponse>> {
     let body: ClearToolsBody = read_body(request, &state).await?;
-    if body.source.is_empty() {
-        return Err(unprocessable("source must not be empty"));
-    }
+    check_chars("source", &body.source, NewRemoteTool::MAX_SOURCE_CHARS)?;
     let (removed, report) = state
         .runtime
         .remote
@@ -309,6 +307,17 @@ async fn clear_tools(
         failed_roles: report.failed_roles,
         boot_id: state.boot_id.to_string(),
     }))
+}
+
+/// Refuses a `field` of no characters or more than `max`, as registration does.
+fn check_chars(field: &str, value: &str, max: usize) -> ApiResult<()> {
+    let chars = value.chars().count();
+    if chars == 0 || chars > max {
+        return Err(unprocessable(format!(
+            "{field} must be 1-{max} characters, got {chars}"
+        )));
+    }
+    Ok(())
 }
 
 /// A removal that changed nothing is not a failure; one whose every change was
