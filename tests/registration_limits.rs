@@ -125,6 +125,36 @@ async fn the_total_limit_counts_a_tool_of_every_role_once_and_never_a_replacemen
     );
 }
 
+/// One name held by each role with its own content holds one declaration per
+/// content in memory: the total counts those, so roles cannot multiply it.
+#[tokio::test]
+async fn the_total_limit_counts_each_distinct_content_a_tool_is_held_with() {
+    let server = spawn_with(flags(&["--max-runtime-tools", "2"])).await;
+    create_character(&server, "Second").await;
+    create_character(&server, "Third").await;
+    let described = |role: &str, description: &str| {
+        let mut body = tool("a", "plugin:x");
+        body["role"] = json!(role);
+        body["description"] = json!(description);
+        body
+    };
+    register_ok(&server, described("Lanlan", "one")).await;
+    register_ok(&server, described("Second", "two")).await;
+    let reply = register(&server, described("Third", "three")).await;
+    assert_limit(&reply, "max_runtime_tools", 2);
+    assert_eq!(
+        listed_names(&server)
+            .await
+            .into_iter()
+            .filter(|(_, names)| !names.is_empty())
+            .count(),
+        2,
+        "the refusal registered nothing"
+    );
+    // Content another role already holds is shared, not another one.
+    register_ok(&server, described("Third", "one")).await;
+}
+
 #[tokio::test]
 async fn the_per_source_limit_comes_from_the_config_file_and_counts_each_source_apart() {
     let dir = tempfile::tempdir().unwrap();

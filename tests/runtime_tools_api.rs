@@ -590,7 +590,10 @@ async fn schema_errors_are_422_with_a_message_naming_the_field() {
         // Past what a registration may hold: nothing to remove, and never
         // logged whole.
         ("/api/tools/unregister", json!({"name": "n".repeat(65)})),
-        ("/api/tools/unregister", json!({"name": "n".repeat(900_000)})),
+        (
+            "/api/tools/unregister",
+            json!({"name": "n".repeat(900_000)}),
+        ),
         ("/api/tools/clear", json!({"source": "s".repeat(129)})),
     ] {
         let reply = api_post(&server, path, body.clone()).await;

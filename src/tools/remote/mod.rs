@@ -10,7 +10,7 @@ mod listing_cache;
 mod manager;
 mod provider;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -394,16 +394,25 @@ pub enum Registered {
 
 type ToolsByName = BTreeMap<String, Arc<RemoteTool>>;
 
-/// The registries and the count of distinct tools the limits are held to,
-/// always changed together under one lock.
+/// The registries and the count of distinct declarations the limits are held
+/// to, always changed together under one lock.
 #[derive(Debug, Default)]
 struct Registries {
     by_character: FastMap<String, ToolsByName>,
-    /// Per source, each tool name and how many registries hold it: a tool
-    /// registered for N roles is one tool here, held N times.
-    holders: FastMap<String, FastMap<String, usize>>,
-    /// Distinct (source, name) tools: the sum of the inner maps' lengths.
+    /// Per source and tool name, each distinct declaration held and how many
+    /// registries hold it: a tool registered for N roles with one declaration
+    /// is one declaration here, held N times.
+    holders: FastMap<String, FastMap<String, Vec<Holding>>>,
+    /// Distinct declarations held, over every source and name: what memory
+    /// follows, and what `max_runtime_tools` bounds.
     tools: usize,
+}
+
+/// One declaration of a tool and how many registries hold it.
+#[derive(Debug)]
+struct Holding {
+    declaration: Arc<Declaration>,
+    registries: usize,
 }
 
 impl Registries {
@@ -411,38 +420,78 @@ impl Registries {
         self.holders
             .get(source)
             .and_then(|names| names.get(name))
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |held| {
+                held.iter().map(|holding| holding.registries).sum()
+            })
     }
 
-    /// Counts one more registry holding `name` of `source`. A registration
-    /// into every role holds the same tool once per role: only the first
-    /// allocates its keys.
-    fn hold(&mut self, source: &str, name: &str) {
+    /// How many registries hold this very `declaration` of `name` of `source`.
+    fn holders_of_declaration(
+        &self,
+        source: &str,
+        name: &str,
+        declaration: &Arc<Declaration>,
+    ) -> usize {
+        self.holders
+            .get(source)
+            .and_then(|names| names.get(name))
+            .and_then(|held| {
+                held.iter()
+                    .find(|holding| Arc::ptr_eq(&holding.declaration, declaration))
+            })
+            .map_or(0, |holding| holding.registries)
+    }
+
+    /// Counts one more registry holding `declaration` of `name` of `source`.
+    /// A registration into every role holds the same declaration once per
+    /// role: only the first allocates its keys.
+    fn hold(&mut self, source: &str, name: &str, declaration: &Arc<Declaration>) {
         if let Some(held) = self
             .holders
             .get_mut(source)
             .and_then(|names| names.get_mut(name))
         {
-            *held += 1;
+            match held
+                .iter_mut()
+                .find(|holding| Arc::ptr_eq(&holding.declaration, declaration))
+            {
+                Some(holding) => holding.registries += 1,
+                None => {
+                    held.push(Holding {
+                        declaration: declaration.clone(),
+                        registries: 1,
+                    });
+                    self.tools += 1;
+                }
+            }
             return;
         }
-        self.holders
-            .entry(source.to_owned())
-            .or_default()
-            .insert(name.to_owned(), 1);
+        self.holders.entry(source.to_owned()).or_default().insert(
+            name.to_owned(),
+            vec![Holding {
+                declaration: declaration.clone(),
+                registries: 1,
+            }],
+        );
         self.tools += 1;
     }
 
-    fn release(&mut self, source: &str, name: &str) {
+    fn release(&mut self, source: &str, name: &str, declaration: &Arc<Declaration>) {
         let Some(names) = self.holders.get_mut(source) else {
             return;
         };
-        if let Some(held) = names.get_mut(name) {
-            *held -= 1;
-            if *held == 0 {
-                names.remove(name);
+        if let Some(held) = names.get_mut(name)
+            && let Some(at) = held
+                .iter()
+                .position(|holding| Arc::ptr_eq(&holding.declaration, declaration))
+        {
+            held[at].registries -= 1;
+            if held[at].registries == 0 {
+                held.swap_remove(at);
                 self.tools -= 1;
+            }
+            if held.is_empty() {
+                names.remove(name);
             }
         }
         if names.is_empty() {
@@ -454,7 +503,7 @@ impl Registries {
         // Held before the previous registration is released, so a replacement
         // by the same source keeps its holder keys instead of freeing and
         // making them again.
-        self.hold(&tool.source, &tool.name);
+        self.hold(&tool.source, &tool.name, &tool.declaration);
         // The character's registry is there after its first registration;
         // its id is copied only to make it.
         let tools = match self.by_character.get_mut(character_id) {
@@ -466,7 +515,7 @@ impl Registries {
         };
         let previous = tools.insert(tool.name.clone(), Arc::new(tool));
         if let Some(previous) = &previous {
-            self.release(&previous.source, &previous.name);
+            self.release(&previous.source, &previous.name, &previous.declaration);
         }
         match previous {
             Some(_) => Registered::Replaced,
@@ -476,7 +525,7 @@ impl Registries {
 
     fn remove(&mut self, character_id: &str, name: &str) -> Option<Arc<RemoteTool>> {
         let removed = self.by_character.get_mut(character_id)?.remove(name)?;
-        self.release(&removed.source, &removed.name);
+        self.release(&removed.source, &removed.name, &removed.declaration);
         Some(removed)
     }
 
@@ -500,49 +549,61 @@ impl Registries {
         names
     }
 
-    /// Refuses `tool` for `roles` when it is a new tool (no registry holds its
-    /// source and name) and holding it would pass a limit. Accounts for the
-    /// same-named tools of other sources it displaces, which disappear when
-    /// every registry holding them is one of `roles`.
+    /// Refuses `tool` for `roles` when holding it would pass a limit: a new
+    /// name past its source's limit, or a new declaration (`shared` is `None`:
+    /// no registry holds an equal one) past the total. Accounts for the
+    /// declarations it displaces, which disappear when every registry holding
+    /// them is one of `roles`.
     fn admit(
         &self,
         limits: &RegistrationLimits,
         roles: &[Role],
         tool: &NewRemoteTool,
+        shared: Option<&Arc<Declaration>>,
     ) -> Result<()> {
-        let source_tools = self.holders.get(&tool.source);
-        if roles.is_empty() || source_tools.is_some_and(|names| names.contains_key(&tool.name)) {
+        if roles.is_empty() || shared.is_some() {
             return Ok(());
         }
-        let in_source = source_tools.map_or(0, FastMap::len);
-        if in_source >= limits.max_tools_per_source {
-            return Err(Error::refused(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "this source already holds {in_source} runtime tools, the limit max_runtime_tools_per_source = {} (--max-runtime-tools-per-source); unregister or clear some first",
-                    limits.max_tools_per_source
-                ),
-            ));
+        let source_tools = self.holders.get(&tool.source);
+        if !source_tools.is_some_and(|names| names.contains_key(&tool.name)) {
+            let in_source = source_tools.map_or(0, FastMap::len);
+            if in_source >= limits.max_tools_per_source {
+                return Err(Error::refused(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "this source already holds {in_source} runtime tools, the limit max_runtime_tools_per_source = {} (--max-runtime-tools-per-source); unregister or clear some first",
+                        limits.max_tools_per_source
+                    ),
+                ));
+            }
         }
-        let mut displaced: HashMap<&str, usize> = HashMap::new();
+        let mut displaced: Vec<(&RemoteTool, usize)> = Vec::new();
         for role in roles {
-            if let Some(old) = self
+            let Some(old) = self
                 .by_character
                 .get(&role.character_id)
                 .and_then(|tools| tools.get(&tool.name))
-            {
-                *displaced.entry(old.source.as_str()).or_default() += 1;
+            else {
+                continue;
+            };
+            match displaced.iter_mut().find(|(held, _)| {
+                held.source == old.source && Arc::ptr_eq(&held.declaration, &old.declaration)
+            }) {
+                Some((_, count)) => *count += 1,
+                None => displaced.push((old, 1)),
             }
         }
         let vanishing = displaced
             .iter()
-            .filter(|&(source, &count)| self.holders_of(source, &tool.name) == count)
+            .filter(|(old, count)| {
+                self.holders_of_declaration(&old.source, &old.name, &old.declaration) == *count
+            })
             .count();
         if self.tools + 1 - vanishing > limits.max_tools {
             return Err(Error::refused(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "the server already holds {} runtime tools, the limit max_runtime_tools = {} (--max-runtime-tools); unregister or clear some first",
+                    "the server already holds {} runtime tool declarations (one per tool, or more where roles hold it with different content), the limit max_runtime_tools = {} (--max-runtime-tools); unregister or clear some first",
                     self.tools, limits.max_tools
                 ),
             ));
@@ -606,10 +667,9 @@ impl RemoteRegistry {
     /// the inserts hold one lock, so concurrent registrations cannot overshoot.
     pub fn register(&self, roles: &[Role], tool: &NewRemoteTool) -> Result<Vec<Registered>> {
         let mut registries = self.lock();
-        registries.admit(&self.limits, roles, tool)?;
-        let declaration = registries
-            .same_declaration(tool)
-            .unwrap_or_else(|| tool.declaration.clone());
+        let shared = registries.same_declaration(tool);
+        registries.admit(&self.limits, roles, tool, shared.as_ref())?;
+        let declaration = shared.unwrap_or_else(|| tool.declaration.clone());
         let registration = Arc::new(Registration::new(tool, declaration));
         Ok(roles
             .iter()
@@ -929,6 +989,47 @@ mod tests {
         assert!(registry.lock().holders.is_empty());
         // Registering for no role at all holds nothing and is never refused.
         registry.register(&[], &tool("z", "s9")).unwrap();
+    }
+
+    /// `name` of `source` with `description`: another declaration per text.
+    fn described(name: &str, source: &str, description: &str) -> NewRemoteTool {
+        let mut raw = input(name);
+        raw.source = Some(source.to_owned());
+        raw.description = Some(description.to_owned());
+        NewRemoteTool::validate(raw).unwrap()
+    }
+
+    #[test]
+    fn a_tool_held_with_different_content_per_role_counts_once_per_content() {
+        let registry = limited(2, 10);
+        registry
+            .register(&roles(&["c1"]), &described("a", "s", "one"))
+            .unwrap();
+        registry
+            .register(&roles(&["c2"]), &described("a", "s", "two"))
+            .unwrap();
+        assert_eq!(registry.lock().tools, 2);
+        // A third content would be a third declaration held in memory.
+        let err = registry
+            .register(&roles(&["c3"]), &described("a", "s", "three"))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::LimitExceeded);
+        assert!(err.to_string().contains("max_runtime_tools = 2"), "{err}");
+        // Content already held is shared, never refused.
+        registry
+            .register(&roles(&["c3"]), &described("a", "s", "one"))
+            .unwrap();
+        assert_eq!(registry.lock().tools, 2);
+        // New content for every role holding the old ones replaces them all.
+        registry
+            .register(&roles(&["c1", "c2", "c3"]), &described("a", "s", "four"))
+            .unwrap();
+        assert_eq!(registry.lock().tools, 1);
+        for id in ["c1", "c2", "c3"] {
+            registry.unregister(id, "a");
+        }
+        assert_eq!(registry.lock().tools, 0);
+        assert!(registry.lock().holders.is_empty());
     }
 
     #[test]
