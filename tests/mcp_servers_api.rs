@@ -1351,6 +1351,14 @@ async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
     )
     .await;
     assert_eq!(enable.status, StatusCode::FORBIDDEN, "{enable:?}");
+    // Testing it would run its command just the same.
+    let test = as_tenant(
+        Method::POST,
+        format!("/mcp/servers/{parked}/test"),
+        json!({}),
+    )
+    .await;
+    assert_eq!(test.status, StatusCode::FORBIDDEN, "{test:?}");
     let http = as_tenant(Method::POST, "/mcp/servers".into(), secret_http_body("web")).await;
     assert_eq!(http.status, StatusCode::CREATED, "{http:?}");
     let http = id_of(&http.body["data"]);
@@ -1368,8 +1376,8 @@ async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
     // The admin may.
     create(&server, stdio_body("ours")).await;
 
-    let open = spawn_with(SpawnOptions {
-        args: vec!["--mcp-stdio-for-all-accounts".into()],
+    let mut open = spawn_with(SpawnOptions {
+        env: vec![("TOOLGATE_MCP_STDIO_FOR_ALL_ACCOUNTS".into(), "true".into())],
         ..Default::default()
     })
     .await;
@@ -1383,4 +1391,19 @@ async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
         )
         .await;
     assert_eq!(allowed.status, StatusCode::CREATED, "{allowed:?}");
+    // Stored while every account was allowed, it is not started once that
+    // is no longer so.
+    open.restart_with_env(Vec::new()).await;
+    open.log_containing("not starting a stdio MCP server of an account other than the admin")
+        .await;
+    let id = id_of(&allowed.body["data"]);
+    let connect = open
+        .send_as(
+            &tenant,
+            Method::POST,
+            &format!("/mcp/servers/{id}/connect"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(connect.status, StatusCode::FORBIDDEN, "{connect:?}");
 }

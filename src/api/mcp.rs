@@ -167,6 +167,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     request_body = McpServerBody,
     responses((status = 201, description = "the created server", body = Data<McpServerView>),
         (status = 400, description = "validation_error"),
+        (status = 403, description = "forbidden: an enabled stdio server of an account other than the admin (see --mcp-stdio-for-all-accounts)"),
         (status = 409, description = "mcp_server_conflict")))]
 async fn create_server(
     State(state): State<AppState>,
@@ -244,6 +245,7 @@ async fn get_server(
     request_body = McpServerBody, params(("id" = String, Path)),
     responses((status = 200, description = "the changed server", body = Data<McpServerView>),
         (status = 400, description = "validation_error"),
+        (status = 403, description = "forbidden: an enabled stdio server of an account other than the admin (see --mcp-stdio-for-all-accounts)"),
         (status = 404, description = "not_found"),
         (status = 409, description = "mcp_server_conflict")))]
 async fn update_server(
@@ -272,6 +274,7 @@ async fn update_server(
     request_body = ToggleMcpServer, params(("id" = String, Path)),
     responses((status = 200, description = "the server, enabled or disabled as asked", body = Data<McpServerView>),
         (status = 400, description = "validation_error"),
+        (status = 403, description = "forbidden: an enabled stdio server of an account other than the admin (see --mcp-stdio-for-all-accounts)"),
         (status = 404, description = "not_found")))]
 async fn toggle_server(
     State(state): State<AppState>,
@@ -318,17 +321,29 @@ async fn delete_server(
     }))
 }
 
-/// Refuses an enabled stdio server to any account but the admin, unless the
-/// server allows every account (`--mcp-stdio-for-all-accounts`): its command
-/// runs as the server's own user, which could read every account's data.
+/// Refuses an enabled stdio server to any account but the admin (see
+/// [`may_spawn`]); a disabled one runs nothing.
 fn may_run(
     state: &AppState,
     account: &crate::store::Account,
     config: &McpServerConfig,
 ) -> crate::error::Result<()> {
-    let stdio = matches!(config.transport, McpTransport::Stdio(_));
-    if !stdio
-        || !config.enabled
+    match config.enabled {
+        true => may_spawn(state, account, config),
+        false => Ok(()),
+    }
+}
+
+/// Refuses to start a stdio server's command for any account but the admin,
+/// unless the server allows every account (`--mcp-stdio-for-all-accounts`):
+/// the command runs as the server's own user, which could read every
+/// account's data.
+pub(super) fn may_spawn(
+    state: &AppState,
+    account: &crate::store::Account,
+    config: &McpServerConfig,
+) -> crate::error::Result<()> {
+    if !config.transport.is_stdio()
         || account.is_admin
         || state.runtime.settings.mcp_stdio_for_all_accounts
     {

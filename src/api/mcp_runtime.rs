@@ -80,6 +80,7 @@ async fn account_statuses(
     params(("id" = String, Path)),
     responses((status = 200, description = "`{\"data\": status}`"),
         (status = 404, description = "no such server for this account"),
+        (status = 403, description = "forbidden: a stdio server of an account other than the admin (see --mcp-stdio-for-all-accounts)"),
         (status = 409, description = "`mcp_server_disabled`")))]
 async fn connect_server(
     State(state): State<AppState>,
@@ -90,6 +91,7 @@ async fn connect_server(
     if !server.config.enabled {
         return Err(disabled(&server));
     }
+    super::mcp::may_spawn(&state, &account, &server.config)?;
     let status = state.runtime.mcp.connect(server.clone()).await;
     tracing::info!(server_id = %server.id, "MCP server connect requested");
     Ok(axum::Json(Data {
@@ -123,6 +125,7 @@ async fn disconnect_server(
 #[utoipa::path(post, path = "/mcp/servers/{id}/test", tag = "mcp",
     params(("id" = String, Path)),
     responses((status = 200, description = "`{\"data\": {success, tool_count, duration_ms, error}}`"),
+        (status = 403, description = "forbidden: a stdio server of an account other than the admin (see --mcp-stdio-for-all-accounts)"),
         (status = 404, description = "no such server for this account")))]
 async fn test_server(
     State(state): State<AppState>,
@@ -130,6 +133,7 @@ async fn test_server(
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<crate::tools::mcp::TestReport>>> {
     let server = state.runtime.store.mcp_server(&account.id, &id).await?;
+    super::mcp::may_spawn(&state, &account, &server.config)?;
     let report = state.runtime.mcp.test(&server).await;
     tracing::info!(server_id = %server.id, success = report.success, duration_ms = report.duration_ms, "MCP server tested");
     Ok(axum::Json(Data { data: report }))

@@ -26,6 +26,11 @@ pub enum McpTransport {
 }
 
 impl McpTransport {
+    /// Whether it runs a command on this machine.
+    pub fn is_stdio(&self) -> bool {
+        matches!(self, McpTransport::Stdio(_))
+    }
+
     /// The wire word of the transport (`stdio` / `http`).
     pub fn as_str(&self) -> &'static str {
         match self {

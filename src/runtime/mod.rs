@@ -252,7 +252,18 @@ impl McpListener for ToolRuntime {
 impl ToolRuntime {
     /// Attaches the stored MCP servers; each connects in the background.
     pub async fn start_mcp(&self) -> Result<()> {
-        self.mcp.start(Arc::new(self.clone())).await
+        let admin = match self.settings.mcp_stdio_for_all_accounts {
+            true => None,
+            false => self.store.admin_account().await?.map(|account| account.id),
+        };
+        let all = self.settings.mcp_stdio_for_all_accounts;
+        // Stored before stdio servers were the admin's alone, or while every
+        // account was allowed them: not started until that is allowed again.
+        let may_start = move |server: &crate::domain::mcp::McpServer| {
+            all || !server.config.transport.is_stdio()
+                || admin.as_deref() == Some(server.account_id.as_str())
+        };
+        self.mcp.start(Arc::new(self.clone()), may_start).await
     }
 }
 

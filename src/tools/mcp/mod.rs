@@ -128,7 +128,11 @@ impl McpHub {
 
     /// Loads the stored snapshots and attaches every enabled server; each
     /// connects in the background (start-up never waits on a server).
-    pub async fn start(&self, listener: Arc<dyn McpListener>) -> crate::error::Result<()> {
+    pub async fn start(
+        &self,
+        listener: Arc<dyn McpListener>,
+        may_start: impl Fn(&McpServer) -> bool,
+    ) -> crate::error::Result<()> {
         let _ = self.shared.listener.set(listener);
         for stored in self.shared.store.mcp_snapshots().await? {
             let tools: Vec<Tool> = match serde_json::from_value(stored.tools) {
@@ -153,6 +157,14 @@ impl McpHub {
         let servers = self.shared.store.enabled_mcp_servers().await?;
         tracing::info!(servers = servers.len(), "attaching MCP servers");
         for server in servers {
+            if !may_start(&server) {
+                tracing::warn!(
+                    server_id = %server.id,
+                    account_id = %server.account_id,
+                    "not starting a stdio MCP server of an account other than the admin (--mcp-stdio-for-all-accounts allows it)"
+                );
+                continue;
+            }
             self.upsert(server).await;
         }
         Ok(())
