@@ -264,6 +264,21 @@ async fn without_a_model_the_floor_is_stored_with_run_null() {
     assert_eq!(reply.body["data"]["content"], "hello");
     let floors = server.get(&format!("/sessions/{session}/floors")).await;
     assert_eq!(floors.body["data"].as_array().unwrap().len(), 1);
+    // A regeneration of the floor is refused 503: a state to wait out, logged as
+    // a warning, not as the server's failure.
+    let floor = reply.body["data"]["id"].as_str().unwrap().to_owned();
+    let run = server
+        .post(&format!("/floors/{floor}/regenerate"), json!({}))
+        .await;
+    assert_eq!(run.status, StatusCode::SERVICE_UNAVAILABLE, "{run:?}");
+    assert_eq!(run.code(), "model_not_configured", "{run:?}");
+    let log = server.log_containing("service unavailable").await;
+    let line = log
+        .lines()
+        .find(|line| line.contains("service unavailable"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(!log.contains("response failed"), "{log}");
 }
 
 /// A loopback callback whose `/hold` answers only once released; counts calls.

@@ -16,7 +16,8 @@ use tracing::Instrument;
 
 /// Runs the request inside its span (a child of the caller's trace when it
 /// sends a `traceparent`), logging its start, and its end with the status and
-/// latency: at `debug`, or at `error` for a server error.
+/// latency: at `debug`, at `warn` for a 503 (a state to wait out), or at
+/// `error` for any other server error.
 pub async fn trace_request(request: Request, next: Next) -> Response {
     let span =
         crate::telemetry::request_span(request.method(), request.uri().path(), request.headers());
@@ -26,7 +27,12 @@ pub async fn trace_request(request: Request, next: Next) -> Response {
         let response = next.run(request).await;
         let status = response.status().as_u16();
         let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-        if response.status().is_server_error() {
+        if response.status() == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+            // Every 503 of the error-code table is a state the client is
+            // told to wait out (shutting down, not ready, no model, an MCP
+            // server away), not a failure of this request's handling.
+            tracing::warn!(status, latency_ms, "service unavailable");
+        } else if response.status().is_server_error() {
             tracing::error!(status, latency_ms, "response failed");
         } else {
             tracing::debug!(status, latency_ms, "finished processing request");
