@@ -36,6 +36,45 @@ type Intrinsics = (
 /// Longest description of a thrown value that goes into an error message.
 const MAX_MESSAGE_CHARS: usize = 2000;
 
+/// Most elements an array method may walk in one call.
+const MAX_ARRAY_WALK: u64 = 1 << 24;
+
+/// Run before the script, in its context: every `Array.prototype` method that
+/// walks its array refuses one longer than [`MAX_ARRAY_WALK`].
+///
+/// QuickJS polls the interrupt handler only while it runs bytecode. A native
+/// method walking a huge sparse array (`Array(2e9).join("")`, or `forEach`,
+/// which skips the holes without calling back) runs in C for half a minute,
+/// holding a sandbox slot every account shares, and costs no memory, so no
+/// other limit stops it. The originals and `Reflect.apply` are kept in this
+/// closure, out of the script's reach; the lazy iterators and `at` walk
+/// nothing.
+const ARRAY_GUARD: &str = r#"(() => {
+  const limit = LIMIT;
+  const apply = Reflect.apply;
+  const toNumber = Number;
+  const define = Object.defineProperty;
+  const proto = Array.prototype;
+  const walkless = ["constructor", "at", "values", "keys", "entries"];
+  for (const name of Object.getOwnPropertyNames(proto)) {
+    const original = proto[name];
+    if (typeof original !== "function" || walkless.includes(name)) continue;
+    define(proto, name, {
+      value: function (...args) {
+        const length = this == null ? 0 : toNumber(this.length);
+        if (length > limit) {
+          throw new RangeError(
+            `Array.prototype.${name} on ${length} elements: the sandbox walks at most ${limit}`);
+        }
+        return apply(original, this, args);
+      },
+      writable: true,
+      enumerable: false,
+      configurable: true,
+    });
+  }
+})();"#;
+
 /// A failure inside the engine, before it is told apart from a limit hit.
 enum Failure {
     /// A JavaScript exception; the text describes the thrown value.
@@ -84,6 +123,9 @@ pub fn run(
     drop(runtime);
     let out_of_memory = memory_hit.load(Ordering::Relaxed);
     match outcome {
+        // Finished, but late: a native call ran past the deadline without
+        // polling the interrupt. Its value is not worth more than the limit.
+        Ok(_) if timed_out => Err(ScriptError::TimeLimit(limits.time)),
         Ok(value) => Ok(value),
         Err(_) if timed_out => Err(ScriptError::TimeLimit(limits.time)),
         Err(_) if out_of_memory => Err(ScriptError::MemoryLimit(limits.memory_bytes)),
@@ -110,6 +152,8 @@ fn evaluate(
     // The body goes between braces of a function expression, as `new Function`
     // would place it. A body that closes the brace early only gets to run code at
     // the top level of this same throwaway context, under the same limits.
+    let guard = ARRAY_GUARD.replace("LIMIT", &MAX_ARRAY_WALK.to_string());
+    ctx.eval::<(), _>(guard).map_err(|err| caught(ctx, err))?;
     let source = format!("(function (args) {{\n{script}\n}})");
     let mut options = rquickjs::context::EvalOptions::default();
     options.global = true;

@@ -241,6 +241,45 @@ mod tests {
         );
     }
 
+    /// Native array methods run without polling the interrupt: walking a huge
+    /// sparse array is refused before it starts, however the method is
+    /// reached, and the script cannot put the originals back.
+    #[test]
+    fn array_methods_refuse_huge_walks() {
+        for script in [
+            "return Array(2e9).join('').length;",
+            "return Array(2e9).includes(1);",
+            "let n = 0; Array(2e9).forEach(() => n++); return n;",
+            "return Array.prototype.indexOf.call({ length: 2e9 }, 1);",
+            "const a = []; a.length = 2 ** 32 - 1; return a.lastIndexOf(1);",
+            "return String(Array(2e9));",
+        ] {
+            match run(script) {
+                Err(ScriptError::Thrown(text)) => {
+                    assert!(
+                        text.contains("the sandbox walks at most"),
+                        "{script}: {text}"
+                    )
+                }
+                other => panic!("{script}: {other:?}"),
+            }
+        }
+        // Ordinary arrays are untouched, and so is what the methods answer.
+        assert_eq!(
+            run("return [3, 1, 2].sort().map(x => x * 2).join('-');").unwrap(),
+            json!("2-4-6")
+        );
+        assert_eq!(
+            run("return Array(1000).fill(1).reduce((a, b) => a + b);").unwrap(),
+            json!(1000)
+        );
+        // Replacing a guarded method only replaces it for this script.
+        assert!(matches!(
+            run("Array.prototype.join = function () { return 'x'; }; return Array(2e9).join();"),
+            Ok(value) if value == json!("x")
+        ));
+    }
+
     #[test]
     fn limits_stop_scripts() {
         assert!(matches!(
@@ -260,7 +299,7 @@ mod tests {
             "return new ArrayBuffer(1024 * 1024 * 1024).byteLength;",
             // Many small strings: the engine cannot even allocate its error object.
             "const a = []; for (let i = 0; i < 1e9; i++) a.push('x' + i); return a.length;",
-            "try { new Array(2 ** 30).fill(0); } catch (e) { throw e; }",
+            "try { new Array(2 ** 24).fill(0); } catch (e) { throw e; }",
         ] {
             let err = run(hog).unwrap_err();
             assert!(matches!(err, ScriptError::MemoryLimit(_)), "{hog}: {err:?}");
