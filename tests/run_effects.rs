@@ -570,3 +570,57 @@ async fn buffered_writes_obey_the_same_limits_as_direct_writes() {
     .await;
     assert_eq!(r00["content"], "z");
 }
+
+/// Every open run may commit, so the session's limits count what all of them
+/// set: runs spread over floors cannot each fill the session to its limit, and
+/// a direct write cannot take a place a run holds.
+#[tokio::test]
+async fn open_runs_share_the_sessions_limits() {
+    let server = common::spawn_app().await;
+    let session = server.create_session().await;
+    allow_many_calls(&server, &session).await;
+    let runs = [
+        open_run(&server, &floor(&server, &session).await).await,
+        open_run(&server, &floor(&server, &session).await).await,
+    ];
+    for (k, run) in runs.iter().enumerate() {
+        for i in 0..50 {
+            assert!(
+                write_resource(
+                    &server,
+                    &session,
+                    Scope::Run(run),
+                    &format!("r{k}_{i}"),
+                    json!("y")
+                )
+                .await
+            );
+        }
+    }
+    // The two runs hold all 100 places between them.
+    tool_error(
+        &server,
+        &session,
+        Scope::Run(&runs[1]),
+        "write_resource",
+        json!({"name": "one_more", "content": "y"}),
+        "maximum of 100",
+    )
+    .await;
+    tool_error(
+        &server,
+        &session,
+        Scope::Session,
+        "write_resource",
+        json!({"name": "direct", "content": "y"}),
+        "maximum of 100",
+    )
+    .await;
+    // A name another run holds takes no new place.
+    assert!(write_resource(&server, &session, Scope::Run(&runs[1]), "r0_0", json!("z")).await);
+    // A discarded run gives its places back.
+    finish_run(&server, &runs[1], "discard").await;
+    assert!(write_resource(&server, &session, Scope::Session, "direct", json!("y")).await);
+    finish_run(&server, &runs[0], "commit").await;
+    assert_eq!(resources(&server, &session, Scope::Session).await.len(), 51);
+}

@@ -1,5 +1,6 @@
 //! Session resources: named text or JSON documents a session's tools manage.
 
+use super::run_effects::STAGED_BY_OTHER_OPEN_RUNS;
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
@@ -144,25 +145,28 @@ impl Store {
         // One statement checks the per-session count and writes, under the
         // write lock: concurrent writers cannot overshoot the limit (SQLite
         // serializes writes anyway; PostgreSQL would run two counts side by side).
-        let mut tx = self.begin_write().await?;
-        let written = sql!(tx, c => query(
-            "INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
-             SELECT ?, ?, ?, ?, ?, ? \
-             WHERE (SELECT COUNT(*) FROM session_resources WHERE session_id = ?) < ? \
-                OR EXISTS (SELECT 1 FROM session_resources WHERE session_id = ? AND name = ?) \
+        // The names the session's open runs set count too: they may commit.
+        let sql = format!(
+            "WITH held AS ( \
+                 SELECT name FROM session_resources WHERE session_id = ?2 \
+                 UNION {STAGED_BY_OTHER_OPEN_RUNS} \
+             ) \
+             INSERT INTO session_resources (session_id, name, kind, content, created_at, updated_at) \
+             SELECT ?2, ?4, ?5, ?6, ?7, ?7 \
+             WHERE (SELECT COUNT(*) FROM held) < ?8 OR ?4 IN (SELECT name FROM held) \
              ON CONFLICT (session_id, name) DO UPDATE SET kind = excluded.kind, \
-                content = excluded.content, updated_at = excluded.updated_at",
-        )
+                content = excluded.content, updated_at = excluded.updated_at"
+        );
+        let mut tx = self.begin_write().await?;
+        let written = sql!(tx, c => query(sqlx::AssertSqlSafe(sql))
+        .bind("")
         .bind(session_id)
+        .bind("resource")
         .bind(name)
         .bind(content.kind())
         .bind(&stored)
         .bind(now)
-        .bind(now)
-        .bind(session_id)
         .bind(MAX_RESOURCES_PER_SESSION)
-        .bind(session_id)
-        .bind(name)
         .execute(c)
         .await?
         .rows_affected());

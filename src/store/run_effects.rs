@@ -31,6 +31,15 @@ use crate::store::{Resource, ResourceContent, ResourceSummary};
 /// `max_calls_per_turn`, so a legitimate run never reaches it.
 pub const MAX_EFFECTS_PER_RUN: i64 = 1000;
 
+/// The names a session's other open runs have set (`?1` the run writing, or
+/// none; `?2` the session; `?3` the kind). Every open run may commit, so a
+/// per-session count counts them too, or runs spread over floors would each
+/// fill the session to its limit. A name one of them deletes still counts: the
+/// bound errs on the safe side.
+pub(super) const STAGED_BY_OTHER_OPEN_RUNS: &str = "SELECT e.name FROM run_effects e \
+     JOIN floor_runs r ON r.id = e.run_id \
+     WHERE e.session_id = ?2 AND e.kind = ?3 AND e.op = 'set' AND e.run_id <> ?1 AND r.state = 'open'";
+
 /// The open run a buffered write belongs to.
 #[derive(Debug, Clone, Copy)]
 pub struct RunScope<'a> {
@@ -293,7 +302,8 @@ impl Store {
     /// Appends a `set` to the run's overlay. One statement checks that the run is
     /// still open, the run's own cap, and the per-session count over the state as
     /// the run sees it (the session's names, minus those the run deleted, plus
-    /// those it set), so concurrent calls cannot race past a limit and a write
+    /// those it set, plus those the session's other open runs set: they may all
+    /// commit), so concurrent calls cannot race past a limit and a write
     /// racing the commit is either applied by it or refused. The statement runs
     /// in a write transaction: SQLite would serialise it with the commit anyway,
     /// PostgreSQL only under the write lock (else it reads the run as open
@@ -316,6 +326,7 @@ impl Store {
                  SELECT name FROM {table} WHERE session_id = ?2 \
                      AND name NOT IN (SELECT name FROM latest WHERE op = 'delete') \
                  UNION SELECT name FROM latest WHERE op = 'set' \
+                 UNION {STAGED_BY_OTHER_OPEN_RUNS} \
              ) \
              INSERT INTO run_effects (run_id, seq, session_id, kind, name, op, payload, content_kind, created_at) \
              SELECT ?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_effects WHERE run_id = ?1), ?2, ?3, ?4, 'set', ?5, ?6, ?7 \

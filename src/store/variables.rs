@@ -1,5 +1,6 @@
 //! Session variables: named JSON values a session's tools read and write.
 
+use super::run_effects::STAGED_BY_OTHER_OPEN_RUNS;
 use serde_json::Value;
 
 use super::Store;
@@ -36,23 +37,26 @@ impl Store {
         // One statement checks the per-session count and writes, under the
         // write lock: concurrent writers cannot overshoot the limit (SQLite
         // serializes writes anyway; PostgreSQL would run two counts side by side).
+        // The names the session's open runs set count too: they may commit.
+        let sql = format!(
+            "WITH held AS ( \
+                 SELECT name FROM session_variables WHERE session_id = ?2 \
+                 UNION {STAGED_BY_OTHER_OPEN_RUNS} \
+             ) \
+             INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
+             SELECT ?2, ?4, ?5, ?6, ?6 \
+             WHERE (SELECT COUNT(*) FROM held) < ?7 OR ?4 IN (SELECT name FROM held) \
+             ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, updated_at = excluded.updated_at"
+        );
         let mut tx = self.begin_write().await?;
-        let written = sql!(tx, c => query(
-            "INSERT INTO session_variables (session_id, name, value_json, created_at, updated_at) \
-             SELECT ?, ?, ?, ?, ? \
-             WHERE (SELECT COUNT(*) FROM session_variables WHERE session_id = ?) < ? \
-                OR EXISTS (SELECT 1 FROM session_variables WHERE session_id = ? AND name = ?) \
-             ON CONFLICT (session_id, name) DO UPDATE SET value_json = excluded.value_json, updated_at = excluded.updated_at",
-        )
+        let written = sql!(tx, c => query(sqlx::AssertSqlSafe(sql))
+        .bind("")
         .bind(session_id)
+        .bind("variable")
         .bind(name)
         .bind(&serialized)
         .bind(now)
-        .bind(now)
-        .bind(session_id)
         .bind(MAX_VARIABLES_PER_SESSION)
-        .bind(session_id)
-        .bind(name)
         .execute(c)
         .await?
         .rows_affected());
