@@ -334,19 +334,14 @@ fn may_run(
     }
 }
 
-/// Refuses to start a stdio server's command for any account but the admin,
-/// unless the server allows every account (`--mcp-stdio-for-all-accounts`):
-/// the command runs as the server's own user, which could read every
-/// account's data.
+/// Refuses to start a stdio server's command for `account` when the
+/// runtime's rule does not allow it ([`crate::runtime::ToolRuntime::may_run_mcp_command`]).
 pub(super) fn may_spawn(
     state: &AppState,
     account: &crate::store::Account,
     config: &McpServerConfig,
 ) -> crate::error::Result<()> {
-    if !config.transport.is_stdio()
-        || account.is_admin
-        || state.runtime.settings.mcp_stdio_for_all_accounts
-    {
+    if state.runtime.may_run_mcp_command(config, account.is_admin) {
         return Ok(());
     }
     Err(crate::error::Error::refused(

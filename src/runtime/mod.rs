@@ -252,18 +252,25 @@ impl McpListener for ToolRuntime {
 impl ToolRuntime {
     /// Attaches the stored MCP servers; each connects in the background.
     pub async fn start_mcp(&self) -> Result<()> {
-        let admin = match self.settings.mcp_stdio_for_all_accounts {
-            true => None,
-            false => self.store.admin_account().await?.map(|account| account.id),
-        };
-        let all = self.settings.mcp_stdio_for_all_accounts;
+        let admin = self.store.admin_account().await?.map(|account| account.id);
         // Stored before stdio servers were the admin's alone, or while every
         // account was allowed them: not started until that is allowed again.
-        let may_start = move |server: &crate::domain::mcp::McpServer| {
-            all || !server.config.transport.is_stdio()
-                || admin.as_deref() == Some(server.account_id.as_str())
+        let may_start = |server: &crate::domain::mcp::McpServer| {
+            let is_admin = admin.as_deref() == Some(server.account_id.as_str());
+            self.may_run_mcp_command(&server.config, is_admin)
         };
         self.mcp.start(Arc::new(self.clone()), may_start).await
+    }
+
+    /// Whether an account may have `config` run: a stdio server's command runs
+    /// as the server's own user, which could read every account's data, so
+    /// only the admin's may, unless `--mcp-stdio-for-all-accounts`.
+    pub fn may_run_mcp_command(
+        &self,
+        config: &crate::domain::mcp::McpServerConfig,
+        is_admin: bool,
+    ) -> bool {
+        !config.transport.is_stdio() || is_admin || self.settings.mcp_stdio_for_all_accounts
     }
 }
 

@@ -49,7 +49,11 @@ const MAX_ARRAY_WALK: u64 = 1 << 24;
 /// other limit stops it. The originals and `Reflect.apply` are kept in this
 /// closure, out of the script's reach; the lazy iterators and `at` walk
 /// nothing.
-const ARRAY_GUARD: &str = r#"(() => {
+static ARRAY_GUARD: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| ARRAY_GUARD_SOURCE.replace("LIMIT", &MAX_ARRAY_WALK.to_string()));
+
+/// [`ARRAY_GUARD`] before its limit is written in.
+const ARRAY_GUARD_SOURCE: &str = r#"(() => {
   const limit = LIMIT;
   const apply = Reflect.apply;
   const toNumber = Number;
@@ -152,8 +156,8 @@ fn evaluate(
     // The body goes between braces of a function expression, as `new Function`
     // would place it. A body that closes the brace early only gets to run code at
     // the top level of this same throwaway context, under the same limits.
-    let guard = ARRAY_GUARD.replace("LIMIT", &MAX_ARRAY_WALK.to_string());
-    ctx.eval::<(), _>(guard).map_err(|err| caught(ctx, err))?;
+    ctx.eval::<(), _>(ARRAY_GUARD.as_str())
+        .map_err(|err| caught(ctx, err))?;
     let source = format!("(function (args) {{\n{script}\n}})");
     let mut options = rquickjs::context::EvalOptions::default();
     options.global = true;
