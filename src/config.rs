@@ -488,4 +488,29 @@ mod tests {
         }
         assert!(printed.contains("<redacted>"));
     }
+
+    /// A zero time or count limit would refuse every request (or wait
+    /// forever), so each is refused at start-up, naming what is wrong.
+    #[test]
+    fn a_zero_limit_is_refused_at_start_up() {
+        type Set = fn(&mut ServeArgs);
+        let zeroes: [(&str, Set); 5] = [
+            ("header read timeout", |a| {
+                a.header_read_timeout_ms = Some(0)
+            }),
+            ("request body timeout", |a| {
+                a.request_body_timeout_ms = Some(0)
+            }),
+            ("idle timeout", |a| a.idle_timeout_ms = Some(0)),
+            ("max connections", |a| a.max_connections = Some(0)),
+            ("body limits", |a| a.body_limit_bytes = Some(0)),
+        ];
+        for (named, set) in zeroes {
+            let mut args = ServeArgs::default();
+            set(&mut args);
+            let refusal = Settings::resolve(args).expect_err(named).to_string();
+            assert!(refusal.contains(named), "{named}: {refusal}");
+        }
+        assert!(Settings::resolve(ServeArgs::default()).is_ok());
+    }
 }

@@ -510,3 +510,162 @@ async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_sco
     let answer = rpc_answer(listed).await;
     assert!(answer["result"]["tools"].as_array().is_some(), "{answer}");
 }
+
+/// Posts `body` as it is (not JSON-encoded) to an open MCP session.
+async fn post_raw(
+    server: &TestServer,
+    session: &str,
+    mcp_session: &str,
+    body: &str,
+) -> reqwest::Response {
+    mcp_post(server, session, Some(&server.token))
+        .header("mcp-session-id", mcp_session)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Opens an MCP session on `session` and says it is initialised; returns its id.
+async fn open_mcp_session(server: &TestServer, session: &str) -> String {
+    let opened = mcp_post(server, session, Some(&server.token))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), StatusCode::OK);
+    let id = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let initialized = post_raw(
+        server,
+        session,
+        &id,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert!(initialized.status().is_success(), "{initialized:?}");
+    id
+}
+
+#[tokio::test]
+async fn a_malformed_message_gets_its_json_rpc_error_not_a_415() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let mcp_session = open_mcp_session(&server, &session).await;
+    // (body, HTTP status, JSON-RPC code, id echoed)
+    let cases = [
+        ("{bad json", StatusCode::BAD_REQUEST, -32700, Value::Null),
+        (
+            r#"[{"jsonrpc":"2.0","id":3,"method":"tools/list"}]"#,
+            StatusCode::BAD_REQUEST,
+            -32600,
+            Value::Null,
+        ),
+        (
+            r#"{"id":4,"method":"tools/list"}"#,
+            StatusCode::BAD_REQUEST,
+            -32600,
+            json!(4),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":null}"#,
+            StatusCode::OK,
+            -32602,
+            json!(5),
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"six","method":"tools/call","params":{"name":"roll_dice","arguments":"sides=6"}}"#,
+            StatusCode::OK,
+            -32602,
+            json!("six"),
+        ),
+    ];
+    for (body, status, code, id) in cases {
+        let answer = post_raw(&server, &session, &mcp_session, body).await;
+        assert_eq!(answer.status(), status, "{body}");
+        let message = rpc_answer(answer).await;
+        assert_eq!(message["jsonrpc"], "2.0", "{body}: {message}");
+        assert_eq!(message["error"]["code"], code, "{body}: {message}");
+        assert_eq!(
+            message.get("id").cloned().unwrap_or(Value::Null),
+            id,
+            "{body}: {message}"
+        );
+        assert!(
+            message["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    // What rmcp answers well stays its: an unknown method, a wrong type.
+    let unknown = post_raw(
+        &server,
+        &session,
+        &mcp_session,
+        r#"{"jsonrpc":"2.0","id":7,"method":"vendor/thing","params":{}}"#,
+    )
+    .await;
+    assert_eq!(rpc_answer(unknown).await["error"]["code"], -32601);
+    let plain = reqwest::Client::new()
+        .post(server.url(&format!("/mcp/sessions/{session}")))
+        .bearer_auth(&server.token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &mcp_session)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // And the session still serves a well-formed call.
+    let call = post_raw(
+        &server,
+        &session,
+        &mcp_session,
+        r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"roll_dice","arguments":{"sides":6}}}"#,
+    )
+    .await;
+    let answer = rpc_answer(call).await;
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+}
+
+#[tokio::test]
+async fn an_initialize_whose_body_trickles_holds_up_no_other_session() {
+    // Without the body deadline the stalled body waits as long as the test.
+    let server = common::spawn_with(common::SpawnOptions {
+        args: vec!["--request-body-timeout-ms".into(), "600000".into()],
+        ..Default::default()
+    })
+    .await;
+    let session = server.create_session().await;
+    let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let body = initialize_body().to_string();
+    let head = format!(
+        "POST /mcp/sessions/{session} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{}",
+        server.addr,
+        server.token,
+        body.len(),
+        &body[..10]
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    // Opens one after another while the first body never ends: each must be
+    // answered (before the fix the stalled open held the endpoint's lock
+    // while rmcp waited for its body, and every later open waited too).
+    for _ in 0..5 {
+        let opened = tokio::time::timeout(
+            Duration::from_secs(30),
+            mcp_post(&server, &session, Some(&server.token))
+                .json(&initialize_body())
+                .send(),
+        )
+        .await
+        .expect("an initialize waited behind another's stalled body")
+        .unwrap();
+        assert_eq!(opened.status(), StatusCode::OK);
+    }
+    drop(stalled);
+}

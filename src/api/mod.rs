@@ -18,6 +18,7 @@ pub mod extract;
 mod finish_on_hangup;
 mod jobs;
 mod mcp;
+mod mcp_messages;
 mod mcp_runtime;
 mod mcp_sessions;
 mod memories;
