@@ -433,12 +433,15 @@ impl Update {
                     update.approval_required = Some(ApprovalRule::parse(key, value)?)
                 }
                 "approval_timeout_seconds" => {
-                    let seconds = count(key, value, MAX_APPROVAL_TIMEOUT_SECONDS)?;
-                    if seconds == 0 {
-                        return Err(Error::validation(format!(
-                            "`{key}` must be from 1 to {MAX_APPROVAL_TIMEOUT_SECONDS} seconds"
-                        )));
-                    }
+                    // One message for every value out of range, 0 included.
+                    let seconds = count(key, value, MAX_APPROVAL_TIMEOUT_SECONDS)
+                        .ok()
+                        .filter(|&seconds| seconds > 0)
+                        .ok_or_else(|| {
+                            Error::validation(format!(
+                                "`{key}` must be an integer from 1 to {MAX_APPROVAL_TIMEOUT_SECONDS} seconds, got {value}"
+                            ))
+                        })?;
                     update.approval_timeout_seconds = Some(seconds);
                 }
                 other => {
@@ -782,5 +785,20 @@ mod tests {
         }
         assert!(ToolPermissions::replaced(&json!({"slot_deny_list": {"narrator": null}})).is_err());
         assert!(ToolPermissions::replaced(&json!({})).is_ok());
+    }
+
+    #[test]
+    fn every_approval_timeout_out_of_range_gets_the_same_rule() {
+        let current = ToolPermissions::default();
+        for value in [json!(0), json!(-1), json!(604_801), json!("60")] {
+            let body = json!({ "approval_timeout_seconds": value });
+            let err = current.patched(&body).unwrap_err().to_string();
+            assert!(
+                err.contains("must be an integer from 1 to 604800 seconds"),
+                "{body}: {err}"
+            );
+        }
+        let body = json!({"approval_timeout_seconds": 1});
+        assert_eq!(current.patched(&body).unwrap().approval_timeout_seconds, 1);
     }
 }

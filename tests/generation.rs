@@ -705,3 +705,64 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
     assert_eq!(total, 1, "given exactly once: {requests:#?}");
     assert_eq!(given(&requests[4]), 0, "not again in a later turn");
 }
+
+#[tokio::test]
+async fn cancel_and_shutdown_stop_a_model_request_in_flight() {
+    // The first answer never comes (the model's idle timeout is 120 s).
+    let stand_in = StandIn::start(vec![Answer::Hang, text_answer(&["after"])]).await;
+    let mut server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "go").await;
+    let run_id = started["run_id"].as_str().unwrap();
+    common::wait_until(Duration::from_secs(10), "the model request", || {
+        let asked = stand_in.requests().len();
+        async move { asked == 1 }
+    })
+    .await;
+    // While it generates, the run can be neither committed nor discarded.
+    for change in ["commit", "discard"] {
+        let refused = server
+            .post(&format!("/runs/{run_id}/{change}"), json!({}))
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::CONFLICT,
+            "{change}: {refused:?}"
+        );
+        assert_eq!(refused.code(), "generation_in_progress", "{change}");
+    }
+    let cancelled = server
+        .post(&format!("/runs/{run_id}/cancel"), json!({}))
+        .await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
+    let seen = until_run_ends(&mut events).await;
+    let (last, data) = seen.last().unwrap();
+    assert_eq!(last, "run_failed", "{seen:?}");
+    assert!(data.to_string().contains("cancelled"), "{data}");
+    // The failed run was discarded with it; no longer generating.
+    let discarded = server
+        .post(&format!("/runs/{run_id}/discard"), json!({}))
+        .await;
+    assert_eq!(discarded.code(), "run_not_open", "{discarded:?}");
+    // The session is free again, and the cancelled request was not retried.
+    turn(&server, &session, "again").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
+    assert_eq!(stand_in.requests().len(), 2);
+
+    // A shutdown does not wait for a model that never answers.
+    stand_in.repeat(Answer::Hang);
+    turn(&server, &session, "once more").await;
+    common::wait_until(Duration::from_secs(10), "the third model request", || {
+        let asked = stand_in.requests().len();
+        async move { asked == 3 }
+    })
+    .await;
+    server.terminate();
+    let status = server
+        .wait_exit(Duration::from_secs(60))
+        .await
+        .expect("the server waited for the model at shutdown");
+    assert!(status.success(), "{status:?}");
+}

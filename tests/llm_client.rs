@@ -20,6 +20,8 @@ enum Reply {
     Sse(Vec<Vec<u8>>),
     /// Like `Sse`, then silence with the connection open.
     SseThenStall(Vec<Vec<u8>>),
+    /// A `text/event-stream` body that writes this piece every 20 ms, for ever.
+    SseForever(String),
     /// A plain `application/json` answer.
     Json(Value),
     /// Any status, extra headers and body.
@@ -91,6 +93,16 @@ fn answer(reply: Option<Reply>) -> Response {
     match reply {
         Some(Reply::Sse(pieces)) => sse(pieces, false),
         Some(Reply::SseThenStall(pieces)) => sse(pieces, true),
+        Some(Reply::SseForever(piece)) => {
+            let pieces = futures::stream::repeat(piece).then(|piece| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, Infallible>(Bytes::from(piece))
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(pieces))
+                .unwrap()
+        }
         Some(Reply::Json(value)) => Response::builder()
             .header("content-type", "application/json")
             .body(Body::from(value.to_string()))
@@ -593,4 +605,97 @@ async fn an_endless_event_is_cut_off() {
     let error = run(&llm, &hello()).await.0.expect_err("too large");
     assert!(error.message.contains("limit of 1000 bytes"), "{error}");
     assert_eq!(standin.received.lock().unwrap().len(), 1, "not retried");
+}
+
+#[tokio::test]
+async fn keep_alives_without_content_do_not_keep_a_stalled_stream_alive() {
+    // Three kinds of keep-alive: an empty-choices chunk, an empty data line,
+    // and a chunk whose delta carries nothing.
+    let keep_alives = [
+        "data: {\"choices\":[]}\n\n".to_owned(),
+        "data: \n\n".to_owned(),
+        event(json!({}), None),
+    ];
+    for keep_alive in keep_alives {
+        let keeper = standin(vec![Reply::SseForever(keep_alive.clone())]).await;
+        let tuning = Tuning {
+            idle_timeout: Duration::from_millis(300),
+            max_retries: 0,
+            ..Tuning::default()
+        };
+        let llm = LlmClient::with_tuning(config(&keeper.base_url, None), tuning).unwrap();
+        let (result, tokens) = bounded(run(&llm, &hello())).await;
+        let error = result.expect_err("a stream of keep-alives stalls");
+        assert!(error.message.contains("stalled"), "{keep_alive:?}: {error}");
+        assert!(tokens.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn reasoning_is_progress_but_no_answer_runs_past_its_time_limit() {
+    // Reasoning every 20 ms is not a stall, whatever the idle timeout ...
+    let thinking = event(json!({"reasoning_content": "hmm"}), None);
+    let thinker = standin(vec![Reply::SseForever(thinking)]).await;
+    let tuning = Tuning {
+        idle_timeout: Duration::from_millis(300),
+        answer_timeout: Duration::from_millis(1500),
+        max_retries: 0,
+        ..Tuning::default()
+    };
+    let llm = LlmClient::with_tuning(config(&thinker.base_url, None), tuning.clone()).unwrap();
+    let (result, _) = bounded(run(&llm, &hello())).await;
+    let error = result.expect_err("an endless answer ends");
+    assert!(
+        error.message.contains("did not finish its answer within"),
+        "{error}"
+    );
+    // ... and neither are tokens, which an endless answer ends on as well.
+    let tokens = event(json!({"content": "x"}), None);
+    let talker = standin(vec![Reply::SseForever(tokens)]).await;
+    let llm = LlmClient::with_tuning(config(&talker.base_url, None), tuning).unwrap();
+    let (result, tokens) = bounded(run(&llm, &hello())).await;
+    let error = result.expect_err("an endless answer ends");
+    assert!(
+        error.message.contains("did not finish its answer within"),
+        "{error}"
+    );
+    assert!(tokens.len() > 10, "tokens kept coming: {}", tokens.len());
+}
+
+#[tokio::test]
+async fn an_error_body_that_stalls_still_fails_the_request() {
+    // A 500 that promises a body and stalls after a few bytes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buffer = vec![0u8; 65536];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 1000\r\ncontent-type: application/json\r\n\r\n{\"error\"")
+                    .await;
+                std::future::pending::<()>().await;
+            });
+        }
+    });
+    let tuning = Tuning {
+        idle_timeout: Duration::from_millis(300),
+        max_retries: 0,
+        ..Tuning::default()
+    };
+    let llm = LlmClient::with_tuning(config(&format!("http://{addr}/v1"), None), tuning).unwrap();
+    let (result, _) = bounded(run(&llm, &hello())).await;
+    let error = result.expect_err("the 400 fails");
+    assert_eq!(error.status, Some(400), "{error}");
+}
+
+/// `work`, which must end by itself well within 30 s (without its bound it
+/// would hang the test).
+async fn bounded<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), work)
+        .await
+        .expect("the request did not end by itself")
 }

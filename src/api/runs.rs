@@ -101,13 +101,17 @@ async fn get_run(
 #[utoipa::path(post, path = "/runs/{id}/commit", tag = "runs", request_body = CommitRun,
     params(("id" = String, Path)),
     responses((status = 200, description = "the committed run", body = Data<Run>), (status = 404),
-        (status = 409, description = "run_not_open")))]
+        (status = 409, description = "run_not_open, or generation_in_progress while the loop still generates the run")))]
 async fn commit_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(run_id): Path<String>,
     OptionalJson(body): OptionalJson<CommitRun>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    state
+        .runtime
+        .ensure_not_generating(&account.id, &run_id)
+        .await?;
     let run = state
         .runtime
         .commit_run(&account.id, &run_id, body.content.as_deref())
@@ -121,12 +125,16 @@ async fn commit_run(
 #[utoipa::path(post, path = "/runs/{id}/discard", tag = "runs",
     params(("id" = String, Path)),
     responses((status = 200, description = "the discarded run", body = Data<Run>), (status = 404),
-        (status = 409, description = "run_not_open")))]
+        (status = 409, description = "run_not_open, or generation_in_progress while the loop still generates the run")))]
 async fn discard_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(run_id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
+    state
+        .runtime
+        .ensure_not_generating(&account.id, &run_id)
+        .await?;
     let run = state.runtime.discard_run(&account.id, &run_id).await?;
     Ok(axum::Json(Data {
         data: run_json(&run),

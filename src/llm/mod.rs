@@ -89,8 +89,13 @@ impl fmt::Debug for LlmConfig {
 pub struct Tuning {
     pub connect_timeout: Duration,
     /// Longest silence between two chunks of an answer (and before its head):
-    /// a stream has no overall timeout, a stalled one ends.
+    /// a stalled stream ends. Keep-alive events that carry no text, tool call,
+    /// reasoning or finish count as silence.
     pub idle_timeout: Duration,
+    /// Longest one model request may take, retries included: a provider that
+    /// keeps a stream going without end cannot hold a run (and shutdown) for
+    /// ever.
+    pub answer_timeout: Duration,
     /// Retries after the first attempt.
     pub max_retries: u32,
     /// The first backoff wait, doubled for each next retry.
@@ -109,6 +114,8 @@ impl Default for Tuning {
             // down ends the run within 30 s.
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(120),
+            // Long reasoning answers take minutes; none takes ten.
+            answer_timeout: Duration::from_secs(600),
             max_retries: 3,
             backoff: Duration::from_millis(500),
             retry_after_cap: Duration::from_secs(10),
@@ -187,7 +194,21 @@ impl LlmClient {
             deltas += 1;
             on_token(token);
         };
-        let result = self.complete_with_retries(request, &mut counted).await;
+        let answer_timeout = self.inner.tuning.answer_timeout;
+        let result = tokio::time::timeout(
+            answer_timeout,
+            self.complete_with_retries(request, &mut counted),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(LlmError {
+                status: None,
+                message: format!(
+                    "the model did not finish its answer within {} s",
+                    answer_timeout.as_secs_f64()
+                ),
+            })
+        });
         let outcome = if result.is_ok() { "success" } else { "error" };
         crate::metrics::metrics().record_model_request(outcome, deltas, started.elapsed());
         result
@@ -263,7 +284,7 @@ impl LlmClient {
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(failure::parse_retry_after);
-            let message = wire::error_message(response).await;
+            let message = wire::error_message(response, inner.tuning.idle_timeout).await;
             return Err(Failure::status(status.as_u16(), message, retry_after));
         }
         let streams = response

@@ -31,6 +31,10 @@ struct ChunkChoice {
 struct Delta {
     content: Option<String>,
     tool_calls: Option<Vec<CallDelta>>,
+    /// A reasoning model's thinking (`reasoning_content` or `reasoning`,
+    /// by provider): not part of the answer, but a sign of progress.
+    #[serde(alias = "reasoning")]
+    reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -70,12 +74,13 @@ impl<'t> Assembler<'t> {
         }
     }
 
-    /// Applies one event's data.
+    /// Applies one event's data; answers whether it carried anything (text,
+    /// a tool call, reasoning, a finish), as a keep-alive does not.
     fn apply(
         &mut self,
         data: &str,
         on_token: &mut (dyn FnMut(&str) + Send),
-    ) -> Result<(), Failure> {
+    ) -> Result<bool, Failure> {
         let chunk: Chunk = serde_json::from_str(data).map_err(|e| {
             Failure::answer(
                 self.status,
@@ -89,6 +94,7 @@ impl<'t> Assembler<'t> {
                 format!("error in the stream: {text}"),
             ));
         }
+        let mut progress = false;
         // Only the first choice is asked for (no `n`); others are ignored.
         for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
             if let Some(delta) = choice.delta {
@@ -96,16 +102,20 @@ impl<'t> Assembler<'t> {
                     self.grow(text.len())?;
                     self.content.push_str(&text);
                     on_token(&text);
+                    progress = true;
                 }
                 for call in delta.tool_calls.unwrap_or_default() {
                     self.apply_call(call)?;
+                    progress = true;
                 }
+                progress |= delta.reasoning_content.is_some_and(|t| !t.is_empty());
             }
             if choice.finish_reason.is_some() {
                 self.finish_reason = choice.finish_reason;
+                progress = true;
             }
         }
-        Ok(())
+        Ok(progress)
     }
 
     fn apply_call(&mut self, delta: CallDelta) -> Result<(), Failure> {
@@ -243,14 +253,21 @@ pub(super) async fn read_stream(
     });
     let mut events = std::pin::pin!(bytes.eventsource());
     let mut answer = Assembler::new(tuning, status);
+    // Silence is counted from the last event that carried something, so a
+    // provider sending empty keep-alives for ever still stalls.
+    let mut stalls_at = tokio::time::Instant::now() + tuning.idle_timeout;
     loop {
-        let next = tokio::time::timeout(tuning.idle_timeout, events.next())
+        let next = tokio::time::timeout_at(stalls_at, events.next())
             .await
             .map_err(|_| Failure::stream(status, "the stream stalled"))?;
         match next {
             Some(Ok(event)) if event.data.trim() == "[DONE]" => return Ok(answer.finish()),
             Some(Ok(event)) if event.data.trim().is_empty() => {}
-            Some(Ok(event)) => answer.apply(&event.data, on_token)?,
+            Some(Ok(event)) => {
+                if answer.apply(&event.data, on_token)? {
+                    stalls_at = tokio::time::Instant::now() + tuning.idle_timeout;
+                }
+            }
             Some(Err(eventsource_stream::EventStreamError::Transport(
                 BodyError::EventTooLarge(_),
             ))) => {

@@ -1,6 +1,8 @@
 //! The chat-completions wire format: the request body, a provider's error
 //! message, and the whole (non-streamed) JSON answer.
 
+use std::time::Duration;
+
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -51,11 +53,13 @@ pub(super) async fn read_bounded(
 
 /// The message of a refusal: the JSON `error.message` (or the like) when the
 /// body has one, else a bounded snippet of the body, else the status's reason.
-pub(super) async fn error_message(response: reqwest::Response) -> String {
+pub(super) async fn error_message(response: reqwest::Response, idle: Duration) -> String {
     let status = response.status();
     let mut body = Vec::new();
     let mut chunks = response.bytes_stream();
-    while let Some(Ok(chunk)) = chunks.next().await {
+    // An error body that stalls is read as far as it came: the status alone
+    // already decides the failure.
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(idle, chunks.next()).await {
         let room = ERROR_BODY_LIMIT.saturating_sub(body.len());
         body.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if body.len() >= ERROR_BODY_LIMIT {

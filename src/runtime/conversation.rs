@@ -110,7 +110,19 @@ impl ToolRuntime {
                     self.emit(ctx.turn, "token", json!({"text": text, "step": step}));
                 }
             };
-            let answer = match ctx.llm.complete(&request, &mut on_token).await {
+            // A cancel or shutdown stops the request in flight, not only the
+            // next one: a provider may take minutes (or stall) on this one.
+            let completed = tokio::select! {
+                biased;
+                () = ctx.turn.cancel.cancelled() => {
+                    return Ok(Err(ModelFailure::stopped("the run was cancelled")));
+                }
+                () = self.stopping.cancelled() => {
+                    return Ok(Err(ModelFailure::stopped("the server is shutting down")));
+                }
+                completed = ctx.llm.complete(&request, &mut on_token) => completed,
+            };
+            let answer = match completed {
                 Ok(answer) => answer,
                 Err(error) => {
                     let status = error.status;

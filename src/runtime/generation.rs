@@ -275,7 +275,7 @@ impl ToolRuntime {
     }
 }
 
-fn still_generating(run_id: Option<&str>) -> Error {
+pub(super) fn still_generating(run_id: Option<&str>) -> Error {
     let run = run_id.map_or_else(|| "a run".to_owned(), |id| format!("run {id}"));
     Error::refused(
         ErrorCode::GenerationInProgress,

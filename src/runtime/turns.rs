@@ -74,4 +74,19 @@ impl ToolRuntime {
             _ => Ok(false),
         }
     }
+
+    /// Refuses (`generation_in_progress`) while the loop is still generating
+    /// `run_id`: a client's commit or discard waits for `run_finished` (or a
+    /// cancel), so that the loop never goes on calling tools in a run that is
+    /// no longer open.
+    pub async fn ensure_not_generating(&self, account_id: &str, run_id: &str) -> Result<()> {
+        let run = self.store.run(account_id, run_id).await?;
+        let turns = self.turns.lock().expect("turns lock");
+        match turns.get(&run.session_id) {
+            Some(active) if active.run_id.as_deref() == Some(run.id.as_str()) => {
+                Err(super::generation::still_generating(Some(run_id)))
+            }
+            _ => Ok(()),
+        }
+    }
 }
