@@ -368,6 +368,7 @@ fn fan_out(c: &mut Criterion) {
                         session,
                         Slot::Narrator,
                         ModelProvider::OpenAiCompatible,
+                        None,
                     )
                     .await
                     .expect("model session");

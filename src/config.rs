@@ -203,6 +203,9 @@ pub struct ServeArgs {
     /// Concurrent client connections; one over the cap is accepted and closed at once (default: 4096).
     #[arg(long, env = "TOOLGATE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Event streams (`GET /sessions/{id}/events`) one account other than the admin may hold open at once, so that no account can take every connection (default: a quarter of --max-connections).
+    #[arg(long, env = "TOOLGATE_MAX_EVENT_STREAMS_PER_ACCOUNT")]
+    pub max_event_streams_per_account: Option<usize>,
     /// Most runtime tools (/api/tools registrations) held at once, all sources together; a tool registered for several roles counts once (default: 1000).
     #[arg(long, env = "TOOLGATE_MAX_RUNTIME_TOOLS")]
     pub max_runtime_tools: Option<usize>,
@@ -249,6 +252,7 @@ struct FileSettings {
     request_body_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     max_connections: Option<usize>,
+    max_event_streams_per_account: Option<usize>,
     max_runtime_tools: Option<usize>,
     max_runtime_tools_per_source: Option<usize>,
     max_tool_schema_bytes: Option<usize>,
@@ -315,6 +319,7 @@ pub struct Settings {
     pub request_body_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_event_streams_per_account: usize,
     pub max_runtime_tools: usize,
     pub max_runtime_tools_per_source: usize,
     pub max_tool_schema_bytes: usize,
@@ -379,9 +384,10 @@ impl Settings {
             || settings.request_body_timeout_ms == 0
             || settings.idle_timeout_ms == 0
             || settings.max_connections == 0
+            || settings.max_event_streams_per_account == 0
         {
             anyhow::bail!(
-                "connection limits must be greater than zero (header read timeout, request body timeout, idle timeout, max connections)"
+                "connection limits must be greater than zero (header read timeout, request body timeout, idle timeout, max connections, max event streams per account)"
             );
         }
         if settings.max_runtime_tools == 0
@@ -454,6 +460,15 @@ impl Settings {
             ),
             idle_timeout_ms: pick!(idle_timeout_ms, Self::DEFAULT_IDLE_TIMEOUT_MS),
             max_connections: pick!(max_connections, Self::DEFAULT_MAX_CONNECTIONS),
+            max_event_streams_per_account: pick!(
+                max_event_streams_per_account,
+                (args
+                    .max_connections
+                    .or(file.max_connections)
+                    .unwrap_or(Self::DEFAULT_MAX_CONNECTIONS)
+                    / 4)
+                .max(1)
+            ),
             max_runtime_tools: pick!(max_runtime_tools, Self::DEFAULT_MAX_RUNTIME_TOOLS),
             max_runtime_tools_per_source: pick!(
                 max_runtime_tools_per_source,
@@ -494,7 +509,7 @@ mod tests {
     #[test]
     fn a_zero_limit_is_refused_at_start_up() {
         type Set = fn(&mut ServeArgs);
-        let zeroes: [(&str, Set); 5] = [
+        let zeroes: [(&str, Set); 6] = [
             ("header read timeout", |a| {
                 a.header_read_timeout_ms = Some(0)
             }),
@@ -503,6 +518,9 @@ mod tests {
             }),
             ("idle timeout", |a| a.idle_timeout_ms = Some(0)),
             ("max connections", |a| a.max_connections = Some(0)),
+            ("max event streams per account", |a| {
+                a.max_event_streams_per_account = Some(0)
+            }),
             ("body limits", |a| a.body_limit_bytes = Some(0)),
         ];
         for (named, set) in zeroes {

@@ -328,3 +328,84 @@ async fn one_registration_gives_every_character_its_own_tools() {
     assert_eq!(first_names, offered_names(&server, &first).await);
     assert_eq!(second_names, offered_names(&server, &second).await);
 }
+
+/// Opens `GET /sessions/{session}/events` with `key`; the answer, whose body
+/// (the stream) stays open while it is held.
+async fn events_as(server: &TestServer, key: &str, session: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(server.url(&format!("/sessions/{session}/events")))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("events request")
+}
+
+#[tokio::test]
+async fn an_account_holds_at_most_its_share_of_event_streams() {
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--max-event-streams-per-account".into(), "3".into()],
+        ..Default::default()
+    })
+    .await;
+    let tenant = server.create_account("tenant").await;
+    let character = server
+        .send_as(
+            &tenant,
+            reqwest::Method::POST,
+            "/characters",
+            Some(json!({"name": "Tenant"})),
+        )
+        .await;
+    assert!(character.status.is_success(), "{character:?}");
+    let session = server
+        .send_as(
+            &tenant,
+            reqwest::Method::POST,
+            "/sessions",
+            Some(json!({"character": "Tenant"})),
+        )
+        .await;
+    let session = session.body["data"]["id"].as_str().unwrap().to_owned();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let stream = events_as(&server, &tenant, &session).await;
+        assert_eq!(stream.status(), 200);
+        held.push(stream);
+    }
+    let refused = events_as(&server, &tenant, &session).await;
+    assert_eq!(refused.status(), 409);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "limit_exceeded", "{body}");
+
+    // The admin (the operator) is not held to it.
+    let admin_session = server.create_session().await;
+    let mut admin_streams = Vec::new();
+    for _ in 0..4 {
+        let stream = events_as(&server, &server.token, &admin_session).await;
+        assert_eq!(stream.status(), 200);
+        admin_streams.push(stream);
+    }
+
+    // A stream closed frees its place (once the server sees it closed).
+    drop(held.pop());
+    let reopened = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    common::wait_until(
+        std::time::Duration::from_secs(30),
+        "a place freed by a closed stream",
+        || {
+            let attempt = events_as(&server, &tenant, &session);
+            let reopened = reopened.clone();
+            async move {
+                let answer = attempt.await;
+                let ok = answer.status() == 200;
+                if ok {
+                    // Held, so that the place stays taken.
+                    reopened.lock().unwrap().push(answer);
+                }
+                ok
+            }
+        },
+    )
+    .await;
+    assert_eq!(reopened.lock().unwrap().len(), 1);
+}

@@ -44,6 +44,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         (status = 200, content_type = "text/event-stream",
             description = "events `ready` then `catalog_changed` (JSON data: role, added, updated, removed, accepted, error, tools)"),
         (status = 404, description = "no such session for this account"),
+        (status = 409, description = "`limit_exceeded`: the account (not the admin) already holds `max_event_streams_per_account` streams"),
         (status = 503, description = "`shutting_down`: the server is stopping; retry after `Retry-After` seconds"),
     ))]
 async fn session_events(
@@ -57,6 +58,10 @@ async fn session_events(
         None => Slot::Narrator,
     };
     let session = state.runtime.store.session(&account.id, &id).await?;
+    // The admin is the operator; any other account may not take every
+    // connection of the server with streams.
+    let per_account =
+        (!account.is_admin).then_some(state.runtime.settings.max_event_streams_per_account);
     let subscription = state
         .runtime
         .model_sessions
@@ -65,6 +70,7 @@ async fn session_events(
             session,
             slot,
             ModelProvider::OpenAiCompatible,
+            per_account,
         )
         .await?;
     let headers = [

@@ -593,6 +593,8 @@ struct Live {
     /// journal row to the session's observers, and without any there is no
     /// live session to scan.
     observers: usize,
+    /// How many live model sessions (not observers) each account holds.
+    by_account: FastMap<String, usize>,
 }
 
 /// Every live model session of the server, by character id.
@@ -603,6 +605,15 @@ pub struct ModelSessionHub {
     /// Cancelled by `close_all`: streams the hub does not hold itself (the
     /// MCP endpoint's) end with it.
     closing: tokio_util::sync::CancellationToken,
+}
+
+fn too_many_streams(limit: usize) -> Error {
+    Error::refused(
+        crate::error::ErrorCode::LimitExceeded,
+        format!(
+            "this account already holds {limit} live event streams (max_event_streams_per_account); close one first"
+        ),
+    )
 }
 
 fn shutting_down() -> Error {
@@ -635,13 +646,16 @@ impl ModelSessionHub {
 
     /// Opens a model session for `session`; it lives until the subscription drops
     /// or `close_all` ends it. The first event is `ready`, carrying the catalog
-    /// the session took. Once shutdown has begun it is refused (`shutting_down`).
+    /// the session took. Once shutdown has begun it is refused (`shutting_down`),
+    /// and so is one past `per_account` live model sessions of the session's
+    /// account (`limit_exceeded`; None: no limit).
     pub async fn open(
         self: &Arc<Self>,
         catalogs: &dyn OfferedCatalogs,
         session: Session,
         slot: Slot,
         provider: ModelProvider,
+        per_account: Option<usize>,
     ) -> Result<Subscription> {
         let _guard = self.mutation_lock().await;
         // Spares building a catalog for nothing; the check that counts is the
@@ -687,23 +701,34 @@ impl ModelSessionHub {
         // The channel is empty, so this cannot fail.
         let _ = model_session.deliver(ready);
         // `close_all` may have run while the catalog was built.
-        let subscription = self.join(model_session, receiver)?;
+        let subscription = self.join(model_session, receiver, per_account)?;
         tracing::info!(model_session = %subscription.id, character_id = %subscription.character_id, "model session opened");
         Ok(subscription)
     }
 
     /// Adds a model session (or observer) to the live ones unless shutdown
-    /// has begun, under the lock `close_all` takes.
+    /// has begun, under the lock `close_all` takes; the account's count is
+    /// checked and taken under the same lock, so parallel opens cannot pass
+    /// `per_account` together.
     fn join(
         self: &Arc<Self>,
         model_session: Arc<ModelSession>,
         events: mpsc::Receiver<ModelSessionEvent>,
+        per_account: Option<usize>,
     ) -> Result<Subscription> {
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
         let mut live = self.live();
         if live.closed {
             return Err(shutting_down());
+        }
+        if !model_session.observer {
+            let account = &model_session.session.account_id;
+            let held = live.by_account.get(account).copied().unwrap_or(0);
+            if per_account.is_some_and(|limit| held >= limit) {
+                return Err(too_many_streams(per_account.unwrap_or(held)));
+            }
+            *live.by_account.entry(account.clone()).or_default() += 1;
         }
         live.observers += usize::from(model_session.observer);
         live.by_character
@@ -732,7 +757,7 @@ impl ModelSessionHub {
             AcceptedTools::default(),
             true,
         ));
-        self.join(observer, receiver)
+        self.join(observer, receiver, None)
     }
 
     /// The live model sessions a change concerns (`observers`: the console's
@@ -958,6 +983,7 @@ impl ModelSessionHub {
         let Live {
             by_character,
             observers,
+            by_account,
             ..
         } = &mut *live;
         if let Some(sessions) = by_character.get_mut(character_id) {
@@ -965,6 +991,15 @@ impl ModelSessionHub {
                 let removed = session.id == id;
                 if removed && session.observer {
                     *observers -= 1;
+                } else if removed {
+                    let account = &session.session.account_id;
+                    let held = by_account.get_mut(account).map(|held| {
+                        *held -= 1;
+                        *held
+                    });
+                    if held == Some(0) {
+                        by_account.remove(account);
+                    }
                 }
                 !removed
             });
@@ -1176,6 +1211,7 @@ mod tests {
             session(),
             Slot::Narrator,
             ModelProvider::OpenAiCompatible,
+            None,
         )
         .await
     }
@@ -1407,6 +1443,7 @@ mod tests {
                 session_of(id),
                 Slot::Narrator,
                 ModelProvider::OpenAiCompatible,
+                None,
             );
             streams.push(opened.await.unwrap());
         }
@@ -1422,6 +1459,7 @@ mod tests {
             gone,
             Slot::Narrator,
             ModelProvider::OpenAiCompatible,
+            None,
         );
         streams.push(opened.await.unwrap());
         catalogs.reads.lock().unwrap().clear();
