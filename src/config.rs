@@ -406,6 +406,7 @@ impl Settings {
                 args.$field.or(file.$field).unwrap_or($default)
             };
         }
+        let max_connections = pick!(max_connections, Self::DEFAULT_MAX_CONNECTIONS);
         Self {
             listen: args
                 .listen
@@ -459,15 +460,10 @@ impl Settings {
                 Self::DEFAULT_REQUEST_BODY_TIMEOUT_MS
             ),
             idle_timeout_ms: pick!(idle_timeout_ms, Self::DEFAULT_IDLE_TIMEOUT_MS),
-            max_connections: pick!(max_connections, Self::DEFAULT_MAX_CONNECTIONS),
+            max_connections,
             max_event_streams_per_account: pick!(
                 max_event_streams_per_account,
-                (args
-                    .max_connections
-                    .or(file.max_connections)
-                    .unwrap_or(Self::DEFAULT_MAX_CONNECTIONS)
-                    / 4)
-                .max(1)
+                (max_connections / 4).max(1)
             ),
             max_runtime_tools: pick!(max_runtime_tools, Self::DEFAULT_MAX_RUNTIME_TOOLS),
             max_runtime_tools_per_source: pick!(
