@@ -527,4 +527,30 @@ mod tests {
         }
         assert!(Settings::resolve(ServeArgs::default()).is_ok());
     }
+
+    #[test]
+    fn an_account_may_hold_a_quarter_of_the_connections_as_streams() {
+        let streams = |max_connections| {
+            let args = ServeArgs {
+                max_connections,
+                ..Default::default()
+            };
+            Settings::resolve(args)
+                .unwrap()
+                .max_event_streams_per_account
+        };
+        assert_eq!(streams(None), Settings::DEFAULT_MAX_CONNECTIONS / 4);
+        assert_eq!(streams(Some(30)), 7);
+        assert_eq!(streams(Some(2)), 1, "never 0");
+        let args = ServeArgs {
+            max_event_streams_per_account: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            Settings::resolve(args)
+                .unwrap()
+                .max_event_streams_per_account,
+            5
+        );
+    }
 }

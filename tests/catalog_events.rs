@@ -348,24 +348,7 @@ async fn an_account_holds_at_most_its_share_of_event_streams() {
     })
     .await;
     let tenant = server.create_account("tenant").await;
-    let character = server
-        .send_as(
-            &tenant,
-            reqwest::Method::POST,
-            "/characters",
-            Some(json!({"name": "Tenant"})),
-        )
-        .await;
-    assert!(character.status.is_success(), "{character:?}");
-    let session = server
-        .send_as(
-            &tenant,
-            reqwest::Method::POST,
-            "/sessions",
-            Some(json!({"character": "Tenant"})),
-        )
-        .await;
-    let session = session.body["data"]["id"].as_str().unwrap().to_owned();
+    let session = server.create_session_as(&tenant, "Tenant").await;
     let mut held = Vec::new();
     for _ in 0..3 {
         let stream = events_as(&server, &tenant, &session).await;

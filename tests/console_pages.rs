@@ -190,24 +190,8 @@ async fn try_it(server: &TestServer, console: &ConsoleClient, id: &str, session:
     assert!(invalid.body.contains("JSON object"), "{}", invalid.body);
 
     let key = server.create_account("tenant").await;
-    let character = server
-        .send_as(
-            &key,
-            reqwest::Method::POST,
-            "/characters",
-            Some(json!({"name": "Other"})),
-        )
-        .await;
-    assert_eq!(character.status, StatusCode::CREATED);
-    let foreign = server
-        .send_as(
-            &key,
-            reqwest::Method::POST,
-            "/sessions",
-            Some(json!({"character": "Other"})),
-        )
-        .await;
-    let foreign = foreign.body["data"]["id"].as_str().unwrap();
+    let foreign = server.create_session_as(&key, "Other").await;
+    let foreign = foreign.as_str();
     let refused = console
         .submit(
             &format!("/console/definitions/{id}/try"),

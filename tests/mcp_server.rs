@@ -432,27 +432,7 @@ async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_sco
     assert_eq!(crossed.status(), StatusCode::NOT_FOUND, "{crossed:?}");
     // Nor by another account on its own session: not its stream, not its
     // end, not its messages.
-    let other_session = {
-        let reply = server
-            .send_as(
-                &other_key,
-                reqwest::Method::POST,
-                "/characters",
-                Some(json!({"name": "Other"})),
-            )
-            .await;
-        assert!(reply.status.is_success(), "{reply:?}");
-        let reply = server
-            .send_as(
-                &other_key,
-                reqwest::Method::POST,
-                "/sessions",
-                Some(json!({"character": "Other"})),
-            )
-            .await;
-        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-        reply.body["data"]["id"].as_str().unwrap().to_owned()
-    };
+    let other_session = server.create_session_as(&other_key, "Other").await;
     let client = reqwest::Client::new();
     let url = server.url(&format!("/mcp/sessions/{other_session}"));
     let stream = client

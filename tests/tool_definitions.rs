@@ -615,24 +615,7 @@ async fn switch_on_definitions_join_the_catalog_and_run() {
 
     // Another account's sessions never see this account's definitions.
     let other = server.create_account("other").await;
-    let reply = server
-        .send_as(
-            &other,
-            Method::POST,
-            "/characters",
-            Some(json!({"name": "Other"})),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-    let reply = server
-        .send_as(
-            &other,
-            Method::POST,
-            "/sessions",
-            Some(json!({"character": "Other"})),
-        )
-        .await;
-    let other_session = reply.body["data"]["id"].as_str().unwrap().to_owned();
+    let other_session = server.create_session_as(&other, "Other").await;
     let reply = server
         .send_as(
             &other,

@@ -110,17 +110,22 @@ async fn serve(
         .headers()
         .get(SESSION_HEADER)
         .map(|value| value.to_str().unwrap_or_default().to_owned());
+    // Read and checked here, before any lock of the endpoint is taken: a
+    // client sending its body slowly holds up nobody else.
+    let request = match mcp_messages::checked(request, &state).await {
+        Ok(request) => request,
+        Err(answer) => return Ok(answer),
+    };
     match named {
-        Some(id) => serve_session(&endpoint, &state, request, scope, id).await,
-        None => open_session(&endpoint, &state, request, scope).await,
+        Some(id) => serve_session(&endpoint, request, scope, id).await,
+        None => open_session(&endpoint, request, scope).await,
     }
 }
 
 /// A request of an open MCP session: only in the scope it was opened in.
 async fn serve_session(
     endpoint: &Endpoint,
-    state: &AppState,
-    request: Request,
+    mut request: Request,
     scope: McpScope,
     id: String,
 ) -> ApiResult<Response> {
@@ -139,10 +144,6 @@ async fn serve_session(
         // same answer, so that an id reveals nothing.
         return Err(crate::error::Error::not_found("MCP session").into());
     };
-    let mut request = match mcp_messages::checked(request, state).await {
-        Ok(request) => request,
-        Err(answer) => return Ok(answer),
-    };
     let ends = request.method() == axum::http::Method::DELETE;
     request.extensions_mut().insert(owner);
     let Ok(response) = endpoint.service.clone().oneshot(request).await;
@@ -154,18 +155,12 @@ async fn serve_session(
 
 /// A request without a session (an `initialize`), within the session caps.
 /// The owners' lock is held until rmcp has answered, so parallel opens
-/// cannot pass the caps together; the body is read before it is taken, so a
-/// client that sends its body slowly holds up nobody else.
+/// cannot pass the caps together (the body was read before).
 async fn open_session(
     endpoint: &Endpoint,
-    state: &AppState,
-    request: Request,
+    mut request: Request,
     scope: McpScope,
 ) -> ApiResult<Response> {
-    let mut request = match mcp_messages::checked(request, state).await {
-        Ok(request) => request,
-        Err(answer) => return Ok(answer),
-    };
     let mut owners = endpoint.owners.lock().await;
     {
         // Sessions rmcp closed (idle, or their client gone) free their place.

@@ -725,8 +725,8 @@ impl ModelSessionHub {
         if !model_session.observer {
             let account = &model_session.session.account_id;
             let held = live.by_account.get(account).copied().unwrap_or(0);
-            if per_account.is_some_and(|limit| held >= limit) {
-                return Err(too_many_streams(per_account.unwrap_or(held)));
+            if let Some(limit) = per_account.filter(|&limit| held >= limit) {
+                return Err(too_many_streams(limit));
             }
             *live.by_account.entry(account.clone()).or_default() += 1;
         }
@@ -993,12 +993,11 @@ impl ModelSessionHub {
                     *observers -= 1;
                 } else if removed {
                     let account = &session.session.account_id;
-                    let held = by_account.get_mut(account).map(|held| {
+                    if let Some(held) = by_account.get_mut(account) {
                         *held -= 1;
-                        *held
-                    });
-                    if held == Some(0) {
-                        by_account.remove(account);
+                        if *held == 0 {
+                            by_account.remove(account);
+                        }
                     }
                 }
                 !removed

@@ -85,11 +85,8 @@ impl ToolRuntime {
         messages: &mut Vec<Value>,
     ) -> Result<std::result::Result<String, ModelFailure>> {
         for round in 1..=ctx.max_steps + 1 {
-            if self.stopping.is_cancelled() {
-                return Ok(Err(ModelFailure::stopped("the server is shutting down")));
-            }
-            if ctx.turn.cancel.is_cancelled() {
-                return Ok(Err(ModelFailure::stopped("the run was cancelled")));
+            if let Some(stopped) = self.stop_reason(ctx) {
+                return Ok(Err(stopped));
             }
             let last = round > ctx.max_steps;
             let tools = if last {
@@ -114,12 +111,7 @@ impl ToolRuntime {
             // next one: a provider may take minutes (or stall) on this one.
             let completed = tokio::select! {
                 biased;
-                () = ctx.turn.cancel.cancelled() => {
-                    return Ok(Err(ModelFailure::stopped("the run was cancelled")));
-                }
-                () = self.stopping.cancelled() => {
-                    return Ok(Err(ModelFailure::stopped("the server is shutting down")));
-                }
+                stopped = self.stopped(ctx) => return Ok(Err(stopped)),
                 completed = ctx.llm.complete(&request, &mut on_token) => completed,
             };
             let answer = match completed {
@@ -144,6 +136,28 @@ impl ToolRuntime {
             }
         }
         Ok(Ok(String::new()))
+    }
+
+    /// Why the turn must stop now (a shutdown, then a cancel), if it must.
+    fn stop_reason(&self, ctx: &TurnContext<'_>) -> Option<ModelFailure> {
+        if self.stopping.is_cancelled() {
+            Some(ModelFailure::stopped("the server is shutting down"))
+        } else if ctx.turn.cancel.is_cancelled() {
+            Some(ModelFailure::stopped("the run was cancelled"))
+        } else {
+            None
+        }
+    }
+
+    /// Resolves once the turn must stop, with [`Self::stop_reason`]'s reason.
+    async fn stopped(&self, ctx: &TurnContext<'_>) -> ModelFailure {
+        tokio::select! {
+            () = self.stopping.cancelled() => {}
+            () = ctx.turn.cancel.cancelled() => {}
+        }
+        // A cancelled token stays cancelled, so a reason is always found.
+        self.stop_reason(ctx)
+            .unwrap_or_else(|| ModelFailure::stopped("the run was cancelled"))
     }
 
     /// The slot's tools as the model is offered them now.

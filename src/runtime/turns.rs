@@ -60,19 +60,16 @@ impl ToolRuntime {
         Ok(chosen)
     }
 
-    /// Stops the run's generation before its next step (calls already started
-    /// finish and are journalled); `false` when it is not generating.
+    /// Stops the run's generation: the model request in flight, or the next
+    /// step (calls already started finish and are journalled); `false` when
+    /// it is not generating.
     pub async fn cancel_generation(&self, account_id: &str, run_id: &str) -> Result<bool> {
-        let run = self.store.run(account_id, run_id).await?;
-        let turns = self.turns.lock().expect("turns lock");
-        match turns.get(&run.session_id) {
-            Some(active) if active.run_id.as_deref() == Some(run.id.as_str()) => {
-                active.cancel.cancel();
-                tracing::info!(run_id, "run cancellation requested");
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        let Some(cancel) = self.generating(account_id, run_id).await? else {
+            return Ok(false);
+        };
+        cancel.cancel();
+        tracing::info!(run_id, "run cancellation requested");
+        Ok(true)
     }
 
     /// Refuses (`generation_in_progress`) while the loop is still generating
@@ -80,13 +77,24 @@ impl ToolRuntime {
     /// cancel), so that the loop never goes on calling tools in a run that is
     /// no longer open.
     pub async fn ensure_not_generating(&self, account_id: &str, run_id: &str) -> Result<()> {
+        match self.generating(account_id, run_id).await? {
+            Some(_) => Err(super::generation::still_generating(Some(run_id))),
+            None => Ok(()),
+        }
+    }
+
+    /// The cancel token of the turn generating the account's run `run_id`,
+    /// if one is (404 for a run the account does not have).
+    async fn generating(
+        &self,
+        account_id: &str,
+        run_id: &str,
+    ) -> Result<Option<tokio_util::sync::CancellationToken>> {
         let run = self.store.run(account_id, run_id).await?;
         let turns = self.turns.lock().expect("turns lock");
-        match turns.get(&run.session_id) {
-            Some(active) if active.run_id.as_deref() == Some(run.id.as_str()) => {
-                Err(super::generation::still_generating(Some(run_id)))
-            }
-            _ => Ok(()),
-        }
+        Ok(turns
+            .get(&run.session_id)
+            .filter(|active| active.run_id.as_deref() == Some(run.id.as_str()))
+            .map(|active| active.cancel.clone()))
     }
 }

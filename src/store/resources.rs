@@ -1,6 +1,6 @@
 //! Session resources: named text or JSON documents a session's tools manage.
 
-use super::run_effects::STAGED_BY_OTHER_OPEN_RUNS;
+use super::run_effects::{Kind, STAGED_BY_OTHER_OPEN_RUNS};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
@@ -161,7 +161,7 @@ impl Store {
         let written = sql!(tx, c => query(sqlx::AssertSqlSafe(sql))
         .bind("")
         .bind(session_id)
-        .bind("resource")
+        .bind(Kind::Resource.as_str())
         .bind(name)
         .bind(content.kind())
         .bind(&stored)

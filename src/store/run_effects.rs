@@ -49,13 +49,14 @@ pub struct RunScope<'a> {
 
 /// What session state an effect touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Variable,
     Resource,
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    /// The kind as `run_effects.kind` stores it.
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Kind::Variable => "variable",
             Kind::Resource => "resource",

@@ -1,6 +1,6 @@
 //! Session variables: named JSON values a session's tools read and write.
 
-use super::run_effects::STAGED_BY_OTHER_OPEN_RUNS;
+use super::run_effects::{Kind, STAGED_BY_OTHER_OPEN_RUNS};
 use serde_json::Value;
 
 use super::Store;
@@ -52,7 +52,7 @@ impl Store {
         let written = sql!(tx, c => query(sqlx::AssertSqlSafe(sql))
         .bind("")
         .bind(session_id)
-        .bind("variable")
+        .bind(Kind::Variable.as_str())
         .bind(name)
         .bind(&serialized)
         .bind(now)

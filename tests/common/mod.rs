@@ -297,6 +297,30 @@ impl TestServer {
         reply.body["data"]["id"].as_str().unwrap().to_owned()
     }
 
+    /// Creates, as the account whose key is `key`, a character named
+    /// `character` and a session of it; returns the session's id.
+    pub async fn create_session_as(&self, key: &str, character: &str) -> String {
+        let reply = self
+            .send_as(
+                key,
+                Method::POST,
+                "/characters",
+                Some(serde_json::json!({"name": character})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        let reply = self
+            .send_as(
+                key,
+                Method::POST,
+                "/sessions",
+                Some(serde_json::json!({"character": character})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.body["data"]["id"].as_str().unwrap().to_owned()
+    }
+
     /// The server's process id.
     /// A floor with `content` in `session` and an open run on it: (floor, run).
     pub async fn floor_and_run(&self, session: &str, content: &str) -> (String, String) {
