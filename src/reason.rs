@@ -70,6 +70,7 @@ reason_codes! {
     RemoteResponseInterrupted => ("remote_response_interrupted", "The callback's response broke off while it was being read."),
     RemoteRequestFailed => ("remote_request_failed", "The callback request failed after the connection was made and before any answer (e.g. the connection was dropped)."),
     RemoteToolError => ("remote_tool_error", "The callback answered is_error: true; its error is the output."),
+    RemoteInvalidAnswer => ("remote_invalid_answer", "The callback answered a JSON object whose is_error is neither a boolean nor null; the answer is refused, as neither a success nor the tool's own error."),
 
     // Script handlers (tool definitions).
     ScriptHandlerDisabled => ("script_handler_disabled", "Script handlers are off on this server (ENABLE_UNSAFE_SCRIPT_HANDLER is not true); never started."),

@@ -6,6 +6,19 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
+/// What kind of JSON value `value` is, in words, for messages that name a
+/// value's type without quoting it (which could be large).
+pub fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// Largest accepted parameter schema of a tool definition, serialized, in bytes
 /// (runtime tools have `--max-tool-schema-bytes` instead).
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;

@@ -350,15 +350,22 @@ async fn an_account_holds_at_most_its_share_of_event_streams() {
     let tenant = server.create_account("tenant").await;
     let session = server.create_session_as(&tenant, "Tenant").await;
     let mut held = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..2 {
         let stream = events_as(&server, &tenant, &session).await;
         assert_eq!(stream.status(), 200);
         held.push(stream);
     }
+    // The console's live view of a session is a stream of the account too.
+    let console = common::console::ConsoleClient::sign_in(&server, &tenant).await;
+    let watching = format!("/console/sessions/{session}/events");
+    let observer = console.hold(&watching).await;
+    assert_eq!(observer.status(), 200);
     let refused = events_as(&server, &tenant, &session).await;
     assert_eq!(refused.status(), 409);
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"]["code"], "limit_exceeded", "{body}");
+    let refused = console.hold(&watching).await;
+    assert_eq!(refused.status(), 409, "a second console view past the cap");
 
     // The admin (the operator) is not held to it.
     let admin_session = server.create_session().await;

@@ -325,6 +325,9 @@ async fn character_crud_and_server_wide_unique_names() {
         json!({"name": "x".repeat(65)}),
         json!({"name": 5}),
         json!({}),
+        // Looks like "Mio", or shows reversed, in every list.
+        json!({"name": "Mio\u{200B}"}),
+        json!({"name": "\u{202E}oiM"}),
     ] {
         let reply = server.post("/characters", bad.clone()).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}");

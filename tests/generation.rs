@@ -131,6 +131,67 @@ async fn tool_calls_run_through_the_call_path_and_answer_in_call_order() {
     }
 }
 
+/// The ids the tool messages of a request's last step answer, and the ids
+/// the assistant message before them gave its calls.
+fn last_step_ids(request: &Value) -> (Vec<String>, Vec<String>) {
+    let messages = request["messages"].as_array().unwrap();
+    let assistant = messages
+        .iter()
+        .rposition(|m| m["role"] == "assistant")
+        .unwrap();
+    let called = messages[assistant]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|call| call["id"].as_str().unwrap().to_owned())
+        .collect();
+    let answered = messages[assistant + 1..]
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap().to_owned())
+        .collect();
+    (called, answered)
+}
+
+#[tokio::test]
+async fn calls_that_share_an_id_are_answered_under_ids_of_their_own() {
+    let json_call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "get_time", "arguments": "{}"}});
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[
+            ("same", "roll_dice", r#"{"sides": 6}"#),
+            ("same", "get_time", "{}"),
+        ]),
+        Answer::Json(json!({
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null,
+                "tool_calls": [json_call("again"), json_call("again"), json_call("")],
+            }}],
+        })),
+        text_answer(&["done"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "roll").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
+
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 3);
+    let (called, answered) = last_step_ids(&requests[1]);
+    assert_eq!(
+        called,
+        ["same", "call_1"],
+        "a streamed answer's repeated id"
+    );
+    assert_eq!(answered, called);
+    let (called, answered) = last_step_ids(&requests[2]);
+    assert_eq!(called, ["again", "call_1", "call_2"], "a whole answer's");
+    assert_eq!(answered, called);
+}
+
 #[tokio::test]
 async fn a_denied_tool_is_not_offered_and_its_refusal_reaches_the_model() {
     let stand_in = StandIn::start(vec![

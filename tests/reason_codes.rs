@@ -70,6 +70,10 @@ async fn start_callbacks() -> String {
             post(|| async { Json(json!({"error": "location not found", "is_error": true})) }),
         )
         .route(
+            "/garbled",
+            post(|| async { Json(json!({"error": "maybe", "is_error": "yes"})) }),
+        )
+        .route(
             "/server_error",
             post(|| async { (AxumStatus::INTERNAL_SERVER_ERROR, "the plugin broke") }),
         )
@@ -190,6 +194,7 @@ async fn every_remote_callback_failure_has_its_code() {
     let tools = [
         ("fine", format!("{base}/ok"), "none"),
         ("fails", format!("{base}/tool_error"), "none"),
+        ("garbles", format!("{base}/garbled"), "none"),
         ("breaks", format!("{base}/server_error"), "none"),
         ("moves", format!("{base}/redirect"), "none"),
         ("floods", format!("{base}/big"), "none"),
@@ -219,6 +224,7 @@ async fn every_remote_callback_failure_has_its_code() {
     let expected = [
         ("fine", "success", None),
         ("fails", "error", Some("remote_tool_error")),
+        ("garbles", "error", Some("remote_invalid_answer")),
         ("breaks", "error", Some("remote_http_error")),
         ("moves", "error", Some("remote_redirect_refused")),
         ("floods", "error", Some("remote_response_too_large")),

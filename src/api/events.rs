@@ -58,10 +58,7 @@ async fn session_events(
         None => Slot::Narrator,
     };
     let session = state.runtime.store.session(&account.id, &id).await?;
-    // The admin is the operator; any other account may not take every
-    // connection of the server with streams.
-    let per_account =
-        (!account.is_admin).then_some(state.runtime.settings.max_event_streams_per_account);
+    let per_account = streams_allowed(&state, &account);
     let subscription = state
         .runtime
         .model_sessions
@@ -79,4 +76,11 @@ async fn session_events(
     ];
     let body = Body::from_stream(EventFrames::new(subscription, KEEP_ALIVE));
     Ok((headers, body))
+}
+
+/// How many live event streams `account` may hold, model sessions and console
+/// observers together: the admin is the operator and has no cap; any other
+/// account may not take every connection of the server with streams.
+pub(crate) fn streams_allowed(state: &AppState, account: &crate::store::Account) -> Option<usize> {
+    (!account.is_admin).then_some(state.runtime.settings.max_event_streams_per_account)
 }

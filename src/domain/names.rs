@@ -30,12 +30,37 @@ impl CharacterName {
                 "character name must not contain control characters",
             ));
         }
+        if let Some(invisible) = raw.chars().find(|&c| is_invisible(c)) {
+            return Err(Error::validation(format!(
+                "character name must not contain invisible or text-direction characters, got U+{:04X}",
+                u32::from(invisible)
+            )));
+        }
         Ok(Self(raw.to_owned()))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Characters that show nothing or reorder the text around them: a name
+/// holding one looks like another character's name (`Lan` and `Lan` plus a
+/// zero-width space) or shows in lists as something it is not (a bidi
+/// override). The zero-width joiners stay allowed: scripts and emoji need them.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'                     // soft hyphen
+            | '\u{061C}'               // Arabic letter mark
+            | '\u{180E}'               // Mongolian vowel separator
+            | '\u{200B}'               // zero-width space
+            | '\u{200E}'..='\u{200F}' // left-to-right and right-to-left marks
+            | '\u{202A}'..='\u{202E}' // bidi embeddings and overrides
+            | '\u{2060}'..='\u{2064}' // word joiner and invisible operators
+            | '\u{2066}'..='\u{2069}' // bidi isolates
+            | '\u{FEFF}'               // zero-width no-break space
+    )
 }
 
 impl fmt::Display for CharacterName {
@@ -60,5 +85,22 @@ mod tests {
             assert!(CharacterName::parse(bad).is_err(), "{bad:?}");
         }
         assert!(CharacterName::parse(&"a".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn rejects_names_with_characters_that_hide_or_reorder_text() {
+        for bad in [
+            "Lan\u{200B}",
+            "\u{202E}naL",
+            "L\u{2066}an",
+            "La\u{FEFF}n",
+            "La\u{00AD}n",
+        ] {
+            let err = CharacterName::parse(bad).expect_err(bad);
+            assert!(err.to_string().contains("invisible"), "{err}");
+        }
+        // Joiners are part of emoji and of several scripts.
+        assert!(CharacterName::parse("\u{1F469}\u{200D}\u{1F52C}").is_ok());
+        assert!(CharacterName::parse("\u{0645}\u{06CC}\u{200C}\u{0631}").is_ok());
     }
 }

@@ -110,8 +110,10 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Self {
-            // Four attempts at 5 s plus 3.5 s of backoff: a provider that is
-            // down ends the run within 30 s.
+            // Four attempts at 5 s plus 3.5 s of backoff: a provider that
+            // refuses connections ends the run within 30 s. One that accepts
+            // them and never answers is held to the idle limit per attempt
+            // and to the answer limit in all.
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(120),
             // Long reasoning answers take minutes; none takes ten.

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::failure::{Failure, chain};
+use super::types::distinct_call_ids;
 use super::wire::{error_text, too_large, too_many_calls};
 use super::{ChatAnswer, ModelToolCall, Tuning};
 
@@ -172,17 +173,8 @@ impl<'t> Assembler<'t> {
     }
 
     fn finish(self) -> ChatAnswer {
-        let tool_calls = self
-            .calls
-            .into_values()
-            .enumerate()
-            .map(|(n, mut call)| {
-                if call.id.is_empty() {
-                    call.id = format!("call_{n}");
-                }
-                call
-            })
-            .collect();
+        let mut tool_calls: Vec<ModelToolCall> = self.calls.into_values().collect();
+        distinct_call_ids(&mut tool_calls);
         ChatAnswer {
             content: self.content,
             tool_calls,

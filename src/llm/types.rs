@@ -1,5 +1,6 @@
 //! What the generation loop hands the client and what it gets back.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde_json::Value;
@@ -32,11 +33,40 @@ pub struct ChatAnswer {
 /// One tool call the model asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelToolCall {
-    /// The provider's id; `call_<n>` (its position) when the provider sent none.
+    /// The provider's id; `call_<n>` (its position) when the provider sent
+    /// none or one an earlier call of the answer has ([`distinct_call_ids`]).
     pub id: String,
     pub name: String,
     /// Raw JSON text as the model sent it; it may be invalid JSON.
     pub arguments: String,
+}
+
+/// Gives each call an id no other call of the same answer has: the provider's
+/// own where it sent one not used before, else `call_<n>` (its position, with a
+/// suffix if a provider's id already is that). Results go back to the model
+/// under these ids, so two calls with one id would get answers it cannot tell
+/// apart (and some providers refuse such a request).
+pub(super) fn distinct_call_ids(calls: &mut [ModelToolCall]) {
+    let mut used: HashSet<String> = calls
+        .iter()
+        .filter(|call| !call.id.is_empty())
+        .map(|call| call.id.clone())
+        .collect();
+    let mut claimed = HashSet::with_capacity(calls.len());
+    for (n, call) in calls.iter_mut().enumerate() {
+        if !call.id.is_empty() && claimed.insert(call.id.clone()) {
+            continue;
+        }
+        let mut id = format!("call_{n}");
+        let mut suffix = 1;
+        while used.contains(&id) {
+            id = format!("call_{n}_{suffix}");
+            suffix += 1;
+        }
+        used.insert(id.clone());
+        claimed.insert(id.clone());
+        call.id = id;
+    }
 }
 
 /// A request that did not give an answer: the provider refused it, failed, or
@@ -59,3 +89,42 @@ impl fmt::Display for LlmError {
 }
 
 impl std::error::Error for LlmError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls(ids: &[&str]) -> Vec<ModelToolCall> {
+        ids.iter()
+            .map(|id| ModelToolCall {
+                id: (*id).to_owned(),
+                name: "f".to_owned(),
+                arguments: "{}".to_owned(),
+            })
+            .collect()
+    }
+
+    fn ids_of(calls: &[ModelToolCall]) -> Vec<&str> {
+        calls.iter().map(|call| call.id.as_str()).collect()
+    }
+
+    #[test]
+    fn every_call_of_an_answer_gets_an_id_of_its_own() {
+        let mut answer = calls(&["a", "b"]);
+        distinct_call_ids(&mut answer);
+        assert_eq!(ids_of(&answer), ["a", "b"], "distinct ids are kept");
+
+        let mut answer = calls(&["", ""]);
+        distinct_call_ids(&mut answer);
+        assert_eq!(ids_of(&answer), ["call_0", "call_1"]);
+
+        let mut answer = calls(&["x", "x", "x"]);
+        distinct_call_ids(&mut answer);
+        assert_eq!(ids_of(&answer), ["x", "call_1", "call_2"]);
+
+        // A made-up id never takes one the provider gave a later call.
+        let mut answer = calls(&["", "call_0", "call_0"]);
+        distinct_call_ids(&mut answer);
+        assert_eq!(ids_of(&answer), ["call_0_1", "call_0", "call_2"]);
+    }
+}

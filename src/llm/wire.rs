@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::failure::Failure;
+use super::types::distinct_call_ids;
 use super::{ChatAnswer, ChatRequest, ModelToolCall, Tuning};
 
 /// Most of an error body read to find the provider's message.
@@ -184,14 +185,10 @@ fn answer_of(whole: Whole, status: u16, tuning: &Tuning) -> Result<ChatAnswer, F
     if calls.len() > tuning.max_tool_calls {
         return Err(too_many_calls(status, tuning));
     }
-    let tool_calls: Vec<ModelToolCall> = calls
+    let mut tool_calls: Vec<ModelToolCall> = calls
         .into_iter()
-        .enumerate()
-        .map(|(n, call)| ModelToolCall {
-            id: call
-                .id
-                .filter(|id| !id.is_empty())
-                .unwrap_or_else(|| format!("call_{n}")),
+        .map(|call| ModelToolCall {
+            id: call.id.unwrap_or_default(),
             name: call.function.name,
             arguments: match call.function.arguments {
                 Value::String(text) => text,
@@ -200,6 +197,7 @@ fn answer_of(whole: Whole, status: u16, tuning: &Tuning) -> Result<ChatAnswer, F
             },
         })
         .collect();
+    distinct_call_ids(&mut tool_calls);
     let answer = ChatAnswer {
         content: message.content.unwrap_or_default(),
         tool_calls,

@@ -93,7 +93,9 @@ impl SessionMcpServer {
                     return;
                 }
             };
-            let Ok(mut events) = runtime.model_sessions.observe(session) else {
+            // The endpoint caps its own sessions per account; this watcher
+            // still counts toward the account's streams.
+            let Ok(mut events) = runtime.model_sessions.observe(session, None) else {
                 return; // shutting down
             };
             loop {

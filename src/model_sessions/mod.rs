@@ -593,7 +593,8 @@ struct Live {
     /// journal row to the session's observers, and without any there is no
     /// live session to scan.
     observers: usize,
-    /// How many live model sessions (not observers) each account holds.
+    /// How many live streams (model sessions and observers) each account
+    /// holds.
     by_account: FastMap<String, usize>,
 }
 
@@ -722,14 +723,14 @@ impl ModelSessionHub {
         if live.closed {
             return Err(shutting_down());
         }
-        if !model_session.observer {
-            let account = &model_session.session.account_id;
-            let held = live.by_account.get(account).copied().unwrap_or(0);
-            if let Some(limit) = per_account.filter(|&limit| held >= limit) {
-                return Err(too_many_streams(limit));
-            }
-            *live.by_account.entry(account.clone()).or_default() += 1;
+        // A console observer holds a connection as a model session does, so
+        // both count toward the account's streams.
+        let account = &model_session.session.account_id;
+        let held = live.by_account.get(account).copied().unwrap_or(0);
+        if let Some(limit) = per_account.filter(|&limit| held >= limit) {
+            return Err(too_many_streams(limit));
         }
+        *live.by_account.entry(account.clone()).or_default() += 1;
         live.observers += usize::from(model_session.observer);
         live.by_character
             .entry(character_id.clone())
@@ -745,8 +746,13 @@ impl ModelSessionHub {
 
     /// Opens a watcher of `session`'s events: it receives what is published to
     /// the session (results, run events) and to observers (journal rows), never
-    /// a catalog, so it cannot refuse one. Refused once shutdown has begun.
-    pub fn observe(self: &Arc<Self>, session: Session) -> Result<Subscription> {
+    /// a catalog, so it cannot refuse one. Refused once shutdown has begun,
+    /// and past `per_account` live streams of the session's account.
+    pub fn observe(
+        self: &Arc<Self>,
+        session: Session,
+        per_account: Option<usize>,
+    ) -> Result<Subscription> {
         let (sender, receiver) = mpsc::channel(EVENT_BUFFER);
         let observer = Arc::new(ModelSession::new(
             crate::ids::new_id("watch"),
@@ -757,7 +763,7 @@ impl ModelSessionHub {
             AcceptedTools::default(),
             true,
         ));
-        self.join(observer, receiver, None)
+        self.join(observer, receiver, per_account)
     }
 
     /// The live model sessions a change concerns (`observers`: the console's
@@ -989,9 +995,8 @@ impl ModelSessionHub {
         if let Some(sessions) = by_character.get_mut(character_id) {
             sessions.retain(|session| {
                 let removed = session.id == id;
-                if removed && session.observer {
-                    *observers -= 1;
-                } else if removed {
+                if removed {
+                    *observers -= usize::from(session.observer);
                     let account = &session.session.account_id;
                     if let Some(held) = by_account.get_mut(account) {
                         *held -= 1;
@@ -1222,8 +1227,8 @@ mod tests {
         assert!(!hub.any_observers(), "a model session is not an observer");
         let unmade = || -> ModelSessionEvent { panic!("an event made for no observer") };
         assert_eq!(hub.publish_to_observers("sess_test", unmade), 0);
-        let first = hub.observe(session()).unwrap();
-        let second = hub.observe(session()).unwrap();
+        let first = hub.observe(session(), None).unwrap();
+        let second = hub.observe(session(), None).unwrap();
         assert!(hub.any_observers());
         let journal = || ModelSessionEvent::new("journal", &json!({}));
         assert_eq!(hub.publish_to_observers("sess_test", journal), 2);
@@ -1233,7 +1238,7 @@ mod tests {
         drop(model);
         drop(second);
         assert!(!hub.any_observers());
-        let third = hub.observe(session()).unwrap();
+        let third = hub.observe(session(), None).unwrap();
         hub.close_all();
         assert!(!hub.any_observers());
         drop(third);
@@ -1321,7 +1326,7 @@ mod tests {
         async fn new() -> Self {
             let hub = Arc::new(ModelSessionHub::default());
             let streams = [open(&hub).await.unwrap(), open(&hub).await.unwrap()];
-            let watcher = hub.observe(session()).unwrap();
+            let watcher = hub.observe(session(), None).unwrap();
             Self {
                 hub,
                 streams,

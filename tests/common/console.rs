@@ -104,13 +104,18 @@ impl ConsoleClient {
     /// The status of a console GET, without reading the body (an event
     /// stream's never ends).
     pub async fn status(&self, path: &str) -> StatusCode {
+        self.hold(path).await.status()
+    }
+
+    /// A console GET with the cookie, answered but not read: an event stream
+    /// stays open while the answer is held.
+    pub async fn hold(&self, path: &str) -> reqwest::Response {
         self.client
             .get(self.url(path))
             .header(COOKIE, &self.cookie)
             .send()
             .await
             .expect("console get")
-            .status()
     }
 
     /// A CSRF token of this sign-in (from its sessions page).

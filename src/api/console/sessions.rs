@@ -185,7 +185,11 @@ pub async fn events(
         .session(&account_id, &id)
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))?;
-    let subscription = state.runtime.model_sessions.observe(session.clone())?;
+    let per_account = crate::api::events::streams_allowed(&state, &viewer.session.account);
+    let subscription = state
+        .runtime
+        .model_sessions
+        .observe(session.clone(), per_account)?;
     let runtime = state.runtime.clone();
     let stream = subscription
         .filter_map(move |event| {

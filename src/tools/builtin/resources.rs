@@ -113,7 +113,7 @@ impl Builtin for WriteResource {
             (Some(Kind::Text), other) => {
                 return Err(ToolError::new(format!(
                     "a text resource needs a string as content, got {}; use kind \"json\" for other values",
-                    json_type(&other)
+                    crate::schema::json_kind(&other)
                 )));
             }
             (Some(Kind::Json) | None, value) => ResourceContent::Json(value),
@@ -143,16 +143,5 @@ impl Builtin for DeleteResource {
             return Err(missing(&params.name));
         }
         Ok(json!({ "name": params.name, "deleted": true }))
-    }
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }

@@ -355,6 +355,7 @@ fn http_error_message(status: StatusCode, snippet: &str) -> String {
     }
 }
 /// The callback contract: `{"is_error": true, "error": ...}` is a tool error,
+/// an object whose `is_error` is neither a boolean nor null is a broken answer,
 /// `{"output": ...}` is the output, any other JSON value is the output itself, and
 /// a body that is not JSON is passed through as text.
 pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
@@ -362,6 +363,21 @@ pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
         return ToolOutcome::Success(Value::String(String::from_utf8_lossy(bytes).into_owned()));
     };
     match value {
+        Value::Object(map)
+            if map
+                .get("is_error")
+                .is_some_and(|flag| !flag.is_boolean() && !flag.is_null()) =>
+        {
+            // An answer that says something other than yes or no about failing
+            // must not pass as a success the model and the journal believe.
+            ToolOutcome::error(
+                ReasonCode::RemoteInvalidAnswer,
+                format!(
+                    "the callback answered an is_error that is {}, not a boolean",
+                    crate::schema::json_kind(&map["is_error"])
+                ),
+            )
+        }
         Value::Object(mut map) if map.get("is_error") == Some(&Value::Bool(true)) => {
             let message = match map.remove("error") {
                 Some(Value::String(message)) => message,
@@ -472,5 +488,27 @@ mod tests {
             output(interpret_body(br#"{"is_error": true}"#)),
             (true, json!("the tool reported an error"))
         );
+        assert_eq!(
+            output(interpret_body(br#"{"output": 1, "is_error": null}"#)),
+            (false, json!(1))
+        );
+    }
+
+    #[test]
+    fn an_is_error_that_is_no_boolean_is_a_broken_answer() {
+        for body in [
+            &br#"{"is_error": "yes", "error": "no luck"}"#[..],
+            br#"{"is_error": "false", "output": 1}"#,
+            br#"{"is_error": 1}"#,
+            br#"{"is_error": [true]}"#,
+        ] {
+            match interpret_body(body) {
+                ToolOutcome::Error { reason, message } => {
+                    assert_eq!(reason, ReasonCode::RemoteInvalidAnswer);
+                    assert!(message.contains("not a boolean"), "{message}");
+                }
+                other => panic!("{} gave {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
     }
 }
