@@ -322,6 +322,12 @@ fn refused_creates() -> Vec<(Value, &'static str)> {
             http(json!({"url": "https://user:pw@mcp.example.com/"})),
             "http.url",
         ),
+        // Where cloud metadata services answer, in two spellings.
+        (
+            http(json!({"url": "http://169.254.169.254/latest/meta-data"})),
+            "http.url",
+        ),
+        (http(json!({"url": "http://[fe80::1]:80/mcp"})), "http.url"),
         (
             http(json!({"url": "http://h/", "headers": {"Bad Header": "x"}})),
             "http.headers",

@@ -295,6 +295,11 @@ fn check_url(raw: &str) -> Result<()> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid("http.url", "must name a host"));
     }
+    if let Some(ip) = literal_ip(&url)
+        && is_link_local(ip)
+    {
+        return Err(invalid("http.url", LINK_LOCAL_REFUSAL));
+    }
     // The URL is stored and shown in clear; credentials belong in the headers,
     // which are not.
     if !url.username().is_empty() || url.password().is_some() {
@@ -304,6 +309,34 @@ fn check_url(raw: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Why a link-local address is refused, wherever it is found.
+pub const LINK_LOCAL_REFUSAL: &str = "must not be a link-local address (169.254.0.0/16, fe80::/10), where cloud metadata services answer";
+
+/// Whether an MCP connection may not go to `ip`: link-local addresses, where
+/// cloud metadata services answer with the machine's credentials. Any account
+/// may attach an HTTP server, so its URL (and every address its host name
+/// resolves to) is held to this. Loopback stays allowed: local MCP servers
+/// are the usual case.
+pub fn is_link_local(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.is_link_local(),
+            None => v6.is_unicast_link_local(),
+        },
+    }
+}
+
+/// The URL's host when it is an IP address (decimal and other IPv4 spellings
+/// are normalised by the URL parser).
+pub fn literal_ip(url: &url::Url) -> Option<std::net::IpAddr> {
+    match url.host()? {
+        url::Host::Ipv4(v4) => Some(v4.into()),
+        url::Host::Ipv6(v6) => Some(v6.into()),
+        url::Host::Domain(_) => None,
+    }
 }
 
 fn check_slots(field: &str, slots: &[Slot]) -> Result<()> {
@@ -392,6 +425,38 @@ mod tests {
 
     fn refusal(config: &McpServerConfig) -> String {
         validate(config).unwrap_err().to_string()
+    }
+
+    fn http(url: &str) -> McpServerConfig {
+        McpServerConfig {
+            transport: McpTransport::Http(HttpConfig {
+                url: url.into(),
+                headers: BTreeMap::new(),
+            }),
+            ..stdio()
+        }
+    }
+
+    #[test]
+    fn link_local_urls_are_refused_in_every_spelling() {
+        for url in [
+            "http://169.254.169.254/latest/meta-data",
+            "http://2852039166/mcp",
+            "http://0xa9.0xfe.0xa9.0xfe/mcp",
+            "http://[fe80::1]/mcp",
+            "http://[::ffff:169.254.169.254]/mcp",
+        ] {
+            let refused = refusal(&http(url));
+            assert!(refused.contains("link-local"), "{url}: {refused}");
+        }
+        for url in [
+            "http://127.0.0.1:8080/mcp",
+            "http://[::1]/mcp",
+            "https://mcp.example.com/mcp",
+            "http://10.0.0.5/mcp",
+        ] {
+            assert!(validate(&http(url)).is_ok(), "{url}");
+        }
     }
 
     #[test]

@@ -217,6 +217,17 @@ async fn log_stderr(stderr: tokio::process::ChildStderr, server_id: String) {
 fn http_transport(
     http: &HttpConfig,
 ) -> Result<StreamableHttpClientTransport<TracedHttpClient>, String> {
+    // A configuration stored before link-local URLs were refused is held to
+    // the rule here too: the resolver never sees an IP-literal host.
+    if let Ok(url) = url::Url::parse(&http.url)
+        && let Some(ip) = crate::domain::mcp_rules::literal_ip(&url)
+        && crate::domain::mcp_rules::is_link_local(ip)
+    {
+        return Err(format!(
+            "http.url {}",
+            crate::domain::mcp_rules::LINK_LOCAL_REFUSAL
+        ));
+    }
     let mut headers = HashMap::new();
     for (name, value) in &http.headers {
         let name = reqwest::header::HeaderName::try_from(name.as_str())

@@ -58,10 +58,43 @@ impl TracedHttpClient {
         let inner = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .redirect(redirects)
+            .dns_resolver(Arc::new(NoLinkLocal))
             .build()
             .map_err(|err| format!("the MCP HTTP client could not be built: {err}"))?;
         Ok(Self { inner })
     }
+}
+
+/// The system resolver, less every link-local address: a host name an
+/// account configured (or one it redirects to on the same origin) must not
+/// lead a connection to a cloud metadata service. IP-literal URLs never reach
+/// a resolver; they are checked when configured and again at connect time.
+struct NoLinkLocal;
+
+impl reqwest::dns::Resolve for NoLinkLocal {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed = allowed_addresses(found);
+            if allowed.is_empty() {
+                return Err(format!(
+                    "{host} resolves to no address an MCP connection may reach (link-local addresses are refused)"
+                )
+                .into());
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The addresses a connection may go to, in the resolver's order.
+fn allowed_addresses(found: Vec<std::net::SocketAddr>) -> Vec<std::net::SocketAddr> {
+    found
+        .into_iter()
+        .filter(|address| !crate::domain::mcp_rules::is_link_local(address.ip()))
+        .collect()
 }
 
 /// The SEP-414 trace context a message names in its `_meta`, if any.
@@ -200,5 +233,33 @@ impl StreamableHttpClient for TracedHttpClient {
                 max_sse_event_size,
             )
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::dns::Resolve;
+
+    #[test]
+    fn resolved_link_local_addresses_are_dropped() {
+        let found = ["169.254.169.254:0", "127.0.0.1:0", "[fe80::1]:0", "[::1]:0"]
+            .map(|address| address.parse().unwrap());
+        let allowed: Vec<String> = allowed_addresses(found.to_vec())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(allowed, ["127.0.0.1:0", "[::1]:0"]);
+    }
+
+    #[tokio::test]
+    async fn the_resolver_still_finds_loopback_names() {
+        let name: reqwest::dns::Name = "localhost".parse().unwrap();
+        let found: Vec<_> = NoLinkLocal.resolve(name).await.unwrap().collect();
+        assert!(
+            found.iter().all(|address| address.ip().is_loopback()),
+            "{found:?}"
+        );
+        assert!(!found.is_empty());
     }
 }
