@@ -339,7 +339,8 @@ pub enum NotCallable<'a> {
     Unavailable(&'a CatalogEntry),
 }
 
-/// Every name more than one entry offers, with the providers offering it.
+/// Every name more than one entry offers, with the providers offering it, in
+/// name order.
 fn conflicts_of(entries: &[CatalogEntry]) -> Vec<Conflict> {
     let mut by_name: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for entry in entries {
@@ -356,6 +357,34 @@ fn conflicts_of(entries: &[CatalogEntry]) -> Vec<Conflict> {
             provider_ids: provider_ids.into_iter().map(str::to_owned).collect(),
         })
         .collect()
+}
+
+/// The conflict of `name`, found by halving: `conflicts_of` answers them in
+/// name order, and a catalog with many conflicts must not compare every
+/// entry with every conflict.
+fn conflict_named<'a>(conflicts: &'a [Conflict], name: &str) -> Option<&'a Conflict> {
+    conflicts
+        .binary_search_by(|conflict| conflict.name.as_str().cmp(name))
+        .ok()
+        .map(|at| &conflicts[at])
+}
+
+/// Most providers a conflict's reason names; `conflicts` lists them all.
+const NAMED_PROVIDERS: usize = 5;
+
+/// The providers of a conflict, for its entries' reason: a few of them, and
+/// how many more, so that each of N entries does not carry all N.
+fn named_providers(provider_ids: &[String]) -> String {
+    let named = provider_ids
+        .iter()
+        .take(NAMED_PROVIDERS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match provider_ids.len().checked_sub(NAMED_PROVIDERS) {
+        Some(more) if more > 0 => format!("{named} and {more} more"),
+        _ => named,
+    }
 }
 
 impl Catalog {
@@ -415,12 +444,12 @@ impl Catalog {
             Vec::new()
         };
         for entry in &mut entries {
-            if let Some(conflict) = conflicts.iter().find(|c| c.name == entry.spec.name) {
+            if let Some(conflict) = conflict_named(&conflicts, &entry.spec.name) {
                 entry.availability = Availability::Conflict;
                 entry.availability_reason = Some(format!(
                     "the name {:?} is offered by several providers ({}); calls to it are refused until only one offers it",
                     conflict.name,
-                    conflict.provider_ids.join(", ")
+                    named_providers(&conflict.provider_ids)
                 ));
             }
         }
@@ -434,7 +463,7 @@ impl Catalog {
 
     /// The entry a call of `name` runs, or why there is none.
     pub fn lookup(&self, name: &str) -> std::result::Result<&CatalogEntry, NotCallable<'_>> {
-        if let Some(conflict) = self.conflicts.iter().find(|c| c.name == name) {
+        if let Some(conflict) = conflict_named(&self.conflicts, name) {
             return Err(NotCallable::Conflict(conflict));
         }
         match self.entries.iter().find(|e| e.spec.name == name) {
@@ -552,5 +581,32 @@ mod tests {
         }
         assert_eq!(decided(&whole, "shared"), "conflict one,two");
         assert_eq!(decided(&whole, "broken"), "unavailable one");
+    }
+
+    #[test]
+    fn many_conflicts_are_each_found_and_say_how_many_share_them() {
+        use crate::domain::tool::{SideEffectLevel, ToolMetadata};
+        let metadata = ToolMetadata::declared(SideEffectLevel::None, Vec::new(), None);
+        let mut entries = Vec::new();
+        for name in ["b", "a", "d", "c"] {
+            for provider in 0..8 {
+                entries.push(entry(name, &format!("mcp:{provider}"), metadata.clone()));
+            }
+        }
+        entries.push(entry("alone", "builtin", metadata.clone()));
+        let catalog = Catalog::assemble("sess_1", entries);
+        assert_eq!(catalog.conflicts.len(), 4);
+        for name in ["a", "b", "c", "d"] {
+            assert!(
+                decided(&catalog, name).starts_with("conflict mcp:0,"),
+                "{name}"
+            );
+        }
+        assert_eq!(decided(&catalog, "alone"), "run builtin");
+        let reason = catalog.entries[0].availability_reason.as_deref().unwrap();
+        assert!(
+            reason.contains("(mcp:0, mcp:1, mcp:2, mcp:3, mcp:4 and 3 more)"),
+            "{reason}"
+        );
     }
 }

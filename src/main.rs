@@ -69,9 +69,15 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// What is logged without `RUST_LOG`. rmcp logs every notification an MCP
+/// server sends, payload and all, at `info` (and each bad line of a stream at
+/// `warn`): a server an account attaches could fill the disk through it.
+/// toolgate logs what matters of its connections itself.
+const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,rmcp=error";
+
 fn init_tracing(format: LogFormat) -> (Telemetry, LogOutput) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
     // is honoured on a terminal, as the library would by default.
     let colour = format == LogFormat::Text

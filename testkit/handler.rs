@@ -43,6 +43,9 @@ struct Shared {
     /// when a notification is sent.
     peers: Mutex<Vec<Peer<RoleServer>>>,
     page_size: Option<usize>,
+    /// `tools/list` is never answered (a server that hangs after the
+    /// handshake).
+    hang_tools_list: bool,
     /// Cancelled when the stdio client closes stdin: sleeping tools give up.
     closing: CancellationToken,
 }
@@ -61,7 +64,7 @@ pub enum AddToolError {
 impl TestServer {
     /// A server listing `tools`, `page_size` per `tools/list` page (all at once
     /// when `None`).
-    pub fn new(tools: Vec<Tool>, page_size: Option<usize>) -> Self {
+    pub fn new(tools: Vec<Tool>, page_size: Option<usize>, hang_tools_list: bool) -> Self {
         Self {
             shared: Arc::new(Shared {
                 tools: Mutex::new(tools),
@@ -69,6 +72,7 @@ impl TestServer {
                 requests: Mutex::new(VecDeque::new()),
                 peers: Mutex::new(Vec::new()),
                 page_size,
+                hang_tools_list,
                 closing: CancellationToken::new(),
             }),
         }
@@ -207,6 +211,10 @@ impl ServerHandler for TestServer {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        if self.shared.hang_tools_list {
+            self.shared.closing.cancelled().await;
+            return Err(McpError::internal_error("closing", None));
+        }
         self.page(request.as_ref().and_then(|params| params.cursor.as_deref()))
     }
 

@@ -45,6 +45,9 @@ struct Args {
     /// List only these tools at start (comma-separated); default: all.
     #[arg(long, global = true, value_delimiter = ',')]
     tools: Option<Vec<String>>,
+    /// Complete the handshake, then never answer `tools/list`.
+    #[arg(long, global = true)]
+    hang_tools_list: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,7 +84,11 @@ async fn main() -> anyhow::Result<()> {
         std::process::id()
     );
     let page_size = args.page_size.map(|size| size as usize);
-    let server = TestServer::new(initial_tools(args.tools.as_deref())?, page_size);
+    let server = TestServer::new(
+        initial_tools(args.tools.as_deref())?,
+        page_size,
+        args.hang_tools_list,
+    );
     match args.mode {
         Mode::Stdio => serve_stdio(server).await,
         Mode::Http { listen } => serve_http(server, listen).await,

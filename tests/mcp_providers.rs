@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::mcp::{
-    HttpMcp, call, catalog, create_server, dead_url, http_body, server_entry, stdio_body, tool,
-    wait_for_source,
+    HttpMcp, allow_irreversible, call, catalog, create_server, dead_url, http_body,
+    processes_running, server_entry, stdio_body, tool, wait_for_source,
 };
 use common::spawn_app;
 use reqwest::{Method, StatusCode};
@@ -17,16 +17,6 @@ use serde_json::{Value, json};
 
 /// Long enough for a cold child start on a loaded 2-core machine.
 const CONNECTED: Duration = Duration::from_secs(30);
-
-async fn allow_irreversible(server: &common::TestServer, session: &str) {
-    let reply = server
-        .patch(
-            &format!("/sessions/{session}/tool-permissions"),
-            json!({"allow_irreversible": true}),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-}
 
 #[tokio::test]
 async fn a_stdio_server_is_listed_live_with_prefix_provider_and_basis_fields() {
@@ -559,21 +549,6 @@ async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
         .get(&format!("/sessions/{session}/tool-results"))
         .await;
     assert!(results.text.contains("later"), "{results:?}");
-}
-
-/// Pids of running processes whose command line is exactly `args`.
-fn processes_running(args: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = args.join("\0").into_bytes();
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let cmdline = cmdline.strip_suffix(b"\0").unwrap_or(&cmdline);
-            (cmdline == wanted.as_slice()).then_some(pid)
-        })
-        .collect()
 }
 
 /// A stdio server started through `sh`, leaving a `sleep <marker>` in its

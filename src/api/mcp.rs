@@ -25,11 +25,34 @@ use crate::state::AppState;
 use crate::store::McpServerFilter;
 use crate::tools::mcp::LiveStatus;
 
-/// Orders every configuration write with its hand-over to the runtime. The
-/// database serialises the writes themselves; without this, two racing
-/// writes (or a PATCH racing a DELETE) could reach the runtime in the other
-/// order and leave it running a stale or deleted configuration.
-static CONFIG_WRITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Orders an account's configuration writes with their hand-over to the
+/// runtime. The database serialises the writes themselves; without this, two
+/// racing writes (or a PATCH racing a DELETE) could reach the runtime in the
+/// other order and leave it running a stale or deleted configuration. A
+/// hand-over may wait seconds for an old connection to close, so the lock is
+/// the account's own: one account's slow servers never hold up another's
+/// writes.
+static CONFIG_WRITES: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Takes `account_id`'s configuration-write lock.
+async fn config_writes_of(account_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    let lock = {
+        let mut locks = CONFIG_WRITES.lock().unwrap_or_else(|p| p.into_inner());
+        // Locks nobody holds or waits for are gone; their entries go too.
+        locks.retain(|_, lock| lock.strong_count() > 0);
+        match locks.get(account_id).and_then(std::sync::Weak::upgrade) {
+            Some(lock) => lock,
+            None => {
+                let lock = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+                locks.insert(account_id.to_owned(), std::sync::Arc::downgrade(&lock));
+                lock
+            }
+        }
+    };
+    lock.lock_owned().await
+}
 
 /// Body of `PATCH /mcp/servers/{id}/toggle`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -176,7 +199,7 @@ async fn create_server(
 ) -> ApiResult<(StatusCode, axum::Json<Data<McpServerView>>)> {
     let config = body.create()?;
     may_run(&state, &account, &config)?;
-    let _ordered = CONFIG_WRITES.lock().await;
+    let _ordered = config_writes_of(&account.id).await;
     let created = state
         .runtime
         .store
@@ -307,7 +330,7 @@ async fn delete_server(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<Value>>> {
-    let _ordered = CONFIG_WRITES.lock().await;
+    let _ordered = config_writes_of(&account.id).await;
     state
         .runtime
         .store
@@ -358,7 +381,7 @@ async fn save_change(
     id: &str,
     change: impl FnOnce(&McpServer) -> crate::error::Result<McpServer> + Send,
 ) -> crate::error::Result<McpServer> {
-    let _ordered = CONFIG_WRITES.lock().await;
+    let _ordered = config_writes_of(account_id).await;
     let saved = state
         .runtime
         .store

@@ -97,6 +97,18 @@ pub async fn wait_for_source(
     }
 }
 
+/// Lets the session call irreversible tools (every MCP tool without a
+/// declared level is one).
+pub async fn allow_irreversible(server: &TestServer, session: &str) {
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"allow_irreversible": true}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+}
+
 /// Makes a tool call on the session and answers the reply's `data`.
 pub async fn call(server: &TestServer, session: &str, name: &str, arguments: Value) -> Value {
     let reply = server
@@ -168,4 +180,19 @@ impl HttpMcp {
 pub fn dead_url() -> (String, super::ports::DeadPort) {
     let port = super::ports::dead_port();
     (port.url("/mcp"), port)
+}
+
+/// Pids of running processes whose command line is exactly `args`.
+pub fn processes_running(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args.join("\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = cmdline.strip_suffix(b"\0").unwrap_or(&cmdline);
+            (cmdline == wanted.as_slice()).then_some(pid)
+        })
+        .collect()
 }

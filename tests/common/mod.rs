@@ -133,7 +133,8 @@ async fn start(data_dir: &Path, options: &SpawnOptions) -> TestServer {
         .env_remove("TOOLGATE_CONFIG")
         // NO_COLOR in the test's environment would hide a missing terminal check.
         .env_remove("NO_COLOR")
-        .env("RUST_LOG", "info,sqlx=warn")
+        // The server's own default filter, whatever the test's environment.
+        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(if options.piped_stderr {

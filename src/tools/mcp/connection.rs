@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use rmcp::model::{
-    ClientConfig, ClientRequest, Implementation, PingRequest, ProtocolVersion, ServerResult, Tool,
+    ClientConfig, ClientRequest, Implementation, PaginatedRequestParams, PingRequest,
+    ProtocolVersion, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RunningServiceCancellationToken};
 use rmcp::transport::common::client_side_sse::FixedInterval;
@@ -23,6 +24,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use super::traced_http::TracedHttpClient;
 use crate::domain::mcp::{HttpConfig, McpServerConfig, McpTransport, StdioConfig};
 
+/// Most tools toolgate takes from one server.
+pub const MAX_TOOLS_PER_SERVER: usize = 1_000;
+/// Most `tools/list` pages of one listing.
+pub const MAX_LIST_PAGES: usize = 100;
 /// Longest stderr line of a stdio server kept in the log.
 const MAX_STDERR_LINE_BYTES: usize = 1024;
 /// stderr bytes of one child logged before the rest is dropped.
@@ -37,9 +42,11 @@ pub enum Notice {
     ToolListChanged,
 }
 
-/// Hands server notifications to the supervisor.
+/// Hands server notifications to the supervisor: at most one waits, so a
+/// server repeating `tools/list_changed` thousands of times a second asks for
+/// one listing, not thousands.
 struct Handler {
-    notices: mpsc::UnboundedSender<Notice>,
+    notices: mpsc::Sender<Notice>,
 }
 
 impl ClientHandler for Handler {
@@ -52,7 +59,8 @@ impl ClientHandler for Handler {
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.notices.send(Notice::ToolListChanged);
+        // Full: a listing is already asked for, and will see this change.
+        let _ = self.notices.try_send(Notice::ToolListChanged);
     }
 }
 
@@ -60,7 +68,8 @@ impl ClientHandler for Handler {
 /// when the connection does.
 pub struct Connection {
     pub peer: Peer<RoleClient>,
-    cancel: RunningServiceCancellationToken,
+    /// Taken by `close`; a connection dropped without it is closed by `Drop`.
+    cancel: Option<RunningServiceCancellationToken>,
     /// Cancelled when the service loop has ended.
     done: CancellationToken,
     /// A stdio child's process group (its pid: the child leads it).
@@ -72,7 +81,7 @@ impl Connection {
     pub async fn open(
         config: &McpServerConfig,
         server_id: &str,
-        notices: mpsc::UnboundedSender<Notice>,
+        notices: mpsc::Sender<Notice>,
     ) -> Result<Self, String> {
         let handler = Handler { notices };
         let lifecycle = ClientLifecycleMode::Initialize;
@@ -103,18 +112,41 @@ impl Connection {
         });
         Ok(Self {
             peer,
-            cancel,
+            cancel: Some(cancel),
             done,
             process_group,
         })
     }
 
-    /// Every tool the server lists, following pagination.
+    /// Every tool the server lists, following pagination, at most
+    /// [`MAX_TOOLS_PER_SERVER`] tools in [`MAX_LIST_PAGES`] pages: a server
+    /// whose cursor never ends, or that lists without end, fails the listing
+    /// instead of filling memory until a timeout.
     pub async fn list_tools(&self) -> Result<Vec<Tool>, String> {
-        self.peer
-            .list_all_tools()
-            .await
-            .map_err(|err| format!("tools/list failed: {err}"))
+        let mut tools = Vec::new();
+        let mut cursor = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut params = PaginatedRequestParams::default();
+            params.cursor = cursor;
+            let page = self
+                .peer
+                .list_tools(Some(params))
+                .await
+                .map_err(|err| format!("tools/list failed: {err}"))?;
+            tools.extend(page.tools);
+            if tools.len() > MAX_TOOLS_PER_SERVER {
+                return Err(format!(
+                    "the server lists more than {MAX_TOOLS_PER_SERVER} tools, the most toolgate takes from one server"
+                ));
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(tools),
+            }
+        }
+        Err(format!(
+            "the server's tool list goes on past {MAX_LIST_PAGES} pages (a cursor that never ends?)"
+        ))
     }
 
     /// Whether the server still answers, within `timeout`.
@@ -136,17 +168,45 @@ impl Connection {
 
     /// Closes the connection; a stdio child is asked to exit, then killed with
     /// its process group.
-    pub async fn close(self) {
-        self.cancel.cancel();
-        if tokio::time::timeout(Duration::from_secs(10), self.done.cancelled())
-            .await
-            .is_err()
-        {
-            tracing::warn!("an MCP connection did not close within 10 s");
+    pub async fn close(mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            cancel.cancel();
         }
-        // The child may have exited on its own and left others of its group.
-        kill_group(self.process_group);
+        finish_closing(self.done.clone(), self.process_group).await;
     }
+}
+
+impl Drop for Connection {
+    /// A connection given up without `close` (a timeout around listing its
+    /// tools, a cancelled task) is closed all the same: otherwise its service
+    /// task would hold the child's pipes and its process group would outlive
+    /// the server's deletion and toolgate itself.
+    fn drop(&mut self) {
+        let Some(cancel) = self.cancel.take() else {
+            return;
+        };
+        cancel.cancel();
+        let (done, process_group) = (self.done.clone(), self.process_group);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(finish_closing(done, process_group));
+            }
+            Err(_) => kill_group(process_group),
+        }
+    }
+}
+
+/// Waits a while for a cancelled connection's service to end, then kills what
+/// is left of its process group (the child may have exited on its own and
+/// left others of its group).
+async fn finish_closing(done: CancellationToken, process_group: Option<u32>) {
+    if tokio::time::timeout(Duration::from_secs(10), done.cancelled())
+        .await
+        .is_err()
+    {
+        tracing::warn!("an MCP connection did not close within 10 s");
+    }
+    kill_group(process_group);
 }
 
 /// Kills what is left of a stdio child's process group.
@@ -186,30 +246,75 @@ fn spawn_child(stdio: &StdioConfig, server_id: &str) -> Result<TokioChildProcess
     Ok(child)
 }
 
-/// Copies a child's stderr into the log, line by line, up to a cap.
+/// Copies a child's stderr into the log, line by line, up to a cap. The pipe
+/// is read in the reader's buffer and at most [`MAX_STDERR_LINE_BYTES`] of a
+/// line are kept, so a child writing without newlines costs no more memory
+/// than one that writes lines; past the cap the pipe is still drained (a
+/// child blocked on a full pipe would stop answering).
 async fn log_stderr(stderr: tokio::process::ChildStderr, server_id: String) {
-    let mut lines = BufReader::new(stderr);
-    let mut logged = 0usize;
-    let mut line = Vec::new();
+    let mut reader = BufReader::new(stderr);
+    let mut log = StderrLog::new(server_id);
     loop {
-        line.clear();
-        match lines.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(read) => {
-                if logged >= MAX_STDERR_BYTES {
-                    continue;
-                }
-                logged += read;
-                let shown = &line[..line.len().min(MAX_STDERR_LINE_BYTES)];
-                let text = String::from_utf8_lossy(shown);
-                tracing::info!(server_id, line = ?text.trim_end(), "mcp server stderr");
-                if logged >= MAX_STDERR_BYTES {
-                    tracing::warn!(
-                        server_id,
-                        "mcp server stderr exceeded {MAX_STDERR_BYTES} bytes; the rest is not logged"
-                    );
-                }
-            }
+        let chunk = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(chunk) => chunk,
+        };
+        let (part, ends_line) = match memchr::memchr(b'\n', chunk) {
+            Some(at) => (&chunk[..=at], true),
+            None => (chunk, false),
+        };
+        log.take(part);
+        let used = part.len();
+        reader.consume(used);
+        if ends_line {
+            log.end_line();
+        }
+    }
+    log.end_line();
+}
+
+/// The stderr line being read and how much of a child's stderr was logged.
+struct StderrLog {
+    server_id: String,
+    /// The line's first bytes, at most [`MAX_STDERR_LINE_BYTES`].
+    kept: Vec<u8>,
+    /// Every byte of the line, kept or not.
+    line_bytes: usize,
+    logged: usize,
+}
+
+impl StderrLog {
+    fn new(server_id: String) -> Self {
+        Self {
+            server_id,
+            kept: Vec::with_capacity(MAX_STDERR_LINE_BYTES),
+            line_bytes: 0,
+            logged: 0,
+        }
+    }
+
+    fn take(&mut self, part: &[u8]) {
+        let room = MAX_STDERR_LINE_BYTES.saturating_sub(self.kept.len());
+        self.kept.extend_from_slice(&part[..part.len().min(room)]);
+        self.line_bytes += part.len();
+    }
+
+    fn end_line(&mut self) {
+        let line_bytes = std::mem::take(&mut self.line_bytes);
+        if line_bytes == 0 || self.logged >= MAX_STDERR_BYTES {
+            self.kept.clear();
+            return;
+        }
+        self.logged += line_bytes;
+        let text = String::from_utf8_lossy(&self.kept);
+        let server_id = &self.server_id;
+        tracing::info!(server_id, line = ?text.trim_end(), "mcp server stderr");
+        self.kept.clear();
+        if self.logged >= MAX_STDERR_BYTES {
+            tracing::warn!(
+                server_id,
+                "mcp server stderr exceeded {MAX_STDERR_BYTES} bytes; the rest is not logged"
+            );
         }
     }
 }

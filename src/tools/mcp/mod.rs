@@ -306,7 +306,7 @@ impl McpHub {
     pub async fn test(&self, server: &McpServer) -> TestReport {
         let started = std::time::Instant::now();
         let timeout = std::time::Duration::from_millis(server.config.connect_timeout_ms);
-        let (notices, _ignored) = mpsc::unbounded_channel();
+        let (notices, _ignored) = mpsc::channel(1);
         let attempt = tokio::time::timeout(timeout, async {
             let connection =
                 connection::Connection::open(&server.config, &server.id, notices).await?;
@@ -486,6 +486,9 @@ fn diff(account_id: &str, before: &[String], after: &[String], all_updated: bool
     change
 }
 
+/// Tools left out of one listing that are logged one by one.
+const MAX_SKIPPED_LOGGED: usize = 10;
+
 /// Builds catalog tools from listed tools, off the async workers (schemas are
 /// checked), logging the tools left out.
 async fn build_listed(
@@ -506,8 +509,12 @@ async fn build_listed(
             (Vec::new(), Vec::new())
         }
     };
-    for (tool, why) in skipped {
+    // A server may list a thousand bad tools: a few lines say what is wrong.
+    for (tool, why) in skipped.iter().take(MAX_SKIPPED_LOGGED) {
         tracing::warn!(server_id = %server.id, tool = ?tool, reason = ?why, "an MCP tool is left out of the catalog");
+    }
+    if skipped.len() > MAX_SKIPPED_LOGGED {
+        tracing::warn!(server_id = %server.id, left_out = skipped.len(), "more MCP tools are left out of the catalog than are logged");
     }
     Listed {
         tools: Arc::new(catalog),

@@ -237,11 +237,22 @@ impl McpHandler {
         match error {
             ServiceError::McpError(error) => ToolOutcome::error(
                 ReasonCode::McpRemoteError,
-                format!("the MCP server refused the call: {}", error.message),
+                truncate(
+                    format!("the MCP server refused the call: {}", error.message),
+                    self.hub.shared.max_result_bytes,
+                ),
             ),
-            ServiceError::TransportSend(error) => ToolOutcome::not_started(
+            ServiceError::TransportSend(error) if never_sent(&error) => ToolOutcome::not_started(
                 ReasonCode::McpTransportError,
                 format!("the call could not be sent to the MCP server: {error}"),
+            ),
+            // Over HTTP the request and its answer are one exchange: an answer
+            // too large or unreadable fails the "send" after the server ran it.
+            ServiceError::TransportSend(error) => ToolOutcome::timeout(
+                ReasonCode::McpTransportError,
+                format!(
+                    "the MCP server's answer could not be read ({error}); the call may or may not have run"
+                ),
             ),
             // Sent, but the answer never came: it may have run.
             ServiceError::TransportClosed => ToolOutcome::timeout(
@@ -254,6 +265,26 @@ impl McpHandler {
             ),
         }
     }
+}
+
+/// Whether a request the transport failed surely never reached the server:
+/// an HTTP connection that was never made, the transport's channel already
+/// closed, or a write to a stdio child that is gone. Anything else may have
+/// been received and run, so it must not be journalled as never started (the
+/// replay guard trusts that).
+fn never_sent(error: &rmcp::transport::DynamicTransportError) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    if let Some(http) = error
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        return match http {
+            StreamableHttpError::Client(error) => error.is_connect(),
+            StreamableHttpError::TransportChannelClosed => true,
+            _ => false,
+        };
+    }
+    error.error.downcast_ref::<std::io::Error>().is_some()
 }
 
 /// A `tools/call` answer as the model sees it: `isError` results are tool

@@ -18,6 +18,8 @@ use crate::ids::now_ms;
 
 /// How often a connected server is pinged.
 const PING_INTERVAL: Duration = Duration::from_secs(4);
+/// Least time between two listings a server's `tools/list_changed` asks for.
+const LIST_CHANGED_GAP: Duration = Duration::from_millis(500);
 /// How long a ping may take before the connection counts as lost.
 const PING_TIMEOUT: Duration = Duration::from_secs(4);
 
@@ -110,7 +112,7 @@ async fn connect_and_run(
         }
         state.peer = None;
     });
-    let (notices, mut notice_rx) = mpsc::unbounded_channel();
+    let (notices, mut notice_rx) = mpsc::channel(1);
     let timeout = Duration::from_millis(config.connect_timeout_ms);
     let opened = tokio::select! {
         _ = slot.stop.cancelled() => return End::Stop,
@@ -151,7 +153,7 @@ async fn watch(
     shared: &Arc<Shared>,
     connection: &Connection,
     commands: &mut mpsc::UnboundedReceiver<Command>,
-    notices: &mut mpsc::UnboundedReceiver<Notice>,
+    notices: &mut mpsc::Receiver<Notice>,
 ) -> End {
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.reset();
@@ -160,6 +162,10 @@ async fn watch(
     refresh.reset();
     let ended = connection.ended();
     tokio::pin!(ended);
+    // A changed list is listed again at most once per LIST_CHANGED_GAP; the
+    // notices in between are one change.
+    let mut listed_at = tokio::time::Instant::now();
+    let mut list_changed = false;
     loop {
         tokio::select! {
             _ = slot.stop.cancelled() => return End::Stop,
@@ -172,7 +178,12 @@ async fn watch(
                     return End::Recycled;
                 }
             },
-            Some(Notice::ToolListChanged) = notices.recv() => {
+            Some(Notice::ToolListChanged) = notices.recv(), if !list_changed => {
+                list_changed = true;
+            }
+            () = tokio::time::sleep_until(listed_at + LIST_CHANGED_GAP), if list_changed => {
+                list_changed = false;
+                listed_at = tokio::time::Instant::now();
                 if let Err(error) = refresh_tools(slot, shared, connection).await {
                     return End::Lost(error);
                 }

@@ -47,6 +47,8 @@ pub enum Skipped {
     BadName(String),
     /// Its input schema is too large, too costly or not a usable schema.
     BadSchema(String),
+    /// An earlier tool of the same listing has its catalog name.
+    Duplicate,
 }
 
 /// Builds the catalog tools of `server` from its listed tools. CPU work (schemas
@@ -58,7 +60,14 @@ pub fn catalog_tools(
 ) -> (Vec<CatalogTool>, Vec<(String, Skipped)>) {
     let mut tools = Vec::new();
     let mut skipped = Vec::new();
+    // One server listing a name many times would otherwise put a conflict
+    // of that many entries, each naming all the others, into every catalog.
+    let mut names = std::collections::HashSet::new();
     for tool in listed {
+        if !names.insert(tool.name.as_ref()) {
+            skipped.push((tool.name.to_string(), Skipped::Duplicate));
+            continue;
+        }
         match catalog_tool(server, tool, max_schema_bytes) {
             Ok(entry) => tools.push(entry),
             Err(why) => skipped.push((tool.name.to_string(), why)),
@@ -84,7 +93,12 @@ fn catalog_tool(
         )));
     }
     let description = tool.description.as_deref().unwrap_or_default().to_owned();
-    let (parameters, parameter_schema_basis) = project_schema(&tool.input_schema);
+    let budget = Budget {
+        nodes: crate::schema::MAX_EXPANDED_NODES,
+        bytes: max_schema_bytes.saturating_sub(description.len()),
+    };
+    let (parameters, parameter_schema_basis) = project_schema(&tool.input_schema, budget)
+        .map_err(|exceeded| Skipped::BadSchema(exceeded.to_string()))?;
     let size = parameters.to_string().len() + description.len();
     if size > max_schema_bytes {
         return Err(Skipped::BadSchema(format!(
@@ -183,13 +197,60 @@ fn metadata(server: &McpServer, tool: &Tool, overrides: Option<&ToolOverride>) -
     }
 }
 
+/// What a projected schema may still take. The projection is built value by
+/// value against it, so a schema of a few kilobytes whose references fan out
+/// (eight definitions, each a choice of eight references to the next) is
+/// refused as it grows, not after it has expanded to gigabytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// JSON values.
+    pub nodes: usize,
+    /// Bytes of keys and strings.
+    pub bytes: usize,
+}
+
+/// Why a projection stopped: it would have been larger than its [`Budget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exceeded(Budget);
+
+impl std::fmt::Display for Exceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its input schema, with its $refs inlined, would take more than {} values or {} bytes of text",
+            self.0.nodes, self.0.bytes
+        )
+    }
+}
+
+impl Budget {
+    fn take(&mut self, limits: Budget, bytes: usize) -> Result<(), Exceeded> {
+        match (self.nodes.checked_sub(1), self.bytes.checked_sub(bytes)) {
+            (Some(nodes), Some(bytes)) => {
+                *self = Budget { nodes, bytes };
+                Ok(())
+            }
+            _ => Err(Exceeded(limits)),
+        }
+    }
+}
+
 /// The server's input schema as `parameters`: local `$ref`s inlined (models
 /// and validators of the peers do not all resolve them) and an object type
-/// ensured. The basis says whether anything had to change.
-pub fn project_schema(input: &Map<String, Value>) -> (Value, Basis) {
+/// ensured, within `budget`. The basis says whether anything had to change.
+pub fn project_schema(
+    input: &Map<String, Value>,
+    budget: Budget,
+) -> Result<(Value, Basis), Exceeded> {
     let root = Value::Object(input.clone());
     let mut changed = false;
-    let mut projected = inline_refs(&root, &root, 0, &mut changed);
+    let mut projection = Projection {
+        root: &root,
+        limits: budget,
+        left: budget,
+        changed: &mut changed,
+    };
+    let mut projected = projection.inline_refs(&root, 0)?;
     if let Value::Object(map) = &mut projected {
         for key in ["$defs", "definitions"] {
             changed |= map.remove(key).is_some();
@@ -204,36 +265,53 @@ pub fn project_schema(input: &Map<String, Value>) -> (Value, Basis) {
     } else {
         Basis::ToolDeclared
     };
-    (projected, basis)
+    Ok((projected, basis))
 }
 
-fn inline_refs(value: &Value, root: &Value, depth: usize, changed: &mut bool) -> Value {
-    match value {
-        Value::Object(map) => {
-            if let Some(Value::String(reference)) = map.get("$ref") {
-                *changed = true;
-                let target = (depth < MAX_REF_DEPTH)
-                    .then(|| resolve_local(root, reference))
-                    .flatten();
-                return match target {
-                    Some(target) => inline_refs(target, root, depth + 1, changed),
-                    // Unresolvable or too deep (recursive): accept anything here.
-                    None => json!({}),
-                };
+/// One projection under way: the schema it reads references in, and what it
+/// may still produce.
+struct Projection<'a> {
+    root: &'a Value,
+    limits: Budget,
+    left: Budget,
+    changed: &'a mut bool,
+}
+
+impl Projection<'_> {
+    fn inline_refs(&mut self, value: &Value, depth: usize) -> Result<Value, Exceeded> {
+        let text = match value {
+            Value::String(text) => text.len(),
+            _ => 0,
+        };
+        self.left.take(self.limits, text)?;
+        Ok(match value {
+            Value::Object(map) => {
+                if let Some(Value::String(reference)) = map.get("$ref") {
+                    *self.changed = true;
+                    let target = (depth < MAX_REF_DEPTH)
+                        .then(|| resolve_local(self.root, reference))
+                        .flatten();
+                    return match target {
+                        Some(target) => self.inline_refs(target, depth + 1),
+                        // Unresolvable or too deep (recursive): accept anything here.
+                        None => Ok(json!({})),
+                    };
+                }
+                let mut projected = Map::with_capacity(map.len());
+                for (key, child) in map {
+                    self.left.take(self.limits, key.len())?;
+                    projected.insert(key.clone(), self.inline_refs(child, depth)?);
+                }
+                Value::Object(projected)
             }
-            Value::Object(
-                map.iter()
-                    .map(|(key, child)| (key.clone(), inline_refs(child, root, depth, changed)))
-                    .collect(),
-            )
-        }
-        Value::Array(items) => Value::Array(
-            items
-                .iter()
-                .map(|item| inline_refs(item, root, depth, changed))
-                .collect(),
-        ),
-        other => other.clone(),
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|item| self.inline_refs(item, depth))
+                    .collect::<Result<_, _>>()?,
+            ),
+            other => other.clone(),
+        })
     }
 }
 
@@ -347,7 +425,7 @@ mod tests {
         let Value::Object(schema) = schema else {
             unreachable!()
         };
-        let (projected, basis) = project_schema(&schema);
+        let (projected, basis) = project_schema(&schema, ROOMY).unwrap();
         assert_eq!(basis, Basis::ShallowSchemaProjection);
         assert_eq!(
             projected["properties"]["item"]["properties"]["id"]["type"],
@@ -358,12 +436,63 @@ mod tests {
     }
 
     #[test]
+    fn a_name_listed_twice_is_offered_once() {
+        let listed = [tool(None, None), tool(Some(true), None), tool(None, None)];
+        let (tools, skipped) = catalog_tools(&server(false, None), &listed, 1 << 16);
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].spec.name, "p_t");
+        assert_eq!(
+            skipped,
+            [
+                ("t".to_owned(), Skipped::Duplicate),
+                ("t".to_owned(), Skipped::Duplicate)
+            ]
+        );
+    }
+
+    #[test]
     fn plain_schemas_stay_declared() {
         let Value::Object(schema) =
             json!({"type": "object", "properties": {"a": {"type": "string"}}})
         else {
             unreachable!()
         };
-        assert_eq!(project_schema(&schema).1, Basis::ToolDeclared);
+        assert_eq!(
+            project_schema(&schema, ROOMY).unwrap().1,
+            Basis::ToolDeclared
+        );
+    }
+
+    const ROOMY: Budget = Budget {
+        nodes: 100_000,
+        bytes: 1 << 20,
+    };
+
+    #[test]
+    fn references_that_fan_out_are_refused_while_they_expand() {
+        // Eight definitions, each a choice of eight references to the next:
+        // a few hundred bytes that would expand to 8^8 values.
+        let mut defs = Map::new();
+        for level in 0..8 {
+            let next = json!({"$ref": format!("#/$defs/d{}", level + 1)});
+            defs.insert(format!("d{level}"), json!({"anyOf": vec![next; 8]}));
+        }
+        defs.insert("d8".into(), json!({"type": "string"}));
+        let Value::Object(schema) = json!({
+            "type": "object",
+            "properties": {"x": {"$ref": "#/$defs/d0"}},
+            "$defs": defs,
+        }) else {
+            unreachable!()
+        };
+        let refused = project_schema(&schema, ROOMY).unwrap_err();
+        assert!(refused.to_string().contains("100000 values"), "{refused}");
+
+        // Long text counts too, however few the values.
+        let Value::Object(wordy) = json!({"type": "object", "description": "x".repeat(2 << 20)})
+        else {
+            unreachable!()
+        };
+        assert!(project_schema(&wordy, ROOMY).is_err());
     }
 }
