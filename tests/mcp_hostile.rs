@@ -29,6 +29,17 @@ use serde_json::{Value, json};
 struct Seen {
     listings: AtomicUsize,
     calls: AtomicUsize,
+    /// Session ends (`DELETE`) received.
+    ends: AtomicUsize,
+}
+
+/// A session's end; in `slowclose` mode never answered.
+async fn end_session(State(seen): State<Arc<Seen>>, Path(mode): Path<String>) -> StatusCode {
+    seen.ends.fetch_add(1, Ordering::SeqCst);
+    if mode == "slowclose" {
+        std::future::pending::<()>().await;
+    }
+    StatusCode::OK
 }
 
 /// Starts the scripted server; answers its base URL and what it counts.
@@ -39,7 +50,7 @@ async fn start_hostile() -> (String, Arc<Seen>) {
             "/{mode}/mcp",
             post(answer)
                 .get(|| async { StatusCode::METHOD_NOT_ALLOWED })
-                .delete(|| async { StatusCode::OK }),
+                .delete(end_session),
         )
         .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -386,4 +397,51 @@ async fn stderr_without_a_newline_costs_no_memory() {
         grown_mib < 64,
         "the server's peak memory grew {grown_mib} MiB"
     );
+}
+
+#[tokio::test]
+async fn one_accounts_server_slow_to_close_holds_up_no_other_accounts_writes() {
+    let server = spawn_app().await;
+    let (base, seen) = start_hostile().await;
+    let tenant = server.create_account("tenant").await;
+    let url = format!("{base}/slowclose/mcp");
+    let created = server
+        .send_as(
+            &tenant,
+            reqwest::Method::POST,
+            "/mcp/servers",
+            Some(http_body("slow", &url, json!({"tool_prefix": "s"}))),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    let status = format!("/mcp/servers/{id}/status");
+    common::wait_until(WAIT, "the tenant's server to connect", || async {
+        let reply = server
+            .send_as(&tenant, reqwest::Method::GET, &status, None)
+            .await;
+        reply.body["data"]["state"] == "connected"
+    })
+    .await;
+    // The tenant's delete waits for a session end that never comes...
+    let path = format!("/mcp/servers/{id}");
+    let delete = server.send_as(&tenant, reqwest::Method::DELETE, &path, None);
+    tokio::pin!(delete);
+    let waiting = async {
+        while seen.ends.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! {
+        reply = &mut delete => panic!("the delete did not wait for the close: {reply:?}"),
+        () = waiting => {}
+    }
+    // ...while the admin's writes go through.
+    let admin_write = attach(&server, &base, "other", "o");
+    tokio::select! {
+        reply = &mut delete => panic!("the delete ended first: {reply:?}"),
+        id = admin_write => assert!(id.starts_with("mcp_")),
+    }
+    let deleted = delete.await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
 }
