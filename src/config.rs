@@ -182,6 +182,15 @@ pub struct ServeArgs {
         value_parser = exactly_true
     )]
     pub mcp_stdio_for_all_accounts: Option<bool>,
+    /// Let every account attach HTTP MCP servers on loopback and private-network addresses (127.0.0.0/8, 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, ::1, fc00::/7, `localhost`), where toolgate itself and the machine's other services answer; without it only the admin account may (default: off, only the exact value `true` turns it on).
+    #[arg(
+        long,
+        env = "TOOLGATE_MCP_PRIVATE_URLS_FOR_ALL_ACCOUNTS",
+        num_args = 0,
+        default_missing_value = "true",
+        value_parser = exactly_true
+    )]
+    pub mcp_private_urls_for_all_accounts: Option<bool>,
     /// Wall-clock limit of one script-handler call, in milliseconds (default: 1000).
     #[arg(long, env = "TOOLGATE_SCRIPT_TIMEOUT_MS")]
     pub script_timeout_ms: Option<u64>,
@@ -245,6 +254,7 @@ struct FileSettings {
     job_workers: Option<usize>,
     enable_unsafe_script_handler: Option<bool>,
     mcp_stdio_for_all_accounts: Option<bool>,
+    mcp_private_urls_for_all_accounts: Option<bool>,
     script_timeout_ms: Option<u64>,
     argument_validation_timeout_ms: Option<u64>,
     script_memory_limit_bytes: Option<usize>,
@@ -312,6 +322,9 @@ pub struct Settings {
     pub enable_unsafe_script_handler: bool,
     /// Whether accounts other than the admin may attach stdio MCP servers.
     pub mcp_stdio_for_all_accounts: bool,
+    /// Whether accounts other than the admin may attach HTTP MCP servers on
+    /// loopback and private-network addresses.
+    pub mcp_private_urls_for_all_accounts: bool,
     pub script_timeout_ms: u64,
     pub script_memory_limit_bytes: usize,
     pub argument_validation_timeout_ms: u64,
@@ -442,6 +455,7 @@ impl Settings {
             // A flag, or the variable however it is spelled, wins over the file.
             enable_unsafe_script_handler: pick!(enable_unsafe_script_handler, false),
             mcp_stdio_for_all_accounts: pick!(mcp_stdio_for_all_accounts, false),
+            mcp_private_urls_for_all_accounts: pick!(mcp_private_urls_for_all_accounts, false),
             script_timeout_ms: pick!(script_timeout_ms, Self::DEFAULT_SCRIPT_TIMEOUT_MS),
             argument_validation_timeout_ms: pick!(
                 argument_validation_timeout_ms,

@@ -21,7 +21,7 @@ use axum::routing::post;
 use common::mcp::{
     allow_irreversible, call, create_server, http_body, server_entry, tool, wait_for_source,
 };
-use common::{TestServer, spawn_app};
+use common::{SpawnOptions, TestServer, spawn_app, spawn_with};
 use serde_json::{Value, json};
 
 /// What the scripted server counted.
@@ -401,7 +401,12 @@ async fn stderr_without_a_newline_costs_no_memory() {
 
 #[tokio::test]
 async fn one_accounts_server_slow_to_close_holds_up_no_other_accounts_writes() {
-    let server = spawn_app().await;
+    // The scripted server is on loopback, which a tenant may reach only so.
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--mcp-private-urls-for-all-accounts".into()],
+        ..Default::default()
+    })
+    .await;
     let (base, seen) = start_hostile().await;
     let tenant = server.create_account("tenant").await;
     let url = format!("{base}/slowclose/mcp");
@@ -444,4 +449,66 @@ async fn one_accounts_server_slow_to_close_holds_up_no_other_accounts_writes() {
     }
     let deleted = delete.await;
     assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+}
+
+#[tokio::test]
+async fn only_the_admin_attaches_servers_on_loopback_or_private_networks() {
+    let refusing = spawn_app().await;
+    let allowing = spawn_with(SpawnOptions {
+        args: vec!["--mcp-private-urls-for-all-accounts".into()],
+        ..Default::default()
+    })
+    .await;
+    for url in [
+        "http://127.0.0.1:8700/api/tools/register",
+        "http://localhost:6379/",
+        "http://10.0.0.7/mcp",
+        "http://[::1]:8700/mcp",
+    ] {
+        for (server, expected) in [
+            (&refusing, StatusCode::FORBIDDEN),
+            (&allowing, StatusCode::CREATED),
+        ] {
+            let tenant = server.create_account(&format!("t{}", url.len())).await;
+            let body = http_body(&format!("near{}", url.len()), url, json!({"enabled": true}));
+            let reply = server
+                .send_as(
+                    &tenant,
+                    reqwest::Method::POST,
+                    "/mcp/servers",
+                    Some(body.clone()),
+                )
+                .await;
+            assert_eq!(reply.status, expected, "{url}: {reply:?}");
+            if expected == StatusCode::FORBIDDEN {
+                assert!(
+                    reply.text.contains("--mcp-private-urls-for-all-accounts"),
+                    "{reply:?}"
+                );
+                // The admin is the operator, and may.
+                assert_eq!(
+                    server.post("/mcp/servers", body).await.status,
+                    StatusCode::CREATED
+                );
+            }
+        }
+    }
+    // A tenant's disabled server runs nothing, and may be stored; enabling it
+    // is refused.
+    let tenant = refusing.create_account("later").await;
+    let body = http_body("off", "http://127.0.0.1:1/mcp", json!({"enabled": false}));
+    let stored = refusing
+        .send_as(&tenant, reqwest::Method::POST, "/mcp/servers", Some(body))
+        .await;
+    assert_eq!(stored.status, StatusCode::CREATED, "{stored:?}");
+    let id = stored.body["data"]["id"].as_str().unwrap();
+    let toggled = refusing
+        .send_as(
+            &tenant,
+            reqwest::Method::PATCH,
+            &format!("/mcp/servers/{id}/toggle"),
+            Some(json!({"enabled": true})),
+        )
+        .await;
+    assert_eq!(toggled.status, StatusCode::FORBIDDEN, "{toggled:?}");
 }

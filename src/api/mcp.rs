@@ -357,20 +357,29 @@ fn may_run(
     }
 }
 
-/// Refuses to start a stdio server's command for `account` when the
-/// runtime's rule does not allow it ([`crate::runtime::ToolRuntime::may_run_mcp_command`]).
+/// Refuses to start `config` for `account` when the runtime's rules do not
+/// allow it: a stdio server's command
+/// ([`crate::runtime::ToolRuntime::may_run_mcp_command`]), or an HTTP server
+/// on loopback or a private network
+/// ([`crate::runtime::ToolRuntime::may_reach_mcp_url`]).
 pub(super) fn may_spawn(
     state: &AppState,
     account: &crate::store::Account,
     config: &McpServerConfig,
 ) -> crate::error::Result<()> {
-    if state.runtime.may_run_mcp_command(config, account.is_admin) {
-        return Ok(());
+    if !state.runtime.may_run_mcp_command(config, account.is_admin) {
+        return Err(crate::error::Error::refused(
+            crate::error::ErrorCode::Forbidden,
+            "only the admin account may run stdio MCP servers (their commands run as the server's user); use the http transport, or start the server with --mcp-stdio-for-all-accounts",
+        ));
     }
-    Err(crate::error::Error::refused(
-        crate::error::ErrorCode::Forbidden,
-        "only the admin account may run stdio MCP servers (their commands run as the server's user); use the http transport, or start the server with --mcp-stdio-for-all-accounts",
-    ))
+    if !state.runtime.may_reach_mcp_url(config, account.is_admin) {
+        return Err(crate::error::Error::refused(
+            crate::error::ErrorCode::Forbidden,
+            "only the admin account may attach HTTP MCP servers on loopback or private-network addresses (toolgate itself and the machine's other services answer there); use a public address, or start the server with --mcp-private-urls-for-all-accounts",
+        ));
+    }
+    Ok(())
 }
 
 /// Changes a stored server in one write transaction (`change` sees the row as

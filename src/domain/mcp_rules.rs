@@ -329,6 +329,59 @@ pub fn is_link_local(ip: std::net::IpAddr) -> bool {
     }
 }
 
+/// Where an HTTP MCP connection may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Anywhere but link-local addresses: the admin's servers, or every
+    /// account's with `--mcp-private-urls-for-all-accounts`.
+    Any,
+    /// Public addresses only: toolgate itself, trusting loopback peers on
+    /// `/api/tools`, and the machine's other services answer on the rest.
+    PublicOnly,
+}
+
+impl Reach {
+    /// Whether a connection may go to `ip`.
+    pub fn allows(self, ip: std::net::IpAddr) -> bool {
+        !is_link_local(ip) && (self == Reach::Any || !is_private(ip))
+    }
+
+    /// Whether a connection may go to the URL's host as far as its text
+    /// tells (an IP address, or a `localhost` name); a host name's addresses
+    /// are checked again when it is resolved.
+    pub fn allows_url(self, url: &url::Url) -> bool {
+        match literal_ip(url) {
+            Some(ip) => self.allows(ip),
+            None => self == Reach::Any || !names_localhost(url),
+        }
+    }
+}
+
+/// Loopback, private-network, shared (carrier-grade NAT), unique-local and
+/// unspecified addresses, and IPv4 ones mapped into IPv6.
+pub fn is_private(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_unspecified()
+                || (a == 100 && (64..128).contains(&b))
+        }
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_private(v4.into()),
+            None => v6.is_loopback() || v6.is_unspecified() || v6.is_unique_local(),
+        },
+    }
+}
+
+fn names_localhost(url: &url::Url) -> bool {
+    url.host_str().is_some_and(|host| {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        host == "localhost" || host.ends_with(".localhost")
+    })
+}
+
 /// The URL's host when it is an IP address (decimal and other IPv4 spellings
 /// are normalised by the URL parser).
 pub fn literal_ip(url: &url::Url) -> Option<std::net::IpAddr> {
@@ -435,6 +488,41 @@ mod tests {
             }),
             ..stdio()
         }
+    }
+
+    #[test]
+    fn public_only_reach_keeps_off_loopback_and_private_networks() {
+        let reaches = |url: &str| {
+            let url = url::Url::parse(url).unwrap();
+            (
+                Reach::Any.allows_url(&url),
+                Reach::PublicOnly.allows_url(&url),
+            )
+        };
+        for url in [
+            "http://127.0.0.1:8700/api/tools",
+            "http://2130706433/",
+            "http://[::1]/mcp",
+            "http://[::ffff:127.0.0.1]/mcp",
+            "http://10.1.2.3/",
+            "http://172.20.0.1/",
+            "http://192.168.1.1/",
+            "http://100.100.0.1/",
+            "http://0.0.0.0:8700/",
+            "http://[fd00::1]/",
+            "http://localhost:8700/mcp",
+            "http://api.LOCALHOST./mcp",
+        ] {
+            assert_eq!(reaches(url), (true, false), "{url}");
+        }
+        for url in [
+            "https://mcp.example.com/mcp",
+            "http://8.8.8.8/",
+            "http://[2001:db8::1]/",
+        ] {
+            assert_eq!(reaches(url), (true, true), "{url}");
+        }
+        assert_eq!(reaches("http://169.254.169.254/"), (false, false));
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl ToolRuntime {
             store.clone(),
             settings.max_tool_schema_bytes,
             settings.callback_response_limit_bytes,
+            settings.mcp_private_urls_for_all_accounts,
         ));
         let providers: Vec<Arc<dyn ToolProvider>> = vec![
             Arc::new(BuiltinProvider::new(store.clone())),
@@ -258,8 +259,11 @@ impl ToolRuntime {
         let may_start = |server: &crate::domain::mcp::McpServer| {
             let is_admin = admin.as_deref() == Some(server.account_id.as_str());
             self.may_run_mcp_command(&server.config, is_admin)
+                && self.may_reach_mcp_url(&server.config, is_admin)
         };
-        self.mcp.start(Arc::new(self.clone()), may_start).await
+        self.mcp
+            .start(Arc::new(self.clone()), admin.clone(), may_start)
+            .await
     }
 
     /// Whether an account may have `config` run: a stdio server's command runs
@@ -271,6 +275,26 @@ impl ToolRuntime {
         is_admin: bool,
     ) -> bool {
         !config.transport.is_stdio() || is_admin || self.settings.mcp_stdio_for_all_accounts
+    }
+
+    /// Whether an account may have an HTTP server at `config`'s URL: on
+    /// loopback or a private network toolgate itself (trusting loopback peers
+    /// on `/api/tools`) and the machine's other services answer, so only the
+    /// admin's may, unless `--mcp-private-urls-for-all-accounts`. A host name
+    /// is held to the same rule when it is resolved at connect time.
+    pub fn may_reach_mcp_url(
+        &self,
+        config: &crate::domain::mcp::McpServerConfig,
+        is_admin: bool,
+    ) -> bool {
+        let crate::domain::mcp::McpTransport::Http(http) = &config.transport else {
+            return true;
+        };
+        is_admin
+            || self.settings.mcp_private_urls_for_all_accounts
+            || url::Url::parse(&http.url).map_or(true, |url| {
+                crate::domain::mcp_rules::Reach::PublicOnly.allows_url(&url)
+            })
     }
 }
 

@@ -23,6 +23,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::traced_http::TracedHttpClient;
 use crate::domain::mcp::{HttpConfig, McpServerConfig, McpTransport, StdioConfig};
+use crate::domain::mcp_rules::Reach;
 
 /// Most tools toolgate takes from one server.
 pub const MAX_TOOLS_PER_SERVER: usize = 1_000;
@@ -82,6 +83,7 @@ impl Connection {
         config: &McpServerConfig,
         server_id: &str,
         notices: mpsc::Sender<Notice>,
+        reach: Reach,
     ) -> Result<Self, String> {
         let handler = Handler { notices };
         let lifecycle = ClientLifecycleMode::Initialize;
@@ -97,7 +99,7 @@ impl Connection {
                 served
             }
             McpTransport::Http(http) => {
-                let transport = http_transport(http)?;
+                let transport = http_transport(http, reach)?;
                 handler.serve_with_lifecycle(transport, lifecycle).await
             }
         }
@@ -321,16 +323,16 @@ impl StderrLog {
 
 fn http_transport(
     http: &HttpConfig,
+    reach: Reach,
 ) -> Result<StreamableHttpClientTransport<TracedHttpClient>, String> {
-    // A configuration stored before link-local URLs were refused is held to
+    // A configuration stored before these addresses were refused is held to
     // the rule here too: the resolver never sees an IP-literal host.
     if let Ok(url) = url::Url::parse(&http.url)
-        && let Some(ip) = crate::domain::mcp_rules::literal_ip(&url)
-        && crate::domain::mcp_rules::is_link_local(ip)
+        && !reach.allows_url(&url)
     {
         return Err(format!(
-            "http.url {}",
-            crate::domain::mcp_rules::LINK_LOCAL_REFUSAL
+            "http.url is out of reach: {}",
+            super::traced_http::refused_ranges(reach)
         ));
     }
     let mut headers = HashMap::new();
@@ -350,7 +352,7 @@ fn http_transport(
     retry.max_times = Some(1);
     config.retry_config = Arc::new(retry);
     Ok(StreamableHttpClientTransport::with_client(
-        TracedHttpClient::new()?,
+        TracedHttpClient::new(reach)?,
         config,
     ))
 }

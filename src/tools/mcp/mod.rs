@@ -95,6 +95,24 @@ struct Shared {
     max_result_bytes: usize,
     listener: OnceLock<Arc<dyn McpListener>>,
     snapshots: Mutex<FastMap<String, Snapshot>>,
+    /// The admin account, known from `start`: its servers may reach
+    /// loopback and private networks.
+    admin_account_id: OnceLock<Option<String>>,
+    /// `--mcp-private-urls-for-all-accounts`.
+    private_urls_for_all_accounts: bool,
+}
+
+impl Shared {
+    /// Where `server`'s HTTP connections may go.
+    fn reach(&self, server: &McpServer) -> crate::domain::mcp_rules::Reach {
+        use crate::domain::mcp_rules::Reach;
+        let admin = self.admin_account_id.get().and_then(Option::as_deref);
+        if self.private_urls_for_all_accounts || admin == Some(server.account_id.as_str()) {
+            Reach::Any
+        } else {
+            Reach::PublicOnly
+        }
+    }
 }
 
 /// Every MCP server the runtime has attached, and the connection of each.
@@ -113,7 +131,12 @@ impl std::fmt::Debug for McpHub {
 }
 
 impl McpHub {
-    pub fn new(store: Store, max_schema_bytes: usize, max_result_bytes: usize) -> Self {
+    pub fn new(
+        store: Store,
+        max_schema_bytes: usize,
+        max_result_bytes: usize,
+        private_urls_for_all_accounts: bool,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 store,
@@ -121,6 +144,8 @@ impl McpHub {
                 max_result_bytes,
                 listener: OnceLock::new(),
                 snapshots: Mutex::new(FastMap::default()),
+                admin_account_id: OnceLock::new(),
+                private_urls_for_all_accounts,
             }),
             slots: RwLock::new(FastMap::default()),
         }
@@ -131,9 +156,11 @@ impl McpHub {
     pub async fn start(
         &self,
         listener: Arc<dyn McpListener>,
+        admin_account_id: Option<String>,
         may_start: impl Fn(&McpServer) -> bool,
     ) -> crate::error::Result<()> {
         let _ = self.shared.listener.set(listener);
+        let _ = self.shared.admin_account_id.set(admin_account_id);
         for stored in self.shared.store.mcp_snapshots().await? {
             let tools: Vec<Tool> = match serde_json::from_value(stored.tools) {
                 Ok(tools) => tools,
@@ -308,8 +335,13 @@ impl McpHub {
         let timeout = std::time::Duration::from_millis(server.config.connect_timeout_ms);
         let (notices, _ignored) = mpsc::channel(1);
         let attempt = tokio::time::timeout(timeout, async {
-            let connection =
-                connection::Connection::open(&server.config, &server.id, notices).await?;
+            let connection = connection::Connection::open(
+                &server.config,
+                &server.id,
+                notices,
+                self.shared.reach(server),
+            )
+            .await?;
             let listed = connection.list_tools().await;
             connection.close().await;
             listed

@@ -117,7 +117,8 @@ async fn connect_and_run(
     let opened = tokio::select! {
         _ = slot.stop.cancelled() => return End::Stop,
         opened = tokio::time::timeout(timeout, async {
-            let connection = Connection::open(config, &slot.server.id, notices).await?;
+            let reach = shared.reach(&slot.server);
+            let connection = Connection::open(config, &slot.server.id, notices, reach).await?;
             let tools = connection.list_tools().await;
             match tools {
                 Ok(tools) => Ok((connection, tools)),

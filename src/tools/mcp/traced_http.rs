@@ -20,6 +20,8 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 
+use crate::domain::mcp_rules::Reach;
+
 /// What rmcp's client methods answer.
 type Answer<T> = Result<T, StreamableHttpError<reqwest::Error>>;
 
@@ -37,7 +39,7 @@ impl TracedHttpClient {
     /// answer to delayed-ACK stalls on reused connections) and same-origin
     /// 307/308 redirects only, so a redirect never replays the session id
     /// or the configured headers to another host, nor turns a POST into a GET.
-    pub fn new() -> Result<Self, String> {
+    pub fn new(reach: Reach) -> Result<Self, String> {
         let redirects = reqwest::redirect::Policy::custom(|attempt| {
             let keeps_body = matches!(
                 attempt.status(),
@@ -58,29 +60,33 @@ impl TracedHttpClient {
         let inner = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .redirect(redirects)
-            .dns_resolver(Arc::new(NoLinkLocal))
+            .dns_resolver(Arc::new(Reachable(reach)))
             .build()
             .map_err(|err| format!("the MCP HTTP client could not be built: {err}"))?;
         Ok(Self { inner })
     }
 }
 
-/// The system resolver, less every link-local address: a host name an
-/// account configured (or one it redirects to on the same origin) must not
-/// lead a connection to a cloud metadata service. IP-literal URLs never reach
-/// a resolver; they are checked when configured and again at connect time.
-struct NoLinkLocal;
+/// The system resolver, less every address the connection may not reach:
+/// a host name an account configured (or one it redirects to on the same
+/// origin) must not lead a connection to a cloud metadata service, nor, for
+/// [`Reach::PublicOnly`], to loopback or a private network. IP-literal URLs
+/// never reach a resolver; they are checked when configured and again at
+/// connect time.
+struct Reachable(Reach);
 
-impl reqwest::dns::Resolve for NoLinkLocal {
+impl reqwest::dns::Resolve for Reachable {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_owned();
+        let reach = self.0;
         Box::pin(async move {
             let found: Vec<std::net::SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let allowed = allowed_addresses(found);
+            let allowed = allowed_addresses(found, reach);
             if allowed.is_empty() {
                 return Err(format!(
-                    "{host} resolves to no address an MCP connection may reach (link-local addresses are refused)"
+                    "{host} resolves to no address this MCP connection may reach ({})",
+                    refused_ranges(reach)
                 )
                 .into());
             }
@@ -89,11 +95,21 @@ impl reqwest::dns::Resolve for NoLinkLocal {
     }
 }
 
+/// What `reach` keeps a connection from, in words.
+pub fn refused_ranges(reach: Reach) -> &'static str {
+    match reach {
+        Reach::Any => "link-local addresses are refused",
+        Reach::PublicOnly => {
+            "link-local, loopback and private-network addresses are refused; only the admin may attach servers there, unless --mcp-private-urls-for-all-accounts"
+        }
+    }
+}
+
 /// The addresses a connection may go to, in the resolver's order.
-fn allowed_addresses(found: Vec<std::net::SocketAddr>) -> Vec<std::net::SocketAddr> {
+fn allowed_addresses(found: Vec<std::net::SocketAddr>, reach: Reach) -> Vec<std::net::SocketAddr> {
     found
         .into_iter()
-        .filter(|address| !crate::domain::mcp_rules::is_link_local(address.ip()))
+        .filter(|address| reach.allows(address.ip()))
         .collect()
 }
 
@@ -242,24 +258,42 @@ mod tests {
     use reqwest::dns::Resolve;
 
     #[test]
-    fn resolved_link_local_addresses_are_dropped() {
-        let found = ["169.254.169.254:0", "127.0.0.1:0", "[fe80::1]:0", "[::1]:0"]
-            .map(|address| address.parse().unwrap());
-        let allowed: Vec<String> = allowed_addresses(found.to_vec())
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(allowed, ["127.0.0.1:0", "[::1]:0"]);
+    fn resolved_addresses_out_of_reach_are_dropped() {
+        let found = [
+            "169.254.169.254:0",
+            "127.0.0.1:0",
+            "[fe80::1]:0",
+            "[::1]:0",
+            "10.0.0.1:0",
+            "93.184.216.34:0",
+        ]
+        .map(|address| address.parse().unwrap());
+        let allowed = |reach| -> Vec<String> {
+            allowed_addresses(found.to_vec(), reach)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            allowed(Reach::Any),
+            ["127.0.0.1:0", "[::1]:0", "10.0.0.1:0", "93.184.216.34:0"]
+        );
+        assert_eq!(allowed(Reach::PublicOnly), ["93.184.216.34:0"]);
     }
 
     #[tokio::test]
-    async fn the_resolver_still_finds_loopback_names() {
-        let name: reqwest::dns::Name = "localhost".parse().unwrap();
-        let found: Vec<_> = NoLinkLocal.resolve(name).await.unwrap().collect();
+    async fn loopback_names_resolve_only_for_any_reach() {
+        let name = || "localhost".parse::<reqwest::dns::Name>().unwrap();
+        let found: Vec<_> = Reachable(Reach::Any)
+            .resolve(name())
+            .await
+            .unwrap()
+            .collect();
         assert!(
             found.iter().all(|address| address.ip().is_loopback()),
             "{found:?}"
         );
         assert!(!found.is_empty());
+        assert!(Reachable(Reach::PublicOnly).resolve(name()).await.is_err());
     }
 }
