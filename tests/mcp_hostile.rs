@@ -31,6 +31,8 @@ struct Seen {
     calls: AtomicUsize,
     /// Session ends (`DELETE`) received.
     ends: AtomicUsize,
+    /// Answers to the server's own requests received.
+    answers: AtomicUsize,
 }
 
 /// A session's end; in `slowclose` mode never answered.
@@ -70,6 +72,11 @@ async fn answer(
         // A notification (`notifications/initialized`, a cancel).
         return StatusCode::ACCEPTED.into_response();
     };
+    if request.get("method").is_none() {
+        // toolgate's answer to one of our requests.
+        seen.answers.fetch_add(1, Ordering::SeqCst);
+        return StatusCode::ACCEPTED.into_response();
+    }
     let result = |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
     match request["method"].as_str().unwrap_or_default() {
         "initialize" => {
@@ -165,6 +172,20 @@ fn called(mode: &str, id: Value) -> Response {
             events.push_str(&format!("data: {done}\n\n"));
             ([(header::CONTENT_TYPE, "text/event-stream")], events).into_response()
         }
+        // The answer comes behind a flood of the server's own requests.
+        "requests" => {
+            let mut events = String::new();
+            for n in 0..400 {
+                let request =
+                    json!({"jsonrpc": "2.0", "id": format!("s{n}"), "method": "roots/list"});
+                events.push_str(&format!("data: {request}\n\n"));
+            }
+            let done = json!({"jsonrpc": "2.0", "id": id, "result": {
+                "content": [{"type": "text", "text": "requested"}],
+            }});
+            events.push_str(&format!("data: {done}\n\n"));
+            ([(header::CONTENT_TYPE, "text/event-stream")], events).into_response()
+        }
         _ => axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": {
             "content": [{"type": "text", "text": "done"}],
         }}))
@@ -187,6 +208,19 @@ async fn attach(server: &TestServer, base: &str, mode: &str, prefix: &str) -> St
 }
 
 const WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until the MCP server's status (`GET /mcp/servers/{id}/status`, as
+/// the admin) shows an `error` containing `text`.
+async fn wait_for_error(server: &TestServer, id: &str, text: &str) {
+    let status = format!("/mcp/servers/{id}/status");
+    common::wait_until(WAIT, &format!("the status error {text:?}"), || async {
+        let reply = server.get(&status).await;
+        reply.body["data"]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains(text))
+    })
+    .await;
+}
 
 /// A server with the scripted one attached in `mode`, live, and a session
 /// that may call its (irreversible) tools: the server, what the scripted one
@@ -242,17 +276,7 @@ async fn a_listing_without_end_fails_with_its_reason() {
         ("many", "m", "more than 1000 tools"),
     ] {
         let id = attach(&server, &base, mode, prefix).await;
-        let status = format!("/mcp/servers/{id}/status");
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let reply = server.get(&status).await;
-            let error = reply.body["data"]["error"].as_str().unwrap_or_default();
-            if error.contains(reason) {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{mode}: {reply:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_error(&server, &id, reason).await;
         let catalog = common::mcp::catalog(&server, &session).await;
         let entry = server_entry(&catalog, &id).unwrap();
         assert_eq!(entry["catalog_source"], "unavailable", "{entry}");
@@ -342,14 +366,7 @@ async fn a_stdio_server_that_hangs_after_the_handshake_leaves_no_process_behind(
         shell_body("hangs", &marker, "", "--hang-tools-list"),
     )
     .await;
-    let status = format!("/mcp/servers/{id}/status");
-    common::wait_until(WAIT, "a connect attempt to time out", || async {
-        let reply = server.get(&status).await;
-        reply.body["data"]["error"]
-            .as_str()
-            .is_some_and(|error| error.contains("connect_timeout_ms"))
-    })
-    .await;
+    wait_for_error(&server, &id, "connect_timeout_ms").await;
     // A test connection times out the same way.
     let tested = server
         .post(&format!("/mcp/servers/{id}/test"), json!({}))
@@ -511,4 +528,30 @@ async fn only_the_admin_attaches_servers_on_loopback_or_private_networks() {
         )
         .await;
     assert_eq!(toggled.status, StatusCode::FORBIDDEN, "{toggled:?}");
+}
+
+#[tokio::test]
+async fn a_flood_of_server_requests_drops_the_connection() {
+    let (server, seen, session, id) = attached_live("requests", "r").await;
+    // The call's answer comes behind 400 requests; whether it is read before
+    // the connection is dropped is a race, and either outcome is journalled.
+    let reply = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "r_work", "arguments": {}}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    // The status shows it only until the next connection: the log keeps it.
+    let log = server.log_containing("requests in a second").await;
+    assert!(
+        log.lines()
+            .any(|line| line.contains(&id) && line.contains("requests in a second")),
+        "{log}"
+    );
+    let answered = seen.answers.load(Ordering::SeqCst);
+    assert!(
+        answered <= 60,
+        "{answered} of the server's requests answered"
+    );
 }

@@ -646,7 +646,13 @@ async fn duplicate_names_conflict_on_create_and_rename() {
 
 #[tokio::test]
 async fn accounts_never_see_each_other() {
-    let server = spawn_app().await;
+    // Tenants' servers here are on loopback (`tests/mcp_hostile.rs` tests
+    // that reach).
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--mcp-private-urls-for-all-accounts".into()],
+        ..Default::default()
+    })
+    .await;
     let second = server.create_account("second").await;
     let first_server = create(&server, secret_stdio_body("shared-name")).await;
     let id = id_of(&first_server);
@@ -1334,7 +1340,12 @@ fn config_of(server: &Value) -> Value {
 /// account may run one, unless the server is started to let every account.
 #[tokio::test]
 async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
-    let server = spawn_app().await;
+    // The tenant's http server is on loopback, which this flag allows.
+    let server = spawn_with(SpawnOptions {
+        args: vec!["--mcp-private-urls-for-all-accounts".into()],
+        ..Default::default()
+    })
+    .await;
     let tenant = server.create_account("tenant").await;
     let as_tenant = |method: Method, path: String, body: Value| {
         let tenant = tenant.clone();
@@ -1383,6 +1394,7 @@ async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
     create(&server, stdio_body("ours")).await;
 
     let mut open = spawn_with(SpawnOptions {
+        args: vec!["--mcp-private-urls-for-all-accounts".into()],
         env: vec![("TOOLGATE_MCP_STDIO_FOR_ALL_ACCOUNTS".into(), "true".into())],
         ..Default::default()
     })

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
+#[allow(deprecated)]
 use rmcp::model::{
-    ClientConfig, ClientRequest, Implementation, PaginatedRequestParams, PingRequest,
-    ProtocolVersion, ServerResult, Tool,
+    ClientConfig, ClientRequest, CreateMessageRequestParams, CreateMessageResult, CustomRequest,
+    CustomResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
+    ListRootsResult, PaginatedRequestParams, PingRequest, ProtocolVersion, ServerResult, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, RunningServiceCancellationToken};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RunningServiceCancellationToken};
 use rmcp::transport::common::client_side_sse::FixedInterval;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
@@ -48,8 +50,53 @@ pub enum Notice {
 /// one listing, not thousands.
 struct Handler {
     notices: mpsc::Sender<Notice>,
+    requests: RequestBudget,
 }
 
+/// Requests a server may send toolgate (ping, sampling, roots, elicitation,
+/// its own) in one second. A server has no need of more, and each is answered
+/// over its own exchange: a server sending thousands a second grew toolgate's
+/// memory without bound, so past this its connection is dropped as a flood
+/// (and the supervisor's breaker spaces out the reconnects).
+pub const MAX_SERVER_REQUESTS_PER_SECOND: u32 = 50;
+
+/// Counts a connection's server requests per second.
+struct RequestBudget {
+    window: std::sync::Mutex<(std::time::Instant, u32)>,
+    /// Cancelled when the server went past the budget.
+    flooded: CancellationToken,
+}
+
+impl RequestBudget {
+    fn new(flooded: CancellationToken) -> Self {
+        Self {
+            window: std::sync::Mutex::new((std::time::Instant::now(), 0)),
+            flooded,
+        }
+    }
+
+    /// Takes one request, or refuses it (and marks the connection flooded).
+    fn take(&self) -> Result<(), rmcp::ErrorData> {
+        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let (started, taken) = &mut *window;
+        if started.elapsed() >= Duration::from_secs(1) {
+            (*started, *taken) = (std::time::Instant::now(), 0);
+        }
+        *taken += 1;
+        if *taken <= MAX_SERVER_REQUESTS_PER_SECOND {
+            return Ok(());
+        }
+        self.flooded.cancel();
+        Err(rmcp::ErrorData::internal_error(
+            "too many requests from this server; the connection is being closed",
+            None,
+        ))
+    }
+}
+
+// Sampling and roots are deprecated (SEP-2577), but servers may still send
+// them: they are answered, as rmcp's defaults do, after being counted.
+#[allow(deprecated)]
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
@@ -57,6 +104,51 @@ impl ClientHandler for Handler {
             Implementation::new("toolgate", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn ping(&self, _context: RequestContext<RoleClient>) -> Result<(), rmcp::ErrorData> {
+        self.requests.take()
+    }
+
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, rmcp::ErrorData> {
+        self.requests.take()?;
+        Err(rmcp::ErrorData::method_not_found::<
+            rmcp::model::CreateMessageRequestMethod,
+        >())
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, rmcp::ErrorData> {
+        self.requests.take()?;
+        Ok(ListRootsResult::default())
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        self.requests.take()?;
+        Ok(ElicitResult::new(ElicitationAction::Decline))
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CustomResult, rmcp::ErrorData> {
+        self.requests.take()?;
+        Err(rmcp::ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            request.method,
+            None,
+        ))
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -73,6 +165,8 @@ pub struct Connection {
     cancel: Option<RunningServiceCancellationToken>,
     /// Cancelled when the service loop has ended.
     done: CancellationToken,
+    /// Cancelled when the server sent more requests than it may.
+    flooded: CancellationToken,
     /// A stdio child's process group (its pid: the child leads it).
     process_group: Option<u32>,
 }
@@ -85,7 +179,11 @@ impl Connection {
         notices: mpsc::Sender<Notice>,
         reach: Reach,
     ) -> Result<Self, String> {
-        let handler = Handler { notices };
+        let flooded = CancellationToken::new();
+        let handler = Handler {
+            notices,
+            requests: RequestBudget::new(flooded.clone()),
+        };
         let lifecycle = ClientLifecycleMode::Initialize;
         let mut process_group = None;
         let service = match &config.transport {
@@ -116,6 +214,7 @@ impl Connection {
             peer,
             cancel: Some(cancel),
             done,
+            flooded,
             process_group,
         })
     }
@@ -166,6 +265,12 @@ impl Connection {
     /// exited, or it was closed).
     pub fn ended(&self) -> WaitForCancellationFutureOwned {
         self.done.clone().cancelled_owned()
+    }
+
+    /// Resolves when the server has sent more requests in a second than
+    /// [`MAX_SERVER_REQUESTS_PER_SECOND`].
+    pub fn flooded(&self) -> WaitForCancellationFutureOwned {
+        self.flooded.clone().cancelled_owned()
     }
 
     /// Closes the connection; a stdio child is asked to exit, then killed with

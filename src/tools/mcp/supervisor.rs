@@ -163,6 +163,8 @@ async fn watch(
     refresh.reset();
     let ended = connection.ended();
     tokio::pin!(ended);
+    let flooded = connection.flooded();
+    tokio::pin!(flooded);
     // A changed list is listed again at most once per LIST_CHANGED_GAP; the
     // notices in between are one change.
     let mut listed_at = tokio::time::Instant::now();
@@ -171,6 +173,12 @@ async fn watch(
         tokio::select! {
             _ = slot.stop.cancelled() => return End::Stop,
             _ = &mut ended => return End::Lost("the server closed the connection".to_owned()),
+            _ = &mut flooded => {
+                return End::Lost(format!(
+                    "the server sent more than {} requests in a second; the connection was dropped",
+                    super::connection::MAX_SERVER_REQUESTS_PER_SECOND
+                ));
+            }
             command = commands.recv() => match command {
                 None => return End::Stop,
                 Some(Command::Disconnect) => return End::Disconnected,
