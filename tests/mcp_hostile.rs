@@ -80,7 +80,10 @@ async fn answer(
     let result = |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
     match request["method"].as_str().unwrap_or_default() {
         "initialize" => {
-            let version = request["params"]["protocolVersion"].clone();
+            let version = match mode.as_str() {
+                "badversion" => json!("1999-01-01"),
+                _ => request["params"]["protocolVersion"].clone(),
+            };
             let body = result(json!({
                 "protocolVersion": version,
                 "capabilities": {"tools": {"listChanged": true}},
@@ -553,5 +556,21 @@ async fn a_flood_of_server_requests_drops_the_connection() {
     assert!(
         answered <= 60,
         "{answered} of the server's requests answered"
+    );
+}
+
+#[tokio::test]
+async fn a_server_speaking_an_unknown_protocol_version_is_not_connected() {
+    let server = spawn_app().await;
+    let (base, seen) = start_hostile().await;
+    let session = server.create_session().await;
+    let id = attach(&server, &base, "badversion", "v").await;
+    wait_for_error(&server, &id, "protocol version \"1999-01-01\"").await;
+    let catalog = common::mcp::catalog(&server, &session).await;
+    assert!(tool(&catalog, "v_work").is_none(), "{catalog:#}");
+    assert_eq!(
+        seen.listings.load(Ordering::SeqCst),
+        0,
+        "nothing was listed"
     );
 }

@@ -203,6 +203,19 @@ impl Connection {
         }
         .map_err(|err| format!("the MCP handshake failed: {err}"))?;
         let peer = service.peer().clone();
+        if let Some(unknown) = peer
+            .peer_info()
+            .map(|info| info.protocol_version.clone())
+            .filter(|version| !ProtocolVersion::KNOWN_VERSIONS.contains(version))
+        {
+            // Its messages could mean anything: nothing is listed or called.
+            let _ = service.cancel().await;
+            kill_group(process_group);
+            let shown: String = unknown.as_str().chars().take(64).collect();
+            return Err(format!(
+                "the server answered protocol version {shown:?}, which toolgate does not speak"
+            ));
+        }
         let cancel = service.cancellation_token();
         let done = CancellationToken::new();
         let finished = done.clone();
