@@ -536,15 +536,15 @@ async fn only_the_admin_attaches_servers_on_loopback_or_private_networks() {
 #[tokio::test]
 async fn a_flood_of_server_requests_drops_the_connection() {
     let (server, seen, session, id) = attached_live("requests", "r").await;
-    // The call's answer comes behind 400 requests; whether it is read before
-    // the connection is dropped is a race, and either outcome is journalled.
-    let reply = server
-        .post(
-            &format!("/sessions/{session}/tool-calls"),
-            json!({"name": "r_work", "arguments": {}}),
-        )
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    // The call's answer comes behind 400 requests, and the connection is
+    // dropped before it is read: the call ends with the connection (not at
+    // its 10 s timeout), and may have run.
+    let result = call(&server, &session, "r_work", json!({})).await;
+    assert_eq!(result["status"], "uncertain", "{result}");
+    assert_eq!(
+        result["execution_reason_code"], "mcp_transport_error",
+        "{result}"
+    );
     // The status shows it only until the next connection: the log keeps it.
     let log = server.log_containing("requests in a second").await;
     assert!(

@@ -167,6 +167,8 @@ pub struct Connection {
     done: CancellationToken,
     /// Cancelled when the server sent more requests than it may.
     flooded: CancellationToken,
+    /// Cancelled when the connection is given up (`close` or `Drop`).
+    given_up: CancellationToken,
     /// A stdio child's process group (its pid: the child leads it).
     process_group: Option<u32>,
 }
@@ -228,6 +230,7 @@ impl Connection {
             cancel: Some(cancel),
             done,
             flooded,
+            given_up: CancellationToken::new(),
             process_group,
         })
     }
@@ -274,6 +277,15 @@ impl Connection {
         }
     }
 
+    /// The peer calls are sent through, with the token that ends them when
+    /// this connection is given up.
+    pub fn live_peer(&self) -> super::status::LivePeer {
+        super::status::LivePeer {
+            peer: self.peer.clone(),
+            given_up: self.given_up.clone(),
+        }
+    }
+
     /// Resolves when the connection has ended (the server hung up, the child
     /// exited, or it was closed).
     pub fn ended(&self) -> WaitForCancellationFutureOwned {
@@ -289,6 +301,7 @@ impl Connection {
     /// Closes the connection; a stdio child is asked to exit, then killed with
     /// its process group.
     pub async fn close(mut self) {
+        self.given_up.cancel();
         if let Some(cancel) = self.cancel.take() {
             cancel.cancel();
         }
@@ -302,6 +315,7 @@ impl Drop for Connection {
     /// task would hold the child's pipes and its process group would outlive
     /// the server's deletion and toolgate itself.
     fn drop(&mut self) {
+        self.given_up.cancel();
         let Some(cancel) = self.cancel.take() else {
             return;
         };

@@ -156,8 +156,8 @@ impl McpHandler {
             );
         };
         let state = slot.state();
-        let peer = match (&state.peer, state.connection) {
-            (Some(peer), ConnectionState::Connected) => peer.clone(),
+        let live = match (&state.peer, state.connection) {
+            (Some(live), ConnectionState::Connected) => live.clone(),
             (_, ConnectionState::ReconnectRequired) => {
                 return ToolOutcome::not_started(
                     ReasonCode::McpConnectionReconnectRequired,
@@ -180,9 +180,25 @@ impl McpHandler {
         };
         let params = self.params(attempt, args);
         let timeout_ms = slot.server.config.call_timeout_ms;
-        let answer =
-            tokio::time::timeout(Duration::from_millis(timeout_ms), peer.call_tool(params));
-        match answer.await {
+        let answer = tokio::time::timeout(Duration::from_millis(timeout_ms), async {
+            tokio::select! {
+                answer = live.peer.call_tool(params) => Some(answer),
+                () = live.given_up.cancelled() => None,
+            }
+        });
+        let answer = match answer.await {
+            Ok(Some(answer)) => Ok(answer),
+            // Sent on a connection given up since (dropped, recycled, the
+            // server deleted): the server may have run it.
+            Ok(None) => {
+                return ToolOutcome::timeout(
+                    ReasonCode::McpTransportError,
+                    "the MCP connection was given up while the call was in flight; the call may or may not have run",
+                );
+            }
+            Err(elapsed) => Err(elapsed),
+        };
+        match answer {
             Ok(Ok(result)) => outcome(result, self.hub.shared.max_result_bytes),
             Ok(Err(error)) => self.failed(error),
             Err(_) => {

@@ -88,12 +88,21 @@ pub struct Listed {
     pub at: i64,
 }
 
+/// A connected server's peer, and the token its connection cancels when it
+/// is given up (closed, dropped, timed out): a call in flight ends then, not
+/// at its own timeout.
+#[derive(Debug, Clone)]
+pub struct LivePeer {
+    pub peer: Peer<RoleClient>,
+    pub given_up: tokio_util::sync::CancellationToken,
+}
+
 /// What the supervisor knows about its server's connection.
 #[derive(Debug, Clone)]
 pub struct SlotState {
     pub connection: ConnectionState,
     /// Set while connected: what calls are sent through.
-    pub peer: Option<Peer<RoleClient>>,
+    pub peer: Option<LivePeer>,
     /// The last listing (live while connected, the snapshot otherwise).
     pub listed: Option<Listed>,
     pub connected_at: Option<i64>,

@@ -249,7 +249,7 @@ async fn publish_tools(
         slot.update(|state| {
             state.listed = Some(listed);
             state.connection = ConnectionState::Connected;
-            state.peer = connection.map(|c| c.peer.clone());
+            state.peer = connection.map(Connection::live_peer);
             state.connected_at = Some(connected_at);
             state.error = None;
         });
