@@ -33,6 +33,8 @@ enum End {
     Recycled,
     /// The server stopped answering or hung up.
     Lost(String),
+    /// As `Lost`, already recorded (before its connection was closed).
+    LostRecorded,
 }
 
 /// Runs the server's connection until the slot is stopped.
@@ -68,6 +70,7 @@ pub(super) async fn supervise(
                 record_failure(&slot, &shared, &error, "mcp.disconnected");
                 breaker.failure()
             }
+            End::LostRecorded => breaker.failure(),
         };
         tokio::select! {
             _ = slot.stop.cancelled() => return,
@@ -142,7 +145,15 @@ async fn connect_and_run(
     let connected_at = now_ms();
     publish_tools(slot, shared, tools, Some(&connection), connected_at).await;
     tracing::info!(server_id = %slot.server.id, server = ?config.name, "MCP server connected");
-    let end = watch(slot, shared, &connection, commands, &mut notice_rx).await;
+    let end = match watch(slot, shared, &connection, commands, &mut notice_rx).await {
+        // Said before the close, which may wait seconds for the server's
+        // session to end (and the status and events should not).
+        End::Lost(error) => {
+            record_failure(slot, shared, &error, "mcp.disconnected");
+            End::LostRecorded
+        }
+        end => end,
+    };
     slot.update(|state| state.peer = None);
     connection.close().await;
     end
