@@ -316,6 +316,11 @@ async fn an_answer_that_cannot_be_read_after_the_call_ran_is_uncertain() {
         "the server got the call"
     );
     assert_eq!(result["status"], "uncertain", "{result}");
+    let output = result["output"].as_str().unwrap();
+    assert!(
+        !output.contains("rmcp::"),
+        "a type path is no message: {output}"
+    );
     let row = server
         .get(&format!(
             "/tool-executions/{}",

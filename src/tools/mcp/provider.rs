@@ -260,14 +260,18 @@ impl McpHandler {
             ),
             ServiceError::TransportSend(error) if never_sent(&error) => ToolOutcome::not_started(
                 ReasonCode::McpTransportError,
-                format!("the call could not be sent to the MCP server: {error}"),
+                format!(
+                    "the call could not be sent to the MCP server: {}",
+                    error.error
+                ),
             ),
             // Over HTTP the request and its answer are one exchange: an answer
             // too large or unreadable fails the "send" after the server ran it.
             ServiceError::TransportSend(error) => ToolOutcome::timeout(
                 ReasonCode::McpTransportError,
                 format!(
-                    "the MCP server's answer could not be read ({error}); the call may or may not have run"
+                    "the MCP server's answer could not be read ({}); the call may or may not have run",
+                    error.error
                 ),
             ),
             // Sent, but the answer never came: it may have run.
