@@ -819,11 +819,15 @@ pub(super) async fn finish_execution_with(
     Ok(())
 }
 
-/// Finishes an opened row: `finish_params` binds it.
+/// Finishes an opened row: `finish_params` binds it. A row no longer opened
+/// is left as it is: another instance may have marked it `uncertain` while
+/// this one was taken for dead (stopped, not killed), and a decided row
+/// never changes its outcome again.
 pub(super) const FINISH_SQL: &str = "UPDATE tool_execution_record SET status = ?1, result_json = ?2, \
      error_message = ?3, execution_reason_code = ?4, lifecycle_state = 'finished', finished_at = ?5, \
      duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, \
-     commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 WHERE id = ?8";
+     commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 \
+     WHERE id = ?8 AND lifecycle_state = 'opened'";
 
 /// The parameters of [`FINISH_SQL`].
 pub(super) fn finish_params<'a>(

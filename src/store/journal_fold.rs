@@ -431,6 +431,43 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn an_outcome_never_changes_a_row_already_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, mut connection) = migrated();
+        let opened = row("exec_d");
+        let insert = [(
+            LoggedKind::Insert,
+            row_params(&opened, 1_200, "inst").to_vec(),
+        )];
+        fold(&mut connection, &pending(dir.path(), 2, &insert)).unwrap();
+        // Another instance took this one for dead and swept its rows.
+        connection
+            .execute(
+                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', \
+                 execution_reason_code = 'interrupted_by_restart' WHERE id = 'exec_d'",
+                [],
+            )
+            .unwrap();
+        let done = finish(None);
+        let late = [(
+            LoggedKind::Finish,
+            finish_params("exec_d", &done, 1_300).to_vec(),
+        )];
+        fold(&mut connection, &pending(dir.path(), 2, &late)).unwrap();
+        let (status, reason): (String, String) = connection
+            .query_row(
+                "SELECT status, execution_reason_code FROM tool_execution_record WHERE id = 'exec_d'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("uncertain", "interrupted_by_restart")
+        );
+    }
+
+    #[test]
     fn an_outcome_folded_after_its_row_updates_it_and_the_position_follows() {
         let dir = tempfile::tempdir().unwrap();
         let (_db, mut connection) = migrated();
