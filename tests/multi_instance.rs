@@ -515,3 +515,47 @@ async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_o
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_on_a_live_instance_survives_anothers_start() {
+    let database = shared_database().await;
+    let stand_in = common::model::StandIn::start(vec![common::model::Answer::Hang]).await;
+    let model: Vec<(String, String)> = stand_in.env();
+    let env: Vec<(&str, &str)> = model
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = instance(&database, &env).await;
+    let session = a.create_session().await;
+    let started = common::model::turn(&a, &session, "hello").await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let db = pool(&database).await;
+    let generation = |run_id: String| {
+        let db = db.clone();
+        async move {
+            sqlx::query("SELECT generation FROM floor_runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+                .get::<Option<String>, _>("generation")
+        }
+    };
+    common::wait_until(Duration::from_secs(30), "A's run to generate", || {
+        let generation = generation(run_id.clone());
+        async move { generation.await.as_deref() == Some("running") }
+    })
+    .await;
+    // B's start-up discards interrupted generations: A's is not one.
+    let b = instance(&database, &env).await;
+    assert_eq!(b.get("/healthz").await.status, StatusCode::OK);
+    assert_eq!(generation(run_id.clone()).await.as_deref(), Some("running"));
+    // A still owns it: a second floor there is refused while it generates.
+    let again = a
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "again"}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
+}

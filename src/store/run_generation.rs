@@ -33,10 +33,16 @@ impl GenerationState {
 }
 
 impl Store {
-    /// Records where the generation loop is with `run_id`.
+    /// Records where the generation loop is with `run_id`; a run that starts
+    /// generating is marked with this instance, which drives it.
     pub async fn set_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
-        sql!(self.conn().await?, c => query("UPDATE floor_runs SET generation = ? WHERE id = ?")
+        sql!(self.conn().await?, c => query(
+            "UPDATE floor_runs SET generation = ?1, \
+             generation_instance = CASE WHEN ?1 = 'running' THEN ?2 ELSE generation_instance END \
+             WHERE id = ?3",
+        )
             .bind(state.as_str())
+            .bind(self.instance_id())
             .bind(run_id)
             .execute(c)
             .await
@@ -66,11 +72,23 @@ impl Store {
     }
 
     /// Runs the loop was driving when the previous process stopped (no
-    /// process drives them now), as (account id, run id).
+    /// process drives them now), as (account id, run id). On a shared
+    /// database only those of dead instances: the previous one on this data
+    /// directory, those without a heartbeat for
+    /// [`super::cluster::STALE_AFTER_MS`], and runs from before instances were
+    /// recorded; a live instance's generation is its own.
     pub async fn interrupted_generations(&self) -> Result<Vec<(String, String)>> {
+        let stale_before = now_ms() - super::cluster::STALE_AFTER_MS;
         Ok(sql!(self.conn().await?, c => query(
-            "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open'",
+            "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open' \
+             AND (?1 = 0 OR generation_instance IS NULL OR generation_instance = ?2 \
+                  OR (generation_instance <> ?3 AND generation_instance NOT IN \
+                      (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?4)))",
         )
+        .bind(i64::from(self.shared_database()))
+        .bind(self.previous_instance())
+        .bind(self.instance_id())
+        .bind(stale_before)
         .fetch_all(c)
         .await?
         .iter()
