@@ -295,9 +295,8 @@ fn check_url(raw: &str) -> Result<()> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid("http.url", "must name a host"));
     }
-    if let Some(ip) = literal_ip(&url)
-        && is_link_local(ip)
-    {
+    // Every account may attach HTTP servers: the rule all of them share.
+    if !Reach::Any.allows_url(&url) {
         return Err(invalid("http.url", LINK_LOCAL_REFUSAL));
     }
     // The URL is stored and shown in clear; credentials belong in the headers,
@@ -311,15 +310,15 @@ fn check_url(raw: &str) -> Result<()> {
     Ok(())
 }
 
-/// Why a link-local address is refused, wherever it is found.
-pub const LINK_LOCAL_REFUSAL: &str = "must not be a link-local address (169.254.0.0/16, fe80::/10), where cloud metadata services answer";
+/// Why a configured link-local address is refused.
+const LINK_LOCAL_REFUSAL: &str = "must not be a link-local address (169.254.0.0/16, fe80::/10), where cloud metadata services answer";
 
 /// Whether an MCP connection may not go to `ip`: link-local addresses, where
 /// cloud metadata services answer with the machine's credentials. Any account
 /// may attach an HTTP server, so its URL (and every address its host name
 /// resolves to) is held to this. Loopback stays allowed: local MCP servers
 /// are the usual case.
-pub fn is_link_local(ip: std::net::IpAddr) -> bool {
+fn is_link_local(ip: std::net::IpAddr) -> bool {
     match ip {
         std::net::IpAddr::V4(v4) => v4.is_link_local(),
         std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -341,6 +340,27 @@ pub enum Reach {
 }
 
 impl Reach {
+    /// Where the servers of an account may go: anywhere (but link-local) for
+    /// the admin, or for everyone with `--mcp-private-urls-for-all-accounts`
+    /// (`for_all_accounts`).
+    pub fn of_owner(is_admin: bool, for_all_accounts: bool) -> Self {
+        if is_admin || for_all_accounts {
+            Reach::Any
+        } else {
+            Reach::PublicOnly
+        }
+    }
+
+    /// What this reach keeps a connection from, in words.
+    pub fn refusal(self) -> &'static str {
+        match self {
+            Reach::Any => "link-local addresses are refused",
+            Reach::PublicOnly => {
+                "link-local, loopback and private-network addresses are refused; only the admin may attach servers there, unless --mcp-private-urls-for-all-accounts"
+            }
+        }
+    }
+
     /// Whether a connection may go to `ip`.
     pub fn allows(self, ip: std::net::IpAddr) -> bool {
         !is_link_local(ip) && (self == Reach::Any || !is_private(ip))
@@ -359,7 +379,7 @@ impl Reach {
 
 /// Loopback, private-network, shared (carrier-grade NAT), unique-local and
 /// unspecified addresses, and IPv4 ones mapped into IPv6.
-pub fn is_private(ip: std::net::IpAddr) -> bool {
+fn is_private(ip: std::net::IpAddr) -> bool {
     match ip {
         std::net::IpAddr::V4(v4) => {
             let [a, b, ..] = v4.octets();
@@ -384,7 +404,7 @@ fn names_localhost(url: &url::Url) -> bool {
 
 /// The URL's host when it is an IP address (decimal and other IPv4 spellings
 /// are normalised by the URL parser).
-pub fn literal_ip(url: &url::Url) -> Option<std::net::IpAddr> {
+fn literal_ip(url: &url::Url) -> Option<std::net::IpAddr> {
     match url.host()? {
         url::Host::Ipv4(v4) => Some(v4.into()),
         url::Host::Ipv6(v6) => Some(v6.into()),

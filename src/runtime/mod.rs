@@ -290,11 +290,12 @@ impl ToolRuntime {
         let crate::domain::mcp::McpTransport::Http(http) = &config.transport else {
             return true;
         };
-        is_admin
-            || self.settings.mcp_private_urls_for_all_accounts
-            || url::Url::parse(&http.url).map_or(true, |url| {
-                crate::domain::mcp_rules::Reach::PublicOnly.allows_url(&url)
-            })
+        let reach = crate::domain::mcp_rules::Reach::of_owner(
+            is_admin,
+            self.settings.mcp_private_urls_for_all_accounts,
+        );
+        // A URL that does not parse is refused by validation, not here.
+        url::Url::parse(&http.url).map_or(true, |url| reach.allows_url(&url))
     }
 }
 

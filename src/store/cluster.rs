@@ -313,6 +313,18 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// The SQL condition that `column` names a dead instance, or none: the
+/// previous one on this data directory, or one (not this) without a heartbeat
+/// since [`STALE_AFTER_MS`]. The placeholders `[previous, this, stale_before]`
+/// bind [`Store::previous_instance`], this instance's id and the oldest live
+/// heartbeat time. One rule for every kind of row a dead instance leaves.
+pub(super) fn of_a_dead_instance(column: &str, [previous, this, stale_before]: [u8; 3]) -> String {
+    format!(
+        "({column} IS NULL OR {column} = ?{previous} OR ({column} <> ?{this} AND {column} NOT IN \
+         (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?{stale_before})))"
+    )
+}
+
 impl Store {
     /// Marks `uncertain` the rows left `opened` by instances that are dead
     /// (the previous one on this data directory, and those with no heartbeat
@@ -323,16 +335,18 @@ impl Store {
         let now = now_ms();
         let stale_before = now - STALE_AFTER_MS;
         let mut tx = self.begin_write().await?;
-        let changed = sql!(tx, c => query(
+        let sweep = format!(
             "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
              lifecycle_state = 'finished', finished_at = ?1, \
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the instance running this call stopped; its outcome is unknown'), \
              execution_reason_code = COALESCE(execution_reason_code, ?2) \
              WHERE lifecycle_state = 'opened' AND status <> 'queued' AND runtime_job_id IS NULL \
-               AND (instance_id IS NULL OR instance_id = ?5 OR (instance_id <> ?3 AND instance_id NOT IN \
-                    (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?4)))",
-        )
+               AND {}",
+            of_a_dead_instance("instance_id", [5, 3, 4])
+        );
+        // Built from a fixed column name and placeholder numbers only.
+        let changed = sql!(tx, c => query(sqlx::AssertSqlSafe(sweep))
         .bind(now)
         .bind(crate::reason::ReasonCode::InterruptedByRestart.as_str())
         .bind(&self.cluster.instance_id)

@@ -79,12 +79,14 @@ impl Store {
     /// recorded; a live instance's generation is its own.
     pub async fn interrupted_generations(&self) -> Result<Vec<(String, String)>> {
         let stale_before = now_ms() - super::cluster::STALE_AFTER_MS;
-        Ok(sql!(self.conn().await?, c => query(
+        let interrupted = format!(
             "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open' \
-             AND (?1 = 0 OR generation_instance IS NULL OR generation_instance = ?2 \
-                  OR (generation_instance <> ?3 AND generation_instance NOT IN \
-                      (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?4)))",
-        )
+             AND (?1 = 0 OR {})",
+            super::cluster::of_a_dead_instance("generation_instance", [2, 3, 4])
+        );
+        // Built from a fixed column name and placeholder numbers only.
+        Ok(
+            sql!(self.conn().await?, c => query(sqlx::AssertSqlSafe(interrupted))
         .bind(i64::from(self.shared_database()))
         .bind(self.previous_instance())
         .bind(self.instance_id())
@@ -93,7 +95,8 @@ impl Store {
         .await?
         .iter()
         .map(|row| (row.get("account_id"), row.get("id")))
-        .collect()))
+        .collect()),
+        )
     }
 
     /// Buffers the memory slot's notes in the run; blank notes are skipped,

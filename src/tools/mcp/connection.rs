@@ -462,10 +462,7 @@ fn http_transport(
     if let Ok(url) = url::Url::parse(&http.url)
         && !reach.allows_url(&url)
     {
-        return Err(format!(
-            "http.url is out of reach: {}",
-            super::traced_http::refused_ranges(reach)
-        ));
+        return Err(format!("http.url is out of reach: {}", reach.refusal()));
     }
     let mut headers = HashMap::new();
     for (name, value) in &http.headers {

@@ -105,13 +105,11 @@ struct Shared {
 impl Shared {
     /// Where `server`'s HTTP connections may go.
     fn reach(&self, server: &McpServer) -> crate::domain::mcp_rules::Reach {
-        use crate::domain::mcp_rules::Reach;
         let admin = self.admin_account_id.get().and_then(Option::as_deref);
-        if self.private_urls_for_all_accounts || admin == Some(server.account_id.as_str()) {
-            Reach::Any
-        } else {
-            Reach::PublicOnly
-        }
+        crate::domain::mcp_rules::Reach::of_owner(
+            admin == Some(server.account_id.as_str()),
+            self.private_urls_for_all_accounts,
+        )
     }
 }
 

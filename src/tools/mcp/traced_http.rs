@@ -86,22 +86,12 @@ impl reqwest::dns::Resolve for Reachable {
             if allowed.is_empty() {
                 return Err(format!(
                     "{host} resolves to no address this MCP connection may reach ({})",
-                    refused_ranges(reach)
+                    reach.refusal()
                 )
                 .into());
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
-    }
-}
-
-/// What `reach` keeps a connection from, in words.
-pub fn refused_ranges(reach: Reach) -> &'static str {
-    match reach {
-        Reach::Any => "link-local addresses are refused",
-        Reach::PublicOnly => {
-            "link-local, loopback and private-network addresses are refused; only the admin may attach servers there, unless --mcp-private-urls-for-all-accounts"
-        }
     }
 }
 

@@ -362,23 +362,11 @@ pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
     let Ok(value) = serde_json::from_slice::<Value>(bytes) else {
         return ToolOutcome::Success(Value::String(String::from_utf8_lossy(bytes).into_owned()));
     };
-    match value {
-        Value::Object(map)
-            if map
-                .get("is_error")
-                .is_some_and(|flag| !flag.is_boolean() && !flag.is_null()) =>
-        {
-            // An answer that says something other than yes or no about failing
-            // must not pass as a success the model and the journal believe.
-            ToolOutcome::error(
-                ReasonCode::RemoteInvalidAnswer,
-                format!(
-                    "the callback answered an is_error that is {}, not a boolean",
-                    crate::schema::json_kind(&map["is_error"])
-                ),
-            )
-        }
-        Value::Object(mut map) if map.get("is_error") == Some(&Value::Bool(true)) => {
+    let Value::Object(mut map) = value else {
+        return ToolOutcome::Success(value);
+    };
+    match map.get("is_error") {
+        Some(Value::Bool(true)) => {
             let message = match map.remove("error") {
                 Some(Value::String(message)) => message,
                 Some(Value::Null) | None => match map.remove("output") {
@@ -390,10 +378,19 @@ pub(crate) fn interpret_body(bytes: &[u8]) -> ToolOutcome {
             };
             ToolOutcome::error(ReasonCode::RemoteToolError, message)
         }
-        Value::Object(mut map) if map.contains_key("output") => {
-            ToolOutcome::Success(map.remove("output").unwrap_or(Value::Null))
-        }
-        other => ToolOutcome::Success(other),
+        Some(Value::Bool(false) | Value::Null) | None => match map.remove("output") {
+            Some(output) => ToolOutcome::Success(output),
+            None => ToolOutcome::Success(Value::Object(map)),
+        },
+        // An answer that says something other than yes or no about failing
+        // must not pass as a success the model and the journal believe.
+        Some(other) => ToolOutcome::error(
+            ReasonCode::RemoteInvalidAnswer,
+            format!(
+                "the callback answered an is_error that is {}, not a boolean",
+                crate::schema::json_kind(other)
+            ),
+        ),
     }
 }
 
