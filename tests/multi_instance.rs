@@ -559,3 +559,145 @@ async fn a_generation_on_a_live_instance_survives_anothers_start() {
         .await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
 }
+
+/// Two instances on one database, with a model that never answers (kept
+/// while the instances need it).
+async fn two_generating_instances(
+    database: &TestDatabase,
+) -> (common::model::StandIn, TestServer, TestServer) {
+    let stand_in = common::model::StandIn::start(Vec::new()).await;
+    stand_in.repeat(common::model::Answer::Hang);
+    let model: Vec<(String, String)> = stand_in.env();
+    let env: Vec<(&str, &str)> = model
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let a = instance(database, &env).await;
+    (stand_in, a, instance(database, &env).await)
+}
+
+async fn run_state(server: &TestServer, run_id: &str) -> String {
+    let run = server.get(&format!("/runs/{run_id}")).await;
+    assert_eq!(run.status, StatusCode::OK, "{run:?}");
+    run.body["data"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn assert_still_generating(reply: &common::Reply, what: &str) {
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{what}: {reply:?}");
+    assert_eq!(
+        reply.body["error"]["code"], "generation_in_progress",
+        "{what}: {reply:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_generates_once_across_instances_and_a_cancel_reaches_the_one_generating() {
+    let database = shared_database().await;
+    let (_model, a, b) = two_generating_instances(&database).await;
+    let session = a.create_session().await;
+    let path = format!("/sessions/{session}/floors");
+    let (on_a, on_b) = tokio::join!(
+        a.post(&path, json!({"content": "from a"})),
+        b.post(&path, json!({"content": "from b"}))
+    );
+    let (winner, loser, started, refused) = match (on_a.status, on_b.status) {
+        (StatusCode::ACCEPTED, StatusCode::CONFLICT) => (&a, &b, on_a, on_b),
+        (StatusCode::CONFLICT, StatusCode::ACCEPTED) => (&b, &a, on_b, on_a),
+        _ => panic!("one floor starts, the other is refused: {on_a:?} {on_b:?}"),
+    };
+    assert_still_generating(&refused, "the second floor");
+    let floors = a.get(&path).await;
+    assert_eq!(
+        floors.body["data"].as_array().map(Vec::len),
+        Some(1),
+        "the refused floor was not stored: {floors:?}"
+    );
+    let run_id = started.body["data"]["run_id"].as_str().unwrap().to_owned();
+    let page_id = started.body["data"]["page_id"].as_str().unwrap().to_owned();
+    let floor_id = started.body["data"]["floor_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Every way to close, choose or restart the run on the other instance waits.
+    for (what, reply) in [
+        (
+            "commit",
+            loser
+                .post(&format!("/runs/{run_id}/commit"), json!({}))
+                .await,
+        ),
+        (
+            "discard",
+            loser
+                .post(&format!("/runs/{run_id}/discard"), json!({}))
+                .await,
+        ),
+        (
+            "select",
+            loser
+                .post(&format!("/pages/{page_id}/select"), json!({}))
+                .await,
+        ),
+        (
+            "regenerate",
+            loser
+                .post(&format!("/floors/{floor_id}/regenerate"), json!({}))
+                .await,
+        ),
+        (
+            "floor",
+            loser.post(&path, json!({"content": "again"})).await,
+        ),
+    ] {
+        assert_still_generating(&reply, what);
+    }
+    assert_eq!(run_state(winner, &run_id).await, "open");
+    // The cancel is asked where the run is not generating, and ends it there.
+    let cancel = loser
+        .post(&format!("/runs/{run_id}/cancel"), json!({}))
+        .await;
+    assert_eq!(cancel.status, StatusCode::OK, "{cancel:?}");
+    assert_eq!(cancel.body["data"]["cancelled"], true, "{cancel:?}");
+    common::wait_until(
+        Duration::from_secs(30),
+        "the cancelled run to end",
+        || async { run_state(winner, &run_id).await == "discarded" },
+    )
+    .await;
+    // The session is free on every instance once the run has ended.
+    common::wait_until(
+        Duration::from_secs(30),
+        "the session to be free",
+        || async {
+            loser.post(&path, json!({"content": "next"})).await.status == StatusCode::ACCEPTED
+        },
+    )
+    .await;
+    let late = loser
+        .post(&format!("/runs/{run_id}/cancel"), json!({}))
+        .await;
+    assert_eq!(late.body["data"]["cancelled"], false, "{late:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_generation_is_discarded_by_a_live_one_without_a_restart() {
+    let database = shared_database().await;
+    let (_model, mut a, b) = two_generating_instances(&database).await;
+    let session = a.create_session().await;
+    let started = common::model::turn(&a, &session, "hello").await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    let path = format!("/sessions/{session}/floors");
+    assert_still_generating(&b.post(&path, json!({"content": "b"})).await, "floor on B");
+    a.kill().await;
+    // A is taken for dead after its heartbeat goes stale; B's sweep discards
+    // the run and B may generate in the session.
+    common::wait_until(Duration::from_secs(60), "B to discard A's run", || async {
+        run_state(&b, &run_id).await == "discarded"
+    })
+    .await;
+    let next = b.post(&path, json!({"content": "b again"})).await;
+    assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
+}

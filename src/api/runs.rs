@@ -108,10 +108,6 @@ async fn commit_run(
     Path(run_id): Path<String>,
     OptionalJson(body): OptionalJson<CommitRun>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    state
-        .runtime
-        .ensure_not_generating(&account.id, &run_id)
-        .await?;
     let run = state
         .runtime
         .commit_run(&account.id, &run_id, body.content.as_deref())
@@ -131,10 +127,6 @@ async fn discard_run(
     CurrentAccount(account): CurrentAccount,
     Path(run_id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    state
-        .runtime
-        .ensure_not_generating(&account.id, &run_id)
-        .await?;
     let run = state.runtime.discard_run(&account.id, &run_id).await?;
     Ok(axum::Json(Data {
         data: run_json(&run),

@@ -141,7 +141,7 @@ async fn append_floor(
     let runtime = &state.runtime;
     let session = runtime.store.session(&account.id, &id).await?;
     // Taken before anything is written: two floors at once cannot both start.
-    let claim = runtime.claim_turn(&session.id)?;
+    let claim = runtime.claim_turn(&session.id).await?;
     runtime
         .commit_finished_turn(&account.id, &session.id)
         .await?;

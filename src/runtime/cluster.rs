@@ -16,6 +16,57 @@ use crate::catalog::{CatalogChange, CatalogEvents};
 const TOPIC: &str = "catalog";
 /// The announcement topic of MCP server configuration changes.
 const MCP_TOPIC: &str = "mcp_servers";
+/// The announcement topic of a cancel asked of a run another instance generates.
+const RUN_CANCEL_TOPIC: &str = "run_cancel";
+/// How often an instance looks for generations that dead instances left
+/// running (an instance is taken for dead after [`crate::store::STALE_AFTER_MS`]).
+const DEAD_GENERATION_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Tells the instance generating `run_id` that a client asked to cancel it
+/// (recorded in the run too, for an instance that missed the news).
+pub(super) async fn announce_run_cancel(runtime: &ToolRuntime, run_id: &str) {
+    runtime
+        .store
+        .announce(
+            RUN_CANCEL_TOPIC,
+            serde_json::Value::String(run_id.to_owned()),
+        )
+        .await;
+}
+
+/// After announcements may have been missed: cancels this instance's
+/// generations that another instance recorded a cancel for.
+async fn catch_up_on_cancels(runtime: &ToolRuntime) {
+    match runtime
+        .store
+        .cancel_requested(&runtime.runs_generating_here())
+        .await
+    {
+        Ok(asked) => {
+            for run_id in asked {
+                runtime.cancel_asked_elsewhere(&run_id);
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "could not read the cancels asked of this instance's runs")
+        }
+    }
+}
+
+/// Discards the generations dead instances left running, so that their
+/// sessions' runs can be closed without waiting for some instance to start.
+async fn sweep_dead_generations(runtime: &ToolRuntime) {
+    match runtime.discard_interrupted_generations().await {
+        Ok(0) => {}
+        Ok(discarded) => {
+            tracing::warn!(
+                discarded,
+                "generations left running by a dead instance were discarded"
+            )
+        }
+        Err(err) => tracing::warn!(error = %err, "sweeping dead instances' generations failed"),
+    }
+}
 
 /// Tells the other instances about a catalog change made here.
 pub(super) async fn announce_catalog_change(runtime: &ToolRuntime, change: &CatalogChange) {
@@ -60,22 +111,39 @@ async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
 /// sessions until `stop` is cancelled.
 pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToken) {
     let mut events = runtime.store.cluster_events();
+    let mut sweep = tokio::time::interval(DEAD_GENERATION_SWEEP);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => return,
+            _ = sweep.tick() => {
+                sweep_dead_generations(&runtime).await;
+                continue;
+            }
             event = events.recv() => event,
         };
         let event = match event {
             Ok(event) => event,
             Err(RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "missed catalog changes of other instances");
+                catch_up_on_cancels(&runtime).await;
                 continue;
             }
             Err(RecvError::Closed) => return,
         };
-        if event.topic == MCP_TOPIC {
-            follow_mcp_server(&runtime, &event.data).await;
-            continue;
+        match event.topic.as_str() {
+            MCP_TOPIC => {
+                follow_mcp_server(&runtime, &event.data).await;
+                continue;
+            }
+            RUN_CANCEL_TOPIC => {
+                if let Some(run_id) = event.data.as_str() {
+                    runtime.cancel_asked_elsewhere(run_id);
+                }
+                continue;
+            }
+            "resync" => catch_up_on_cancels(&runtime).await,
+            _ => {}
         }
         if event.topic != TOPIC {
             continue;

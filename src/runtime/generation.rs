@@ -5,17 +5,17 @@
 //! restart loses neither.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::ToolRuntime;
+use super::runs::Generated;
 use crate::error::{Error, ErrorCode, Result};
 use crate::llm::LlmClient;
 use crate::model_sessions::ModelSessionEvent;
-use crate::store::{GenerationState, Run};
+use crate::store::{GenerationState, Run, Store};
 
 /// A run the loop is driving, as the floor route started it.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct Turn {
 /// A session's generation in progress in this process.
 #[derive(Debug, Clone)]
 pub(super) struct ActiveTurn {
-    claim_id: u64,
+    claim_id: String,
     /// None until the claimed turn has opened its run.
     pub run_id: Option<String>,
     pub cancel: CancellationToken,
@@ -41,15 +41,17 @@ pub(super) struct ActiveTurn {
 pub(super) type ActiveTurns = Arc<Mutex<HashMap<String, ActiveTurn>>>;
 
 /// A session's right to generate, taken in one step with the check that no
-/// other generation runs there; dropping it frees the session.
+/// other generation runs there, in this process and in the database (so on
+/// every instance sharing it); dropping it frees the session.
 pub struct TurnClaim {
     turns: ActiveTurns,
+    store: Store,
     session_id: String,
-    claim_id: u64,
+    claim_id: String,
     cancel: CancellationToken,
+    /// Whether the database row still has to be removed.
+    held_in_store: bool,
 }
-
-static NEXT_CLAIM: AtomicU64 = AtomicU64::new(1);
 
 impl TurnClaim {
     fn attach(&self, run_id: &str) {
@@ -59,6 +61,21 @@ impl TurnClaim {
         {
             active.run_id = Some(run_id.to_owned());
         }
+    }
+
+    /// Frees the session on every instance before returning, so that a floor
+    /// posted on the event that follows is accepted anywhere.
+    pub(super) async fn release(mut self) {
+        if let Err(error) = self
+            .store
+            .release_generation_claim(&self.session_id, &self.claim_id)
+            .await
+        {
+            // Left in place, the row is this instance's: its next claim of
+            // the session, or any instance once this one is dead, takes it over.
+            tracing::warn!(session_id = %self.session_id, %error, "could not release a generation claim");
+        }
+        self.held_in_store = false;
     }
 }
 
@@ -71,6 +88,21 @@ impl Drop for TurnClaim {
         {
             turns.remove(&self.session_id);
         }
+        drop(turns);
+        if self.held_in_store
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let (store, session_id, claim_id) = (
+                self.store.clone(),
+                std::mem::take(&mut self.session_id),
+                std::mem::take(&mut self.claim_id),
+            );
+            handle.spawn(async move {
+                if let Err(error) = store.release_generation_claim(&session_id, &claim_id).await {
+                    tracing::warn!(%session_id, %error, "could not release a generation claim");
+                }
+            });
+        }
     }
 }
 
@@ -81,28 +113,44 @@ pub(super) enum Ending {
 }
 
 impl ToolRuntime {
-    /// Takes the session's right to generate; refused while a generation runs.
-    /// None when no model is configured (nothing will generate).
-    pub fn claim_turn(&self, session_id: &str) -> Result<Option<TurnClaim>> {
+    /// Takes the session's right to generate; refused while a generation runs
+    /// here or on another instance. None when no model is configured
+    /// (nothing will generate).
+    pub async fn claim_turn(&self, session_id: &str) -> Result<Option<TurnClaim>> {
         if self.llm.is_none() {
             return Ok(None);
         }
-        let mut turns = self.turns.lock().expect("turns lock");
-        if let Some(active) = turns.get(session_id) {
-            return Err(still_generating(active.run_id.as_deref()));
+        let mut claim = {
+            let mut turns = self.turns.lock().expect("turns lock");
+            if let Some(active) = turns.get(session_id) {
+                return Err(still_generating(active.run_id.as_deref()));
+            }
+            let claim = TurnClaim {
+                turns: self.turns.clone(),
+                store: self.store.clone(),
+                session_id: session_id.to_owned(),
+                claim_id: crate::ids::new_id("claim"),
+                cancel: CancellationToken::new(),
+                held_in_store: false,
+            };
+            let active = ActiveTurn {
+                claim_id: claim.claim_id.clone(),
+                run_id: None,
+                cancel: claim.cancel.clone(),
+            };
+            turns.insert(session_id.to_owned(), active);
+            claim
+        };
+        // Dropped on refusal or error: the in-process claim goes with it.
+        if !self
+            .store
+            .claim_generation(session_id, &claim.claim_id)
+            .await?
+        {
+            let running = self.store.running_run_of_session(session_id).await?;
+            return Err(still_generating(running.as_deref()));
         }
-        let claim = TurnClaim {
-            turns: self.turns.clone(),
-            session_id: session_id.to_owned(),
-            claim_id: NEXT_CLAIM.fetch_add(1, Ordering::Relaxed),
-            cancel: CancellationToken::new(),
-        };
-        let active = ActiveTurn {
-            claim_id: claim.claim_id,
-            run_id: None,
-            cancel: claim.cancel.clone(),
-        };
-        turns.insert(session_id.to_owned(), active);
+        claim.held_in_store = true;
         Ok(Some(claim))
     }
 
@@ -129,26 +177,42 @@ impl ToolRuntime {
         self.discard_other_runs(account_id, &committed).await
     }
 
-    /// Discards the open runs of `chosen`'s floor other than `chosen`.
+    /// Discards the open runs of `chosen`'s floor other than `chosen`. A run
+    /// still marked generating is left: the session's claim is held, so its
+    /// instance is dead, and the sweep of dead instances discards it.
     pub(super) async fn discard_other_runs(&self, account_id: &str, chosen: &Run) -> Result<()> {
         for other in self
             .store
             .open_runs_of_floor(account_id, &chosen.floor_id)
             .await?
         {
-            if other.id != chosen.id {
-                self.discard_run(account_id, &other.id).await?;
+            if other.id == chosen.id {
+                continue;
+            }
+            match self.discard_run(account_id, &other.id).await {
+                Ok(_) => {}
+                Err(Error::Refused {
+                    code: ErrorCode::GenerationInProgress | ErrorCode::RunNotOpen,
+                    ..
+                }) => {
+                    tracing::info!(run_id = %other.id, "left a run another request or instance closes")
+                }
+                Err(error) => return Err(error),
             }
         }
         Ok(())
     }
 
-    /// Refuses while the session is generating.
-    pub(super) fn ensure_idle(&self, session_id: &str) -> Result<()> {
-        match self.turns.lock().expect("turns lock").get(session_id) {
-            Some(active) => Err(still_generating(active.run_id.as_deref())),
-            None => Ok(()),
+    /// Refuses while the session is generating, here or on another instance.
+    pub(super) async fn ensure_idle(&self, session_id: &str) -> Result<()> {
+        if let Some(active) = self.turns.lock().expect("turns lock").get(session_id) {
+            return Err(still_generating(active.run_id.as_deref()));
         }
+        if self.store.generating_elsewhere(session_id).await? {
+            let running = self.store.running_run_of_session(session_id).await?;
+            return Err(still_generating(running.as_deref()));
+        }
+        Ok(())
     }
 
     /// Starts a generation for a just-appended floor; None when no model is
@@ -164,7 +228,9 @@ impl ToolRuntime {
         let (Some(llm), Some(claim)) = (self.llm.clone(), claim) else {
             return Ok(None);
         };
-        let run = self.open_run(account_id, floor_id, Vec::new()).await?;
+        let run = self
+            .open_run_for(account_id, floor_id, Vec::new(), Generated::Yes)
+            .await?;
         self.begin(claim, llm, account_id, session_id, run.clone(), content)
             .await?;
         Ok(Some(run))
@@ -181,9 +247,6 @@ impl ToolRuntime {
         run: Run,
         content: &str,
     ) -> Result<()> {
-        self.store
-            .set_run_generation(&run.id, GenerationState::Running)
-            .await?;
         claim.attach(&run.id);
         let turn = Turn {
             account_id: account_id.to_owned(),
@@ -217,7 +280,7 @@ impl ToolRuntime {
                 }
                 tracing::info!(run_id = %run.id, "generation finished");
                 // Freed before the event: a floor posted on run_finished is accepted.
-                drop(claim);
+                claim.release().await;
                 self.emit(
                     &turn,
                     "run_finished",
@@ -229,7 +292,7 @@ impl ToolRuntime {
                 if let Err(error) = self.finish_failed(&turn.account_id, run).await {
                     tracing::warn!(run_id = %run.id, %error, "could not discard the failed run");
                 }
-                drop(claim);
+                claim.release().await;
                 self.emit(
                     &turn,
                     "run_failed",
@@ -257,12 +320,21 @@ impl ToolRuntime {
     /// finish them; they are discarded (their calls stay journalled).
     pub async fn discard_interrupted_generations(&self) -> Result<usize> {
         let interrupted = self.store.interrupted_generations().await?;
+        let mut discarded = 0;
         for (account_id, run_id) in &interrupted {
             let run = self.store.run(account_id, run_id).await?;
-            self.finish_failed(account_id, &run).await?;
+            match self.finish_failed(account_id, &run).await {
+                Ok(()) => discarded += 1,
+                // Another instance sweeping at the same time closed it first.
+                Err(Error::Refused {
+                    code: ErrorCode::RunNotOpen,
+                    ..
+                }) => continue,
+                Err(error) => return Err(error),
+            }
             tracing::warn!(run_id = %run_id, "a generation interrupted by the previous stop was discarded");
         }
-        Ok(interrupted.len())
+        Ok(discarded)
     }
 
     pub(super) fn emit(&self, turn: &Turn, kind: &'static str, mut data: Value) {

@@ -4,6 +4,13 @@ use super::ToolRuntime;
 use crate::error::{Error, Result};
 use crate::store::Run;
 
+/// Whether the generation loop drives a run from its opening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Generated {
+    Yes,
+    No,
+}
+
 impl ToolRuntime {
     /// Opens a run on the floor unless earlier attempts hold executions that are
     /// not replay-safe and that `confirmed` does not cover.
@@ -12,6 +19,19 @@ impl ToolRuntime {
         account_id: &str,
         floor_id: &str,
         confirmed: Vec<String>,
+    ) -> Result<Run> {
+        self.open_run_for(account_id, floor_id, confirmed, Generated::No)
+            .await
+    }
+
+    /// As [`Self::open_run`]; a run the loop generates is opened `running`
+    /// and this instance's, so that no client closes it before the loop ends.
+    pub(super) async fn open_run_for(
+        &self,
+        account_id: &str,
+        floor_id: &str,
+        confirmed: Vec<String>,
+        generated: Generated,
     ) -> Result<Run> {
         if confirmed.len() > 1000 {
             return Err(Error::validation(
@@ -39,7 +59,10 @@ impl ToolRuntime {
                     .map_err(|err| Error::Internal(err.into()))?,
             });
         }
-        let run = self.store.open_run(account_id, &floor, &confirmed).await?;
+        let run = self
+            .store
+            .open_run(account_id, &floor, &confirmed, generated == Generated::Yes)
+            .await?;
         tracing::info!(run_id = %run.id, floor_id, "run opened");
         Ok(run)
     }

@@ -3,6 +3,7 @@
 //! others discarded), cancel a run between steps.
 
 use super::ToolRuntime;
+use super::runs::Generated;
 use crate::error::{Error, ErrorCode, Result};
 use crate::store::Run;
 
@@ -17,14 +18,17 @@ impl ToolRuntime {
         confirmed: Vec<String>,
     ) -> Result<Run> {
         let floor = self.store.floor(account_id, floor_id).await?;
-        let (Some(llm), Some(claim)) = (self.llm.clone(), self.claim_turn(&floor.session_id)?)
+        let (Some(llm), Some(claim)) =
+            (self.llm.clone(), self.claim_turn(&floor.session_id).await?)
         else {
             return Err(Error::refused(
                 ErrorCode::ModelNotConfigured,
                 "no model endpoint is configured; set TOOLGATE_LLM_BASE_URL and TOOLGATE_LLM_MODEL",
             ));
         };
-        let run = self.open_run(account_id, &floor.id, confirmed).await?;
+        let run = self
+            .open_run_for(account_id, &floor.id, confirmed, Generated::Yes)
+            .await?;
         self.begin(
             claim,
             llm,
@@ -41,7 +45,7 @@ impl ToolRuntime {
     /// are discarded.
     pub async fn select_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
         let run = self.store.run_of_page(account_id, page_id).await?;
-        self.ensure_idle(&run.session_id)?;
+        self.ensure_idle(&run.session_id).await?;
         let chosen = match run.state.as_str() {
             "open" => self.commit_run(account_id, &run.id, None).await?,
             "committed" => run,
@@ -62,39 +66,56 @@ impl ToolRuntime {
 
     /// Stops the run's generation: the model request in flight, or the next
     /// step (calls already started finish and are journalled); `false` when
-    /// it is not generating.
+    /// it is not generating. A run another live instance generates is
+    /// recorded as asked and that instance told.
     pub async fn cancel_generation(&self, account_id: &str, run_id: &str) -> Result<bool> {
-        let Some(cancel) = self.generating(account_id, run_id).await? else {
+        let run = self.store.run(account_id, run_id).await?;
+        if let Some(cancel) = self.generating_here(&run) {
+            cancel.cancel();
+            tracing::info!(run_id, "run cancellation requested");
+            return Ok(true);
+        }
+        if !self.store.request_remote_cancel(account_id, run_id).await? {
             return Ok(false);
-        };
-        cancel.cancel();
-        tracing::info!(run_id, "run cancellation requested");
+        }
+        super::cluster::announce_run_cancel(self, run_id).await;
+        tracing::info!(
+            run_id,
+            "run cancellation passed to the instance generating it"
+        );
         Ok(true)
     }
 
-    /// Refuses (`generation_in_progress`) while the loop is still generating
-    /// `run_id`: a client's commit or discard waits for `run_finished` (or a
-    /// cancel), so that the loop never goes on calling tools in a run that is
-    /// no longer open.
-    pub async fn ensure_not_generating(&self, account_id: &str, run_id: &str) -> Result<()> {
-        match self.generating(account_id, run_id).await? {
-            Some(_) => Err(super::generation::still_generating(Some(run_id))),
-            None => Ok(()),
-        }
+    /// Stops this instance's generation of `run_id`, which another instance
+    /// was asked to cancel; false when this instance does not generate it.
+    pub(super) fn cancel_asked_elsewhere(&self, run_id: &str) -> bool {
+        let turns = self.turns.lock().expect("turns lock");
+        let Some(active) = turns
+            .values()
+            .find(|active| active.run_id.as_deref() == Some(run_id))
+        else {
+            return false;
+        };
+        active.cancel.cancel();
+        tracing::info!(run_id, "run cancellation requested on another instance");
+        true
     }
 
-    /// The cancel token of the turn generating the account's run `run_id`,
-    /// if one is (404 for a run the account does not have).
-    async fn generating(
-        &self,
-        account_id: &str,
-        run_id: &str,
-    ) -> Result<Option<tokio_util::sync::CancellationToken>> {
-        let run = self.store.run(account_id, run_id).await?;
+    /// The runs this instance is generating.
+    pub(super) fn runs_generating_here(&self) -> Vec<String> {
         let turns = self.turns.lock().expect("turns lock");
-        Ok(turns
+        turns
+            .values()
+            .filter_map(|active| active.run_id.clone())
+            .collect()
+    }
+
+    /// The cancel token of this instance's turn generating `run`, if one is.
+    fn generating_here(&self, run: &Run) -> Option<tokio_util::sync::CancellationToken> {
+        let turns = self.turns.lock().expect("turns lock");
+        turns
             .get(&run.session_id)
             .filter(|active| active.run_id.as_deref() == Some(run.id.as_str()))
-            .map(|active| active.cancel.clone()))
+            .map(|active| active.cancel.clone())
     }
 }

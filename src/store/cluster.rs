@@ -325,6 +325,17 @@ pub(super) fn of_a_dead_instance(column: &str, [previous, this, stale_before]: [
     )
 }
 
+/// The SQL condition that `column` names a live instance: one with a
+/// heartbeat since [`STALE_AFTER_MS`] that is not the previous one on this
+/// data directory. The placeholders `[previous, stale_before]` bind as in
+/// [`of_a_dead_instance`]; written positively so that a NULL never turns it.
+pub(super) fn of_a_live_instance(column: &str, [previous, stale_before]: [u8; 2]) -> String {
+    format!(
+        "({column} IN (SELECT id FROM toolgate_instances WHERE heartbeat_at >= ?{stale_before}) \
+         AND (?{previous} IS NULL OR {column} <> ?{previous}))"
+    )
+}
+
 impl Store {
     /// Marks `uncertain` the rows left `opened` by instances that are dead
     /// (the previous one on this data directory, and those with no heartbeat

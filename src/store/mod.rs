@@ -12,6 +12,7 @@ mod cluster;
 mod definitions;
 mod floors;
 mod fold_priority;
+mod generation_claims;
 mod instance_file;
 mod jobs;
 mod journal;

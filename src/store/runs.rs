@@ -85,12 +85,14 @@ impl Store {
         .collect()))
     }
 
-    /// Opens a run and its (empty) page on the account's floor.
+    /// Opens a run and its (empty) page on the account's floor; a `generating`
+    /// run starts `running`, driven by this instance.
     pub async fn open_run(
         &self,
         account_id: &str,
         floor: &super::FloorRef,
         confirmed: &[String],
+        generating: bool,
     ) -> Result<Run> {
         let now = now_ms();
         let run_id = new_id("floorrun");
@@ -108,8 +110,9 @@ impl Store {
         .await
         .map(|_| ())?);
         sql!(tx, c => query(
-            "INSERT INTO floor_runs (id, account_id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at) \
-             VALUES (?, ?, ?, ?, ?, 'open', ?, ?)",
+            "INSERT INTO floor_runs (id, account_id, session_id, floor_id, page_id, state, \
+             confirmed_execution_ids, created_at, generation, generation_instance) \
+             VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
         )
         .bind(&run_id)
         .bind(account_id)
@@ -118,6 +121,8 @@ impl Store {
         .bind(&page_id)
         .bind(serde_json::to_string(confirmed).unwrap_or_else(|_| "[]".into()))
         .bind(now)
+        .bind(generating.then_some("running"))
+        .bind(generating.then(|| self.instance_id()))
         .execute(c)
         .await
         .map(|_| ())?);
@@ -345,10 +350,13 @@ pub(super) async fn cancel_run_jobs(
 }
 
 /// Moves an open run to `outcome` (`committed` | `discarded`) together with its
-/// pending executions, or refuses when another request already closed it.
+/// pending executions, or refuses when another request already closed it or
+/// the generation loop (of any instance) still drives it: the loop ends its
+/// run's generation before it closes the run.
 async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> Result<()> {
     let changed = sql!(*tx, c => query(
-        "UPDATE floor_runs SET state = ?, finished_at = ? WHERE id = ? AND state = 'open'",
+        "UPDATE floor_runs SET state = ?, finished_at = ? WHERE id = ? AND state = 'open' \
+         AND (generation IS NULL OR generation <> 'running')",
     )
     .bind(outcome)
     .bind(now_ms())
@@ -357,7 +365,23 @@ async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> 
     .await?
     .rows_affected());
     if changed == 0 {
-        return Err(run_not_open(run));
+        let state = sql!(*tx, c => query_scalar::<String>("SELECT state FROM floor_runs WHERE id = ?")
+            .bind(&run.id)
+            .fetch_one(c)
+            .await?);
+        return Err(match state.as_str() {
+            "open" => Error::refused(
+                crate::error::ErrorCode::GenerationInProgress,
+                format!(
+                    "run {} is still generating; wait for run_finished or cancel it",
+                    run.id
+                ),
+            ),
+            _ => run_not_open(&Run {
+                state,
+                ..run.clone()
+            }),
+        });
     }
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
