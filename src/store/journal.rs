@@ -812,11 +812,27 @@ pub(super) async fn finish_execution_with(
     now: i64,
 ) -> Result<()> {
     let params = finish_params(id, finish, now);
-    sql!(*conn, c => bind_params!(query(FINISH_SQL), params)
+    let finished = sql!(*conn, c => bind_params!(query(FINISH_SQL), params)
         .execute(c)
-        .await
-        .map(|_| ())?);
+        .await?
+        .rows_affected());
+    if finished == 0 {
+        late_outcome_left_out(id, finish);
+    }
     Ok(())
+}
+
+/// Logs an outcome that arrived for a row already decided (see
+/// [`FINISH_SQL`]): the caller was answered with this outcome while the
+/// journal keeps the one decided first, and an operator comparing the two
+/// needs to know why they differ.
+pub(super) fn late_outcome_left_out(id: &str, finish: &ExecutionFinish) {
+    tracing::warn!(
+        execution_id = %id,
+        status = finish.status.as_str(),
+        "a call's outcome arrived after its row was decided (its instance was taken for dead); \
+         the journal keeps the earlier outcome"
+    );
 }
 
 /// Finishes an opened row: `finish_params` binds it. A row no longer opened

@@ -323,7 +323,7 @@ pub(super) mod tests {
         (dir, Connection::open(file).unwrap())
     }
 
-    fn row(id: &str) -> NewExecution {
+    pub(in crate::store) fn row(id: &str) -> NewExecution {
         NewExecution {
             id: id.into(),
             account_id: "acct".into(),

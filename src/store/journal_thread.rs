@@ -31,7 +31,8 @@ use tokio::sync::mpsc;
 use super::checkpointer::Checkpointer;
 use super::fold_priority::{FoldPriority, RAISE_AT_BACKLOG};
 use super::journal::{
-    ADMISSION_VERDICT, FINISH_SQL, finish_params, insert_sql, is_guarded, refusal, row_params,
+    ADMISSION_VERDICT, FINISH_SQL, finish_params, insert_sql, is_guarded, late_outcome_left_out,
+    refusal, row_params,
 };
 use super::journal_fold::{bind, database_error, execute, fold, prepared};
 use super::journal_log::{JournalLog, LoggedKind};
@@ -547,7 +548,9 @@ fn apply(connection: &Connection, write: &JournalWrite) -> Result<Admitted> {
         }
         JournalWrite::Finish { id, finish, at } => {
             let mut update = prepared(connection, FINISH_SQL)?;
-            execute(&mut update, &finish_params(id, finish, *at))?;
+            if execute(&mut update, &finish_params(id, finish, *at))? == 0 {
+                late_outcome_left_out(id, finish);
+            }
             Ok(Admitted::Yes)
         }
     }
@@ -595,6 +598,61 @@ mod tests {
                 commit_outcome: None,
             },
             at: 0,
+        }
+    }
+
+    #[test]
+    fn a_late_outcome_leaves_a_decided_row_and_says_so() {
+        let (_dir, database) = super::super::journal_fold::tests::migrated_database();
+        let connection = Connection::open(database).unwrap();
+        let row = super::super::journal_fold::tests::row("exec_test");
+        let opened = JournalWrite::Insert {
+            row: Box::new(row),
+            instance_id: "inst".into(),
+        };
+        assert_eq!(apply(&connection, &opened).unwrap(), Admitted::Yes);
+        // Another instance took this one for dead and swept its rows.
+        connection
+            .execute(
+                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished' \
+                 WHERE id = 'exec_test'",
+                [],
+            )
+            .unwrap();
+        let logged = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || SharedWriter(sink.clone()))
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            apply(&connection, &finish_write(None)).unwrap();
+        });
+        let status: String = connection
+            .query_row(
+                "SELECT status FROM tool_execution_record WHERE id = 'exec_test'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(status, "uncertain");
+        let logged = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
+        assert!(
+            logged.contains("after its row was decided") && logged.contains("exec_test"),
+            "{logged}"
+        );
+    }
+
+    /// A log writer into a shared buffer.
+    struct SharedWriter(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for SharedWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
 
