@@ -44,6 +44,17 @@ pub fn check_schema_validity(schema: &Value) -> Result<(), String> {
     if !schema.is_object() {
         return Err("parameters must be a JSON Schema object".into());
     }
+    // Tool arguments are always a JSON object: a schema of any other
+    // top-level type would make the tool impossible to call.
+    match schema.get("type") {
+        None => {}
+        Some(Value::String(kind)) if kind == "object" => {}
+        Some(other) => {
+            return Err(format!(
+                "parameters must describe an object (\"type\": \"object\"), got type {other}"
+            ));
+        }
+    }
     // Before compiling: a schema whose references fan out costs more to compile
     // and to validate against than its text suggests.
     check_cost(schema)?;

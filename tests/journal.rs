@@ -113,6 +113,22 @@ async fn journal_queries_need_a_scope_and_validate_every_parameter() {
     assert_eq!(none.code(), "validation_error");
     let only_status = server.get("/tool-executions?status=denied").await;
     assert_eq!(only_status.status, StatusCode::BAD_REQUEST);
+    // An empty id is no scope, and says so rather than answering nothing.
+    for empty in [
+        "/tool-executions?session_id=",
+        "/tool-executions?floor_id=&status=denied",
+        "/tools/call-records?page_id=",
+    ] {
+        let reply = server.get(empty).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{empty}: {reply:?}");
+        assert!(
+            reply.body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("must not be empty"),
+            "{empty}: {reply:?}"
+        );
+    }
     for bad in [
         "status=exploded",
         "lifecycle_state=half",

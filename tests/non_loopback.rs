@@ -204,6 +204,28 @@ async fn callers_from_another_address_get_403_even_with_forwarding_headers() {
         .await
         .expect("request to the veth address");
     assert_eq!(response.status(), 403);
+    // A method or path no route takes tells such a caller nothing either.
+    for (method, path) in [
+        (reqwest::Method::PUT, "/api/tools"),
+        (reqwest::Method::GET, "/api/tools/register"),
+        (reqwest::Method::GET, "/api/tools/no-such-route"),
+    ] {
+        let response = server
+            .client
+            .request(method.clone(), format!("{base}{path}"))
+            .send()
+            .await
+            .expect("request to the veth address");
+        assert_eq!(response.status(), 403, "{method} {path}");
+    }
+    // From loopback, the same requests are what they are.
+    let response = server
+        .client
+        .put(server.url("/api/tools"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
 
     // The same server answers loopback callers, and nothing was registered.
     let response = server

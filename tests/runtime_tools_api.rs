@@ -467,6 +467,12 @@ async fn schema_errors_are_422_with_a_message_naming_the_field() {
         (with("name", json!(12)), "name"),
         (with("name", Value::Null), "name"),
         (with("description", json!(5)), "description"),
+        // Arguments are always an object: no other top-level type can be called.
+        (with("parameters", json!({"type": "string"})), "parameters"),
+        (
+            with("parameters", json!({"type": ["object", "null"]})),
+            "parameters",
+        ),
         (
             with("description", json!("d".repeat(20_000))),
             "description",
@@ -690,7 +696,7 @@ async fn unknown_roles_are_404() {
 }
 
 #[tokio::test]
-async fn null_or_empty_role_targets_the_characters_existing_now() {
+async fn a_null_role_targets_the_characters_existing_now_and_an_empty_one_nobody() {
     let server = spawn_app().await;
     create_character(&server, "Mio").await;
     // Roles are server-wide: another account's character is a role too.
@@ -711,12 +717,26 @@ async fn null_or_empty_role_targets_the_characters_existing_now() {
     )
     .await;
     assert_eq!(body["affected_roles"], json!(["Lanlan", "Mio", "Other"]));
-    let body = register_ok(
-        &server,
-        json!({"name": "empty_role", "callback_url": "http://127.0.0.1:9/x", "role": ""}),
-    )
-    .await;
-    assert_eq!(body["affected_roles"], json!(["Lanlan", "Mio", "Other"]));
+    // "" is a role no character has, not null: it reaches nobody.
+    for (path, body) in [
+        (
+            "/api/tools/register",
+            json!({"name": "empty_role", "callback_url": "http://127.0.0.1:9/x", "role": ""}),
+        ),
+        (
+            "/api/tools/unregister",
+            json!({"name": "everyone", "role": ""}),
+        ),
+        (
+            "/api/tools/clear",
+            json!({"source": "external", "role": ""}),
+        ),
+    ] {
+        let reply = api_post(&server, path, body).await;
+        assert_eq!(reply.status, 404, "{path}: {reply:?}");
+    }
+    let reply = api_get(&server, "/api/tools?role=").await;
+    assert_eq!(reply.status, 404, "{reply:?}");
     let body = register_ok(
         &server,
         json!({"name": "absent_role", "callback_url": "http://127.0.0.1:9/x"}),
@@ -734,29 +754,21 @@ async fn null_or_empty_role_targets_the_characters_existing_now() {
     create_character(&server, "Late").await;
     let tools = listing(&server).await;
     assert_eq!(tools["Late"], json!([]));
-    assert_eq!(
-        names_of(&tools["Lanlan"]),
-        ["absent_role", "empty_role", "everyone"]
-    );
+    assert_eq!(names_of(&tools["Lanlan"]), ["absent_role", "everyone"]);
     assert_eq!(
         names_of(&tools["Mio"]),
-        ["absent_role", "empty_role", "everyone", "just_mio"]
+        ["absent_role", "everyone", "just_mio"]
     );
-    assert_eq!(
-        names_of(&tools["Other"]),
-        ["absent_role", "empty_role", "everyone"]
-    );
+    assert_eq!(names_of(&tools["Other"]), ["absent_role", "everyone"]);
     let only_mio = api_get(&server, "/api/tools?role=Mio").await;
     assert_eq!(only_mio.body["tools_by_role"].as_object().unwrap().len(), 1);
-    let empty = api_get(&server, "/api/tools?role=").await;
-    assert_eq!(empty.body["tools_by_role"], tools);
 
     // A renamed character keeps its registrations; a deleted one takes them along.
     let reply = server
         .patch("/characters/Mio", json!({"name": "Mio2"}))
         .await;
     assert_eq!(reply.status, 200, "{reply:?}");
-    assert_eq!(names_of(&listing(&server).await["Mio2"]).len(), 4);
+    assert_eq!(names_of(&listing(&server).await["Mio2"]).len(), 3);
     let reply = server.delete("/characters/Mio2").await;
     assert_eq!(reply.status, 200, "{reply:?}");
     create_character(&server, "Mio2").await;
@@ -812,7 +824,7 @@ async fn unregister_with_and_without_role() {
     let reply = api_post(
         &server,
         "/api/tools/unregister",
-        json!({"name": "a", "role": ""}),
+        json!({"name": "a", "role": null}),
     )
     .await;
     assert_eq!(reply.status, 200);

@@ -351,12 +351,17 @@ fn routed(state: AppState) -> Router {
                 async move { axum::Json((*openapi).clone()) }
             }),
         )
-        .fallback(|| async { ApiError::not_found("no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                ErrorCode::MethodNotAllowed,
-                "this route does not accept that method",
-            )
+        .fallback(|request: axum::extract::Request| async move {
+            runtime_tools::refuse_a_remote_peer(&request)
+                .unwrap_or_else(|| ApiError::not_found("no such route"))
+        })
+        .method_not_allowed_fallback(|request: axum::extract::Request| async move {
+            runtime_tools::refuse_a_remote_peer(&request).unwrap_or_else(|| {
+                ApiError::new(
+                    ErrorCode::MethodNotAllowed,
+                    "this route does not accept that method",
+                )
+            })
         })
         .with_state(state)
 }

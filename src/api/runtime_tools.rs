@@ -51,20 +51,38 @@ impl<S: Send + Sync> FromRequestParts<S> for LoopbackClient {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| *addr);
-        match peer {
-            Some(addr) if is_loopback_ip(addr.ip()) => Ok(LoopbackClient),
-            _ => {
-                tracing::warn!(peer = ?peer, path = %parts.uri.path(), "refused a non-loopback caller of /api/tools");
-                Err(ApiError::new(
-                    ErrorCode::LoopbackOnly,
-                    "the runtime tools API accepts loopback clients only",
-                ))
-            }
+        match peer_refusal(&parts.extensions, parts.uri.path()) {
+            None => Ok(LoopbackClient),
+            Some(refusal) => Err(refusal),
         }
+    }
+}
+
+/// The refusal of a non-loopback peer, or None for a loopback one.
+fn peer_refusal(extensions: &axum::http::Extensions, path: &str) -> Option<ApiError> {
+    let peer = extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| *addr);
+    if peer.is_some_and(|addr| is_loopback_ip(addr.ip())) {
+        return None;
+    }
+    tracing::warn!(peer = ?peer, path = %path, "refused a non-loopback caller of /api/tools");
+    Some(ApiError::new(
+        ErrorCode::LoopbackOnly,
+        "the runtime tools API accepts loopback clients only",
+    ))
+}
+
+/// For a request no route took (unknown path or method): the loopback-only
+/// refusal when it is under `/api/tools` from another peer, so that such a
+/// caller learns nothing of the API's routes and methods.
+pub(super) fn refuse_a_remote_peer(request: &Request) -> Option<ApiError> {
+    let path = request.uri().path();
+    let under_api = path == "/api/tools" || path.starts_with("/api/tools/");
+    if under_api {
+        peer_refusal(request.extensions(), path)
+    } else {
+        None
     }
 }
 

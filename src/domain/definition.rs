@@ -283,16 +283,7 @@ pub fn check_name(name: &str) -> Result<()> {
 }
 
 fn check_parameters(parameters: &Value) -> Result<()> {
-    crate::schema::check_parameter_schema(parameters).map_err(Error::validation)?;
-    // Tool arguments are always a JSON object, so any other top-level type would
-    // make the tool impossible to call.
-    match parameters.get("type") {
-        None => Ok(()),
-        Some(Value::String(kind)) if kind == "object" => Ok(()),
-        Some(other) => Err(Error::validation(format!(
-            "parameters must describe an object (\"type\": \"object\"), got type {other}"
-        ))),
-    }
+    crate::schema::check_parameter_schema(parameters).map_err(Error::validation)
 }
 
 fn check_source_id(id: &str) -> Result<()> {

@@ -102,6 +102,17 @@ impl Cursor {
     }
 }
 
+/// Refuses an id filter given empty: `?session_id=` names nothing, and
+/// counting it as given would answer an empty page instead of saying so.
+fn refuse_empty_ids<const N: usize>(ids: [(&str, &Option<String>); N]) -> Result<()> {
+    match ids.iter().find(|(_, value)| value.as_deref() == Some("")) {
+        Some((field, _)) => Err(Error::validation(format!(
+            "{field} must not be empty; leave it out instead"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A validated journal query, always scoped to one account.
 #[derive(Debug, Clone)]
 pub struct ExecutionQuery {
@@ -122,6 +133,11 @@ const PROVIDER_TYPES: [&str; 5] = ["builtin", "preset", "remote", "mcp", "unknow
 
 impl ExecutionQuery {
     pub fn parse(params: ExecutionQueryParams) -> Result<Self> {
+        refuse_empty_ids([
+            ("session_id", &params.session_id),
+            ("floor_id", &params.floor_id),
+            ("run_id", &params.run_id),
+        ])?;
         if params.session_id.is_none() && params.floor_id.is_none() && params.run_id.is_none() {
             return Err(Error::validation(
                 "at least one of session_id, floor_id, run_id is required",
@@ -251,6 +267,7 @@ pub struct CallRecordQuery {
 
 impl CallRecordQuery {
     pub fn parse(params: CallRecordQueryParams) -> Result<Self> {
+        refuse_empty_ids([("page_id", &params.page_id), ("floor_id", &params.floor_id)])?;
         if params.page_id.is_none() && params.floor_id.is_none() {
             return Err(Error::validation("page_id or floor_id is required"));
         }

@@ -22,10 +22,12 @@ pub enum Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    /// The contract's `role` field: null or "" targets every current role.
+    /// The contract's `role` field: null targets every current role; any
+    /// other value, "" included, names one (404 when no character has it),
+    /// so that a blank role never reaches every character by mistake.
     pub fn from_role(role: Option<&'a str>) -> Self {
         match role {
-            None | Some("") => Target::AllRoles,
+            None => Target::AllRoles,
             Some(name) => Target::Role(name),
         }
     }
