@@ -142,8 +142,13 @@ impl App {
         // Event streams never end on their own; closing them lets graceful
         // shutdown finish instead of waiting for subscribers to hang up.
         let model_sessions = self.state.runtime.model_sessions.clone();
+        // The job worker stops claiming as the stop begins, not after the
+        // requests drained: a job claimed then could be cut off by a
+        // supervisor's kill, and a queued one is safe where it is.
+        let stop_claiming = workers.clone();
         let shutdown = async move {
             shutdown.await;
+            stop_claiming.cancel();
             model_sessions.close_all();
         };
         let metrics_server = self

@@ -639,3 +639,139 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
     assert_eq!(server.job_state(&job).await, "uncertain");
     callbacks.release.notify_waiters();
 }
+
+/// A callback that holds each call until opened, counting calls begun and
+/// answered.
+#[derive(Clone, Default)]
+struct Gate {
+    begun: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+    open: Arc<Notify>,
+}
+
+async fn start_gate() -> (String, Gate) {
+    let gate = Gate::default();
+    let app = axum::Router::new()
+        .route(
+            "/hold",
+            post(|State(g): State<Gate>| async move {
+                g.begun.fetch_add(1, Ordering::SeqCst);
+                g.open.notified().await;
+                g.answered.fetch_add(1, Ordering::SeqCst);
+                Json(json!({"output": "done", "is_error": false}))
+            }),
+        )
+        .with_state(gate.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, gate)
+}
+
+#[tokio::test]
+async fn sigterm_stops_claiming_queued_jobs_while_requests_drain() {
+    let mut server = spawn_with(SpawnOptions {
+        env: vec![("TOOLGATE_JOB_WORKERS".into(), "1".into())],
+        ..Default::default()
+    })
+    .await;
+    let (jobs_base, jobs) = start_gate().await;
+    let (sync_base, sync) = start_callbacks().await;
+    register(
+        &server,
+        json!({"name": "archive", "callback_url": format!("{jobs_base}/hold"),
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    register(
+        &server,
+        json!({"name": "slow", "callback_url": format!("{sync_base}/hang"), "timeout_seconds": 60}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let mut queued = Vec::new();
+    for n in 0..3 {
+        let receipt = call(
+            &server,
+            &session,
+            json!({"name": "archive", "arguments": {"n": n}}),
+        )
+        .await;
+        queued.push(
+            receipt["output"]["runtime_job_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    // One worker: the first job holds it, the other two wait in the queue.
+    let begun = jobs.begun.clone();
+    common::wait_until(Duration::from_secs(20), "the first job to start", || {
+        let begun = begun.clone();
+        async move { begun.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    // An in-flight request keeps the server draining after the signal.
+    let url = server.url(&format!("/sessions/{session}/tool-calls"));
+    let (client, token) = (server.client.clone(), server.token.clone());
+    let pending = tokio::spawn(async move {
+        let response = client
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"name": "slow", "arguments": {}}))
+            .send()
+            .await
+            .expect("the in-flight call is answered");
+        read_reply(response).await
+    });
+    sync.wait_for_hanging_call().await;
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(server.pid().to_string())
+        .status();
+    let addr = server.addr;
+    common::wait_until(
+        Duration::from_secs(20),
+        "the server to stop accepting",
+        || async move { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
+    .await;
+    // The running job ends while the server drains; the worker must not take
+    // the next one.
+    let (answered, open) = (jobs.answered.clone(), jobs.open.clone());
+    common::wait_until(
+        Duration::from_secs(20),
+        "the first job to be answered",
+        || {
+            let (answered, open) = (answered.clone(), open.clone());
+            async move {
+                open.notify_waiters();
+                answered.load(Ordering::SeqCst) == 1
+            }
+        },
+    )
+    .await;
+    let release = sync.release.clone();
+    let releaser = tokio::spawn(async move {
+        loop {
+            release.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let reply = pending.await.unwrap();
+    releaser.abort();
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert!(server.stop().await.success());
+    assert_eq!(
+        jobs.begun.load(Ordering::SeqCst),
+        1,
+        "a job was claimed after the stop began"
+    );
+    server
+        .restart_with_env(vec![("TOOLGATE_JOB_WORKERS".into(), "0".into())])
+        .await;
+    assert_eq!(server.job_state(&queued[0]).await, "succeeded");
+    for job in &queued[1..] {
+        assert_eq!(server.job_state(job).await, "queued", "{job}");
+    }
+}
