@@ -117,6 +117,7 @@ reason_codes! {
 
     // Start-up.
     InterruptedByRestart => ("interrupted_by_restart", "The server stopped while the call was running (crash or kill); at start-up its outcome is unknown (uncertain)."),
+    InstanceLost => ("instance_lost", "The instance running the call renewed no heartbeat for 10 s (killed, or paused) and another instance on the shared database settled the call: its outcome is unknown (uncertain). An instance that was only paused may still finish the call; the journal keeps uncertain."),
 }
 
 impl ReasonCode {

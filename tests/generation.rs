@@ -827,3 +827,30 @@ async fn cancel_and_shutdown_stop_a_model_request_in_flight() {
         .expect("the server waited for the model at shutdown");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn deleting_a_session_stops_its_generation() {
+    let stand_in = StandIn::start(Vec::new()).await;
+    stand_in.repeat(Answer::Hang);
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    turn(&server, &session, "go").await;
+    common::wait_until(Duration::from_secs(10), "the model request", || {
+        let asked = stand_in.requests().len();
+        async move { asked == 1 }
+    })
+    .await;
+    let deleted = server.delete(&format!("/sessions/{session}")).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+    // The model request in flight is dropped, not left to its own timeout.
+    common::wait_until(
+        Duration::from_secs(30),
+        "the model request to be dropped",
+        || {
+            let abandoned = stand_in.abandoned();
+            async move { abandoned == 1 }
+        },
+    )
+    .await;
+    assert_eq!(stand_in.requests().len(), 1, "no step after the delete");
+}

@@ -313,10 +313,8 @@ async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_unce
     .await;
     let row = b.get(&format!("/tool-executions/{id}")).await.body["data"].clone();
     assert_eq!(row["lifecycle_state"], "finished", "{row}");
-    assert_eq!(
-        row["execution_reason_code"], "interrupted_by_restart",
-        "{row}"
-    );
+    // Nothing restarted: A's heartbeat stopped, and B settled its call.
+    assert_eq!(row["execution_reason_code"], "instance_lost", "{row}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -700,4 +698,82 @@ async fn a_dead_instances_generation_is_discarded_by_a_live_one_without_a_restar
     .await;
     let next = b.post(&path, json!({"content": "b again"})).await;
     assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_on_one_instance_stops_its_generation_on_the_other() {
+    let database = shared_database().await;
+    let (model, a, b) = two_generating_instances(&database).await;
+    let session = a.create_session().await;
+    common::model::turn(&a, &session, "hello").await;
+    common::wait_until(Duration::from_secs(10), "A's model request", || {
+        let asked = model.requests().len();
+        async move { asked == 1 }
+    })
+    .await;
+    let deleted = b.delete(&format!("/sessions/{session}")).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+    common::wait_until(
+        Duration::from_secs(30),
+        "A to drop its model request",
+        || {
+            let abandoned = model.abandoned();
+            async move { abandoned == 1 }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_it() {
+    let database = shared_database().await;
+    let (model, a, b) = two_generating_instances(&database).await;
+    let session = a.create_session().await;
+    let started = common::model::turn(&a, &session, "hello").await;
+    let run_id = started["run_id"].as_str().unwrap().to_owned();
+    common::wait_until(Duration::from_secs(10), "A's model request", || {
+        let asked = model.requests().len();
+        async move { asked == 1 }
+    })
+    .await;
+    let signal = |name: &str| {
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(a.pid().to_string())
+            .status()
+            .expect("kill(1)");
+        assert!(sent.success(), "kill -{name}");
+    };
+    signal("STOP");
+    // B takes A for dead and discards its generation; the session is B's to use.
+    common::wait_until(Duration::from_secs(60), "B to discard A's run", || async {
+        run_state(&b, &run_id).await == "discarded"
+    })
+    .await;
+    let next = b
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "on b"}),
+        )
+        .await;
+    assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
+    signal("CONT");
+    // A, resumed, finds itself taken for dead and stops what it generated.
+    common::wait_until(
+        Duration::from_secs(30),
+        "A to drop its model request",
+        || {
+            let abandoned = model.abandoned();
+            async move { abandoned == 1 }
+        },
+    )
+    .await;
+    let db = pool(&database).await;
+    let generation: Option<String> = sqlx::query("SELECT generation FROM floor_runs WHERE id = $1")
+        .bind(&run_id)
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        .get("generation");
+    assert_eq!(generation.as_deref(), Some("failed"), "B's ending stands");
 }

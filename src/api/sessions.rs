@@ -116,7 +116,7 @@ async fn delete_session(
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
 ) -> ApiResult<axum::Json<Data<serde_json::Value>>> {
-    let session = state.runtime.store.delete_session(&account.id, &id).await?;
+    let session = state.runtime.delete_session(&account.id, &id).await?;
     Ok(axum::Json(Data {
         data: serde_json::json!({ "id": session.id, "deleted": true }),
     }))

@@ -34,22 +34,38 @@ pub(super) async fn announce_run_cancel(runtime: &ToolRuntime, run_id: &str) {
         .await;
 }
 
-/// After announcements may have been missed: cancels this instance's
-/// generations that another instance recorded a cancel for.
+/// After announcements may have been missed: stops this instance's
+/// generations that another instance asked to cancel or ended.
 async fn catch_up_on_cancels(runtime: &ToolRuntime) {
     match runtime
         .store
-        .cancel_requested(&runtime.runs_generating_here())
+        .runs_to_stop(&runtime.runs_generating_here())
         .await
     {
-        Ok(asked) => {
-            for run_id in asked {
+        Ok(stop) => {
+            for run_id in stop {
                 runtime.cancel_asked_elsewhere(&run_id);
             }
         }
         Err(err) => {
             tracing::warn!(error = %err, "could not read the cancels asked of this instance's runs")
         }
+    }
+}
+
+/// This instance was taken for dead (paused past the heartbeat's limit):
+/// the others have swept its calls and may have discarded its generations
+/// and taken over their sessions, so it stops every generation it drives.
+fn stop_every_generation(runtime: &ToolRuntime) {
+    let runs = runtime.runs_generating_here();
+    for run_id in &runs {
+        runtime.cancel_asked_elsewhere(run_id);
+    }
+    if !runs.is_empty() {
+        tracing::warn!(
+            stopped = runs.len(),
+            "this instance was taken for dead; its generations were stopped"
+        );
     }
 }
 
@@ -143,6 +159,10 @@ pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToke
                 continue;
             }
             "resync" => catch_up_on_cancels(&runtime).await,
+            crate::store::TAKEN_FOR_DEAD => {
+                stop_every_generation(&runtime);
+                continue;
+            }
             _ => {}
         }
         if event.topic != TOPIC {

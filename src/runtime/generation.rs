@@ -305,13 +305,13 @@ impl ToolRuntime {
     async fn finish_answered(&self, run: &Run, text: &str) -> Result<()> {
         self.store.set_page_content(&run.page_id, text).await?;
         self.store
-            .set_run_generation(&run.id, GenerationState::Finished)
+            .end_run_generation(&run.id, GenerationState::Finished)
             .await
     }
 
     async fn finish_failed(&self, account_id: &str, run: &Run) -> Result<()> {
         self.store
-            .set_run_generation(&run.id, GenerationState::Failed)
+            .end_run_generation(&run.id, GenerationState::Failed)
             .await?;
         self.discard_run(account_id, &run.id).await.map(drop)
     }
@@ -324,7 +324,11 @@ impl ToolRuntime {
         for (account_id, run_id) in &interrupted {
             let run = self.store.run(account_id, run_id).await?;
             match self.finish_failed(account_id, &run).await {
-                Ok(()) => discarded += 1,
+                Ok(()) => {
+                    discarded += 1;
+                    // An instance only paused, not dead, hears it on resuming.
+                    super::cluster::announce_run_cancel(self, run_id).await;
+                }
                 // Another instance sweeping at the same time closed it first.
                 Err(Error::Refused {
                     code: ErrorCode::RunNotOpen,

@@ -86,6 +86,32 @@ impl ToolRuntime {
         Ok(true)
     }
 
+    /// Deletes the account's session and stops its generation, on whichever
+    /// instance drives it: nothing goes on generating for a session that is
+    /// gone (its model requests, tool calls and events).
+    pub async fn delete_session(
+        &self,
+        account_id: &str,
+        session_id: &str,
+    ) -> Result<crate::store::Session> {
+        // Read first: the run goes with the session.
+        let running = self.store.running_run_of_session(session_id).await?;
+        let session = self.store.delete_session(account_id, session_id).await?;
+        let here = self
+            .turns
+            .lock()
+            .expect("turns lock")
+            .get(&session.id)
+            .map(|active| active.cancel.clone());
+        if let Some(cancel) = here {
+            cancel.cancel();
+            tracing::info!(session_id = %session.id, "the deleted session's generation was stopped");
+        } else if let Some(run_id) = running {
+            super::cluster::announce_run_cancel(self, &run_id).await;
+        }
+        Ok(session)
+    }
+
     /// Stops this instance's generation of `run_id`, which another instance
     /// was asked to cancel; false when this instance does not generate it.
     pub(super) fn cancel_asked_elsewhere(&self, run_id: &str) -> bool {

@@ -27,6 +27,9 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 pub const STALE_AFTER_MS: i64 = 10_000;
 /// PostgreSQL refuses payloads of 8,000 bytes or more.
 const MAX_PAYLOAD: usize = 7_900;
+/// The topic of the event an instance sends itself when it finds it was
+/// taken for dead (never announced to others).
+pub const TAKEN_FOR_DEAD: &str = "taken_for_dead";
 /// Events kept for a slow subscriber before it starts missing them.
 const EVENT_BUFFER: usize = 1024;
 
@@ -158,6 +161,13 @@ impl Store {
         if renewed == 0 {
             tracing::warn!(instance = %self.cluster.instance_id, "this instance was taken for dead; registering again");
             self.register_instance().await?;
+            // What it held was taken over meanwhile (its open journal rows,
+            // its generations and their sessions' claims): its own followers
+            // stop what it was still doing with them.
+            let _ = self.cluster.events.send(ClusterEvent {
+                topic: TAKEN_FOR_DEAD.into(),
+                data: Value::Null,
+            });
         }
         Ok(())
     }
@@ -351,7 +361,8 @@ impl Store {
              lifecycle_state = 'finished', finished_at = ?1, \
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the instance running this call stopped; its outcome is unknown'), \
-             execution_reason_code = COALESCE(execution_reason_code, ?2) \
+             execution_reason_code = COALESCE(execution_reason_code, \
+               CASE WHEN instance_id = ?5 THEN ?2 ELSE ?6 END) \
              WHERE lifecycle_state = 'opened' AND status <> 'queued' AND runtime_job_id IS NULL \
                AND {}",
             of_a_dead_instance("instance_id", [5, 3, 4])
@@ -363,6 +374,7 @@ impl Store {
         .bind(&self.cluster.instance_id)
         .bind(stale_before)
         .bind(self.previous_instance())
+        .bind(crate::reason::ReasonCode::InstanceLost.as_str())
         .execute(&mut *c)
         .await?
         .rows_affected());

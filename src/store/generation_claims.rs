@@ -102,21 +102,25 @@ impl Store {
         Ok(requested == 1)
     }
 
-    /// Which of `run_ids` another instance asked to cancel.
-    pub async fn cancel_requested(&self, run_ids: &[String]) -> Result<Vec<String>> {
-        let mut requested = Vec::new();
+    /// Which of `run_ids` this instance should stop generating: those another
+    /// instance asked to cancel, and those no longer open (discarded by the
+    /// sweep of an instance that took this one for dead, or gone with their
+    /// session).
+    pub async fn runs_to_stop(&self, run_ids: &[String]) -> Result<Vec<String>> {
+        let mut stop = Vec::new();
         // A handful of runs per instance: one lookup each keeps the SQL fixed.
         for run_id in run_ids {
-            let asked = sql!(self.conn().await?, c => query_scalar::<i64>(
-                "SELECT COUNT(*) FROM floor_runs WHERE id = ? AND cancel_requested_at IS NOT NULL",
+            let going_on = sql!(self.conn().await?, c => query_scalar::<i64>(
+                "SELECT COUNT(*) FROM floor_runs WHERE id = ? AND state = 'open' \
+                 AND generation = 'running' AND cancel_requested_at IS NULL",
             )
             .bind(run_id)
             .fetch_one(c)
             .await?);
-            if asked > 0 {
-                requested.push(run_id.clone());
+            if going_on == 0 {
+                stop.push(run_id.clone());
             }
         }
-        Ok(requested)
+        Ok(stop)
     }
 }

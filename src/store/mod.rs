@@ -44,7 +44,7 @@ pub use accounts::{Account, NewAccount};
 pub use approvals::{ApprovalDecision, Decided};
 pub use backend::Backend;
 pub use characters::{Character, CharacterPatch};
-pub use cluster::{ClusterEvent, STALE_AFTER_MS};
+pub use cluster::{ClusterEvent, STALE_AFTER_MS, TAKEN_FOR_DEAD};
 pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
 pub use jobs::{Delivery, LostJobs, MAX_JOB_ATTEMPTS, NewJob, RuntimeJob};

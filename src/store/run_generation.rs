@@ -13,10 +13,10 @@ use crate::ids::{new_id, now_ms};
 /// Most memories one run's memory slot may write.
 pub const MAX_MEMORIES_PER_RUN: usize = 16;
 
-/// Where the generation loop is with a run.
+/// How the generation loop ended a run it drove (a generated run is stored
+/// `running` from its insert, see [`Store::open_run`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GenerationState {
-    Running,
     /// The answer is on the page; the session's next floor commits it.
     Finished,
     Failed,
@@ -25,7 +25,6 @@ pub enum GenerationState {
 impl GenerationState {
     fn as_str(self) -> &'static str {
         match self {
-            GenerationState::Running => "running",
             GenerationState::Finished => "finished",
             GenerationState::Failed => "failed",
         }
@@ -33,16 +32,14 @@ impl GenerationState {
 }
 
 impl Store {
-    /// Records where the generation loop is with `run_id`; a run that starts
-    /// generating is marked with this instance, which drives it.
-    pub async fn set_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
+    /// Records how the loop ended `run_id`, if the run is still generating:
+    /// one that another instance already ended (it took this one for dead
+    /// and discarded the run) keeps what that instance wrote.
+    pub async fn end_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
         sql!(self.conn().await?, c => query(
-            "UPDATE floor_runs SET generation = ?1, \
-             generation_instance = CASE WHEN ?1 = 'running' THEN ?2 ELSE generation_instance END \
-             WHERE id = ?3",
+            "UPDATE floor_runs SET generation = ? WHERE id = ? AND generation = 'running'",
         )
             .bind(state.as_str())
-            .bind(self.instance_id())
             .bind(run_id)
             .execute(c)
             .await

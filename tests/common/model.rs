@@ -33,6 +33,20 @@ struct Script {
     /// Answered when the script is empty (a model that keeps calling tools).
     repeat: Option<Answer>,
     requests: Vec<Value>,
+    /// Held (`Hang`) requests whose client went away.
+    abandoned: usize,
+}
+
+/// Counts a held request as abandoned when its handler is dropped (axum
+/// drops it when the client closes the connection).
+struct Held(Arc<Mutex<Script>>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(mut script) = self.0.lock() {
+            script.abandoned += 1;
+        }
+    }
 }
 
 /// The running stand-in.
@@ -65,6 +79,11 @@ impl StandIn {
         self.script.lock().unwrap().repeat = Some(answer);
     }
 
+    /// How many held (`Hang`) requests their client gave up on.
+    pub fn abandoned(&self) -> usize {
+        self.script.lock().unwrap().abandoned
+    }
+
     /// Every request body received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().unwrap().requests.clone()
@@ -95,7 +114,10 @@ async fn complete(
             .unwrap_or_else(|| Answer::Status(500, None, "the script ran out".into()))
     };
     match answer {
-        Answer::Hang => std::future::pending().await,
+        Answer::Hang => {
+            let _held = Held(script.clone());
+            std::future::pending().await
+        }
         Answer::Json(value) => axum::Json(value).into_response(),
         Answer::Status(status, retry_after, message) => {
             let mut response = (
