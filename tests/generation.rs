@@ -835,22 +835,10 @@ async fn deleting_a_session_stops_its_generation() {
     let server = with_model(&stand_in).await;
     let session = server.create_session().await;
     turn(&server, &session, "go").await;
-    common::wait_until(Duration::from_secs(10), "the model request", || {
-        let asked = stand_in.requests().len();
-        async move { asked == 1 }
-    })
-    .await;
+    stand_in.wait_for_requests(1).await;
     let deleted = server.delete(&format!("/sessions/{session}")).await;
     assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
     // The model request in flight is dropped, not left to its own timeout.
-    common::wait_until(
-        Duration::from_secs(30),
-        "the model request to be dropped",
-        || {
-            let abandoned = stand_in.abandoned();
-            async move { abandoned == 1 }
-        },
-    )
-    .await;
+    stand_in.wait_for_abandoned(1).await;
     assert_eq!(stand_in.requests().len(), 1, "no step after the delete");
 }

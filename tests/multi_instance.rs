@@ -706,22 +706,10 @@ async fn deleting_a_session_on_one_instance_stops_its_generation_on_the_other() 
     let (model, a, b) = two_generating_instances(&database).await;
     let session = a.create_session().await;
     common::model::turn(&a, &session, "hello").await;
-    common::wait_until(Duration::from_secs(10), "A's model request", || {
-        let asked = model.requests().len();
-        async move { asked == 1 }
-    })
-    .await;
+    model.wait_for_requests(1).await;
     let deleted = b.delete(&format!("/sessions/{session}")).await;
     assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
-    common::wait_until(
-        Duration::from_secs(30),
-        "A to drop its model request",
-        || {
-            let abandoned = model.abandoned();
-            async move { abandoned == 1 }
-        },
-    )
-    .await;
+    model.wait_for_abandoned(1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -731,11 +719,7 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
     let session = a.create_session().await;
     let started = common::model::turn(&a, &session, "hello").await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
-    common::wait_until(Duration::from_secs(10), "A's model request", || {
-        let asked = model.requests().len();
-        async move { asked == 1 }
-    })
-    .await;
+    model.wait_for_requests(1).await;
     let signal = |name: &str| {
         let sent = std::process::Command::new("kill")
             .arg(format!("-{name}"))
@@ -759,15 +743,7 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
     assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
     signal("CONT");
     // A, resumed, finds itself taken for dead and stops what it generated.
-    common::wait_until(
-        Duration::from_secs(30),
-        "A to drop its model request",
-        || {
-            let abandoned = model.abandoned();
-            async move { abandoned == 1 }
-        },
-    )
-    .await;
+    model.wait_for_abandoned(1).await;
     let db = pool(&database).await;
     let generation: Option<String> = sqlx::query("SELECT generation FROM floor_runs WHERE id = $1")
         .bind(&run_id)

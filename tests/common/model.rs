@@ -79,6 +79,28 @@ impl StandIn {
         self.script.lock().unwrap().repeat = Some(answer);
     }
 
+    /// Waits until `n` requests have arrived.
+    pub async fn wait_for_requests(&self, n: usize) {
+        crate::common::wait_until(Duration::from_secs(30), "the model requests", || {
+            let asked = self.requests().len();
+            async move { asked >= n }
+        })
+        .await;
+    }
+
+    /// Waits until the client has given up on `n` held requests.
+    pub async fn wait_for_abandoned(&self, n: usize) {
+        crate::common::wait_until(
+            Duration::from_secs(30),
+            "held model requests to be dropped",
+            || {
+                let abandoned = self.abandoned();
+                async move { abandoned >= n }
+            },
+        )
+        .await;
+    }
+
     /// How many held (`Hang`) requests their client gave up on.
     pub fn abandoned(&self) -> usize {
         self.script.lock().unwrap().abandoned
