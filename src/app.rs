@@ -99,22 +99,7 @@ impl App {
     ) -> anyhow::Result<()> {
         let runtime = self.state.runtime.clone();
         let store = runtime.store.clone();
-        // The embedded database has one instance: a job still marked running was
-        // lost with the previous process. On a shared database another
-        // instance may be running it: only leases that ran out are lost.
-        // The previous process on this data directory is dead for certain
-        // (its lock was free): its jobs are lost at once.
-        let lost = store
-            .expire_lost_jobs(!store.shared_database(), store.previous_instance())
-            .await?;
-        let interrupted = runtime.discard_interrupted_generations().await?;
-        if interrupted > 0 {
-            tracing::warn!(
-                interrupted,
-                "generations interrupted by the previous stop were discarded"
-            );
-        }
-        crate::runtime::jobs::report_lost_jobs(&runtime, &lost);
+        recover_at_start(&runtime).await?;
         // Servers connect in the background: start-up never waits on one.
         runtime
             .start_mcp()
@@ -177,6 +162,29 @@ impl App {
         tracing::info!("shut down cleanly");
         Ok(())
     }
+}
+
+/// Ends what the previous process left running: its jobs, and its
+/// generations (on a shared database, only dead instances').
+async fn recover_at_start(runtime: &crate::runtime::ToolRuntime) -> anyhow::Result<()> {
+    let store = &runtime.store;
+    // The embedded database has one instance: a job still marked running was
+    // lost with the previous process. On a shared database another
+    // instance may be running it: only leases that ran out are lost.
+    // The previous process on this data directory is dead for certain
+    // (its lock was free): its jobs are lost at once.
+    let lost = store
+        .expire_lost_jobs(!store.shared_database(), store.previous_instance())
+        .await?;
+    let interrupted = runtime.discard_interrupted_generations().await?;
+    if interrupted > 0 {
+        tracing::warn!(
+            interrupted,
+            "generations interrupted by the previous stop were discarded"
+        );
+    }
+    crate::runtime::jobs::report_lost_jobs(runtime, &lost);
+    Ok(())
 }
 
 /// Says where the secrets key came from, never what it is.

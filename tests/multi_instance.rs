@@ -696,6 +696,17 @@ async fn a_dead_instances_generation_is_discarded_by_a_live_one_without_a_restar
         run_state(&b, &run_id).await == "discarded"
     })
     .await;
+    // Nor does A's claim of the session outlive it.
+    let db = pool(&database).await;
+    common::wait_until(Duration::from_secs(30), "A's claim to go", || async {
+        sqlx::query("SELECT COUNT(*) AS n FROM generation_claims")
+            .fetch_one(&db)
+            .await
+            .unwrap()
+            .get::<i64, _>("n")
+            == 0
+    })
+    .await;
     let next = b.post(&path, json!({"content": "b again"})).await;
     assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
 }

@@ -378,6 +378,20 @@ impl Store {
         .execute(&mut *c)
         .await?
         .rows_affected());
+        // A dead instance's claims are taken over by the next floor anyway;
+        // removed here so that no row outlives what it claimed.
+        let claims = format!(
+            "DELETE FROM generation_claims WHERE {}",
+            of_a_dead_instance("instance_id", [1, 2, 3])
+        );
+        // Built from a fixed column name and placeholder numbers only.
+        sql!(tx, c => query(sqlx::AssertSqlSafe(claims))
+            .bind(self.previous_instance())
+            .bind(&self.cluster.instance_id)
+            .bind(stale_before)
+            .execute(c)
+            .await
+            .map(|_| ()))?;
         sql!(tx, c => query(
             "DELETE FROM toolgate_instances WHERE (heartbeat_at < ? OR id = ?) AND id <> ?",
         )
