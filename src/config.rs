@@ -376,8 +376,13 @@ impl Settings {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str(&text)
-                    .with_context(|| format!("parsing config file {}", path.display()))?
+                toml::from_str(&text).map_err(|err| {
+                    anyhow::anyhow!(
+                        "parsing config file {}: {}",
+                        path.display(),
+                        config_error(&text, &err)
+                    )
+                })?
             }
             None => FileSettings::default(),
         };
@@ -401,6 +406,11 @@ impl Settings {
         {
             anyhow::bail!(
                 "connection limits must be greater than zero (header read timeout, request body timeout, idle timeout, max connections, max event streams per account)"
+            );
+        }
+        if settings.llm_base_url.is_some() != settings.llm_model.is_some() {
+            anyhow::bail!(
+                "a model endpoint needs both --llm-base-url and --llm-model (TOOLGATE_LLM_BASE_URL, TOOLGATE_LLM_MODEL); only one is set"
             );
         }
         if settings.max_runtime_tools == 0
@@ -497,6 +507,33 @@ fn non_empty(flag: Option<String>, file: Option<String>) -> Option<String> {
     flag.or(file).filter(|value| !value.is_empty())
 }
 
+/// Keys of the config file whose values are secrets.
+const SECRET_KEYS: [&str; 4] = ["admin_token", "secrets_key", "llm_api_key", "database_url"];
+
+/// A config file's parse error as line, column and reason, never quoting a
+/// value: the file holds secrets, and TOML's own message shows the line and,
+/// for a value of the wrong type, the value itself.
+fn config_error(text: &str, err: &toml::de::Error) -> String {
+    let at = err.span().map_or(0, |span| span.start).min(text.len());
+    let before = &text[..at];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    let line_text = text.lines().nth(line - 1).unwrap_or_default();
+    let key = line_text.split('=').next().unwrap_or_default().trim();
+    let message = err.message();
+    let quotes_a_value =
+        message.starts_with("invalid type") || message.starts_with("invalid value");
+    let reason = if SECRET_KEYS.contains(&key) || quotes_a_value {
+        match message.split_once("expected ") {
+            Some((_, expected)) => format!("the value is not valid here (expected {expected})"),
+            None => "the value is not valid here".to_owned(),
+        }
+    } else {
+        message.trim().replace('\n', "; ")
+    };
+    format!("line {line}, column {column}: {reason}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,6 +549,31 @@ mod tests {
             assert!(!printed.contains(secret), "{secret} printed: {printed}");
         }
         assert!(printed.contains("<redacted>"));
+    }
+
+    #[test]
+    fn a_config_file_that_does_not_parse_is_refused_without_its_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("llm_api_key = sk-live-TOPSECRET-998877\n", "TOPSECRET"),
+            ("admin_token = 31415926535897932\n", "31415926535897932"),
+            (
+                "job_workers = 2\nsecrets_key = \"0123456789abcdef0123456789abcdef\n",
+                "0123456789abcdef",
+            ),
+            ("body_limit_bytes = \"SECRETISH\"\n", "SECRETISH"),
+        ];
+        for (text, secret) in cases {
+            let path = dir.path().join("toolgate.toml");
+            std::fs::write(&path, text).unwrap();
+            let args = ServeArgs {
+                config: Some(path),
+                ..ServeArgs::default()
+            };
+            let refusal = format!("{:#}", Settings::resolve(args).expect_err(text));
+            assert!(!refusal.contains(secret), "{text}: {refusal}");
+            assert!(refusal.contains("line "), "{text}: {refusal}");
+        }
     }
 
     /// A zero time or count limit would refuse every request (or wait
@@ -540,6 +602,21 @@ mod tests {
             assert!(refusal.contains(named), "{named}: {refusal}");
         }
         assert!(Settings::resolve(ServeArgs::default()).is_ok());
+    }
+
+    #[test]
+    fn a_model_endpoint_without_its_model_is_refused_at_start_up() {
+        for (base_url, model) in [(Some("http://127.0.0.1:9/v1"), None), (None, Some("m"))] {
+            let args = ServeArgs {
+                llm_base_url: base_url.map(Into::into),
+                llm_model: model.map(Into::into),
+                ..ServeArgs::default()
+            };
+            let refusal = Settings::resolve(args)
+                .expect_err("half a model")
+                .to_string();
+            assert!(refusal.contains("--llm-model"), "{refusal}");
+        }
     }
 
     #[test]

@@ -73,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
 /// server sends, payload and all, at `info` (and each bad line of a stream at
 /// `warn`): a server an account attaches could fill the disk through it.
 /// toolgate logs what matters of its connections itself.
-const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,rmcp=error";
+const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,rmcp=off";
 
 fn init_tracing(format: LogFormat) -> (Telemetry, LogOutput) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

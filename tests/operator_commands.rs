@@ -182,6 +182,34 @@ async fn a_schema_newer_than_the_binary_is_refused_by_serve_migrate_and_doctor()
     assert!(said.contains("newer than this toolgate"), "{said}");
 }
 
+#[tokio::test]
+async fn a_migration_applied_from_another_text_is_refused_by_the_doctor_too() {
+    let temp = tempfile::tempdir().unwrap();
+    let data_dir = temp.path().join("data");
+    assert!(toolgate(&["migrate"], &data_dir).status.success());
+    let url = format!("sqlite://{}", data_dir.join("toolgate.db").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = x'0102' WHERE version = 5")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let doctor = toolgate(&["doctor", "--json"], &data_dir);
+    assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
+    let report = report(&doctor);
+    assert_eq!(report["ok"], false, "{report}");
+    assert_eq!(
+        report["checkup"]["schema"]["modified"],
+        serde_json::json!([5])
+    );
+    let migrate = toolgate(&["migrate"], &data_dir);
+    assert!(!migrate.status.success(), "{migrate:?}");
+    assert!(
+        String::from_utf8_lossy(&migrate.stderr).contains("checksums differ"),
+        "{migrate:?}"
+    );
+}
+
 /// A fresh database on the machine's PostgreSQL (`TOOLGATE_TEST_POSTGRES`,
 /// default `postgres://postgres@127.0.0.1:5432`); the server must answer.
 fn postgres_database() -> common::database::TestDatabase {
@@ -198,6 +226,9 @@ async fn migrate_and_doctor_work_on_postgres_and_never_print_the_password() {
         .url
         .replacen("://postgres@", "://postgres:hunter2-secret@", 1);
     assert_ne!(url, database.url, "the test URL names the user postgres");
+    assert!(!url.contains('?'), "{url}");
+    // The password may also be a parameter.
+    let url = format!("{url}?password=hunter3-secret");
     let temp = tempfile::tempdir().unwrap();
     let data_dir = temp.path().join("data");
     let (dir, on) = (data_dir.clone(), url.clone());
@@ -224,6 +255,9 @@ async fn migrate_and_doctor_work_on_postgres_and_never_print_the_password() {
     assert!(checked.status.success(), "{checked:?}");
     let printed = stdout(&checked);
     assert!(!printed.contains("hunter2-secret"), "{printed}");
+    assert!(!printed.contains("hunter3-secret"), "{printed}");
+    assert!(printed.contains("password=***"), "{printed}");
+    assert!(!stdout(&migrated).contains("hunter3-secret"));
     let report = report(&checked);
     assert_eq!(report["ok"], true, "{report}");
     assert_eq!(report["checkup"]["backend"], "postgres", "{report}");

@@ -1236,6 +1236,16 @@ async fn three_connection_failures_evict_only_that_plugin_origin() {
     assert!(text(&data["output"]).contains("unknown tool"), "{data}");
     let data = call(&server, &session, "p_live", json!({})).await;
     assert_eq!(data["is_error"], false);
+    // One log line for the eviction, not one per character that held the tools.
+    let log = server
+        .log_containing("evicted plugin tools after repeated connection failures")
+        .await;
+    assert_eq!(
+        log.matches("evicted plugin tools after repeated connection failures")
+            .count(),
+        1,
+        "{log}"
+    );
 }
 
 /// A callback server that can be taken down and brought back on the same port.

@@ -24,7 +24,7 @@ impl FromRequestParts<AppState> for CurrentAccount {
         let key = header
             .to_str()
             .ok()
-            .and_then(|value| value.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .map(str::trim)
             .filter(|key| !key.is_empty())
             .ok_or_else(|| {
@@ -34,5 +34,24 @@ impl FromRequestParts<AppState> for CurrentAccount {
             Some(account) => Ok(CurrentAccount(account)),
             None => Err(ApiError::unauthorized("invalid API key")),
         }
+    }
+}
+
+/// The token of a `Bearer` credential; the scheme is matched without regard
+/// to case (RFC 9110, section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for header in ["Bearer k1", "bearer k1", "BEARER k1"] {
+            assert_eq!(super::bearer_token(header), Some("k1"), "{header}");
+        }
+        assert_eq!(super::bearer_token("Basic k1"), None);
+        assert_eq!(super::bearer_token("Bearerk1"), None);
     }
 }

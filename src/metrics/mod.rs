@@ -43,7 +43,9 @@ pub struct BuiltinLabels {
     pub tool: &'static str,
 }
 
-/// A remote tool's source tag (bounded by the registration limits).
+/// A remote tool's source tag: the first [`MAX_SOURCE_SERIES`] sources seen
+/// by their own name, any later one as [`OTHER_SOURCES`], since sources come
+/// and go with registrations and a process may see any number of them.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
@@ -98,6 +100,11 @@ fn short_waits() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 20))
 }
 
+/// How many sources get series of their own.
+pub const MAX_SOURCE_SERIES: usize = 100;
+/// The label of every source past [`MAX_SOURCE_SERIES`].
+pub const OTHER_SOURCES: &str = "_other";
+
 /// Every series this process records outside scrape time.
 pub struct Metrics {
     enabled: AtomicBool,
@@ -108,6 +115,8 @@ pub struct Metrics {
     tool_volume: ToolVolume,
     pub callback_connect_failures: Family<SourceLabels, Counter>,
     pub evictions: Family<SourceLabels, Counter>,
+    /// The sources that have series of their own.
+    sources: std::sync::Mutex<std::collections::HashSet<String>>,
     pub journal_batch_rows: Histogram,
     pub journal_commit_seconds: Histogram,
     pub journal_fold_raises: Counter,
@@ -134,6 +143,7 @@ impl Metrics {
             tool_volume: ToolVolume::default(),
             callback_connect_failures: Family::default(),
             evictions: Family::default(),
+            sources: Default::default(),
             journal_batch_rows: batch_sizes(),
             journal_commit_seconds: latency(),
             journal_fold_raises: Counter::default(),
@@ -326,9 +336,7 @@ impl Metrics {
     pub fn record_connect_failure(&self, source: &str) {
         if self.enabled() {
             self.callback_connect_failures
-                .get_or_create(&SourceLabels {
-                    source: source.to_owned(),
-                })
+                .get_or_create(&self.source_labels(source))
                 .inc();
         }
     }
@@ -337,10 +345,18 @@ impl Metrics {
     pub fn record_eviction(&self, source: &str) {
         if self.enabled() {
             self.evictions
-                .get_or_create(&SourceLabels {
-                    source: source.to_owned(),
-                })
+                .get_or_create(&self.source_labels(source))
                 .inc();
+        }
+    }
+
+    /// The labels of `source`'s series, within [`MAX_SOURCE_SERIES`].
+    fn source_labels(&self, source: &str) -> SourceLabels {
+        let mut sources = self.sources.lock().expect("metrics sources lock");
+        let own = sources.contains(source)
+            || (sources.len() < MAX_SOURCE_SERIES && sources.insert(source.to_owned()));
+        SourceLabels {
+            source: if own { source } else { OTHER_SOURCES }.to_owned(),
         }
     }
 
@@ -375,4 +391,20 @@ pub fn metrics() -> &'static Metrics {
 /// Turns recording on or off for the whole process (start-up setting).
 pub fn set_enabled(enabled: bool) {
     metrics().enabled.store(enabled, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_past_the_limit_share_one_series() {
+        let metrics = Metrics::new();
+        for n in 0..MAX_SOURCE_SERIES {
+            let source = format!("plugin:{n}");
+            assert_eq!(metrics.source_labels(&source).source, source);
+        }
+        assert_eq!(metrics.source_labels("plugin:late").source, OTHER_SOURCES);
+        assert_eq!(metrics.source_labels("plugin:0").source, "plugin:0");
+    }
 }

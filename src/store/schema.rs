@@ -72,12 +72,7 @@ impl Location {
             Location::DataDir(dir) => dir.join("toolgate.db").display().to_string(),
             Location::Url(url) => url.clone(),
             Location::Postgres(url) => match url::Url::parse(url) {
-                Ok(mut parsed) => {
-                    if parsed.password().is_some() {
-                        let _ = parsed.set_password(Some("***"));
-                    }
-                    parsed.to_string()
-                }
+                Ok(parsed) => without_passwords(parsed).to_string(),
                 Err(_) => "postgres://(unparseable URL)".to_owned(),
             },
         }
@@ -190,6 +185,9 @@ pub struct SchemaStatus {
     pub unknown: Vec<i64>,
     /// A migration that began and did not finish.
     pub failed: Vec<i64>,
+    /// Versions applied from a text other than this binary's (the stored
+    /// checksum differs): `serve` and `migrate` refuse such a database.
+    pub modified: Vec<i64>,
 }
 
 impl SchemaStatus {
@@ -207,6 +205,12 @@ impl SchemaStatus {
                 self.failed
             ));
         }
+        if !self.modified.is_empty() {
+            return Some(format!(
+                "migration(s) {:?} were applied from a text other than this binary's (their checksums differ); run the toolgate that migrated the database, or restore a backup",
+                self.modified
+            ));
+        }
         None
     }
 }
@@ -214,7 +218,7 @@ impl SchemaStatus {
 /// Reads which migrations the database has, changing nothing.
 pub async fn schema_status(pool: &Pool) -> anyhow::Result<SchemaStatus> {
     let mut conn = pool.acquire().await?;
-    let applied: Vec<(i64, bool)> = sql!(conn, c => {
+    let applied: Vec<(i64, bool, Vec<u8>)> = sql!(conn, c => {
         let table: bool = query_scalar(if POSTGRES {
             "SELECT to_regclass('_sqlx_migrations') IS NOT NULL"
         } else {
@@ -223,7 +227,7 @@ pub async fn schema_status(pool: &Pool) -> anyhow::Result<SchemaStatus> {
         .fetch_one(&mut *c)
         .await?;
         if table {
-            query_as("SELECT version, success FROM _sqlx_migrations ORDER BY version")
+            query_as("SELECT version, success, checksum FROM _sqlx_migrations ORDER BY version")
                 .fetch_all(&mut *c)
                 .await?
         } else {
@@ -231,25 +235,37 @@ pub async fn schema_status(pool: &Pool) -> anyhow::Result<SchemaStatus> {
         }
     });
     drop(conn);
-    let known: Vec<i64> = migrator(pool.backend())
+    let migrations = migrator(pool.backend());
+    let known: Vec<i64> = migrations
         .iter()
         .map(|migration| migration.version)
         .collect();
-    let has = |version: i64| applied.iter().any(|(v, _)| *v == version);
+    let has = |version: i64| applied.iter().any(|(v, _, _)| *v == version);
+    let modified = applied
+        .iter()
+        .filter(|(version, _, checksum)| {
+            migrations
+                .iter()
+                .find(|m| m.version == *version)
+                .is_some_and(|m| m.checksum.as_ref() != checksum.as_slice())
+        })
+        .map(|(v, _, _)| *v)
+        .collect();
     Ok(SchemaStatus {
-        applied_version: applied.iter().map(|(v, _)| *v).max().unwrap_or(0),
+        applied_version: applied.iter().map(|(v, _, _)| *v).max().unwrap_or(0),
         binary_version: known.iter().copied().max().unwrap_or(0),
         pending: known.iter().copied().filter(|v| !has(*v)).collect(),
         unknown: applied
             .iter()
-            .map(|(v, _)| *v)
+            .map(|(v, _, _)| *v)
             .filter(|v| !known.contains(v))
             .collect(),
         failed: applied
             .iter()
-            .filter(|(_, ok)| !ok)
-            .map(|(v, _)| *v)
+            .filter(|(_, ok, _)| !ok)
+            .map(|(v, _, _)| *v)
             .collect(),
+        modified,
     })
 }
 
@@ -356,9 +372,49 @@ async fn logged_calls(
     }
 }
 
+/// The URL with every password masked: the one before `@` and any query
+/// parameter whose name holds "password" (`?password=`, `sslpassword=`).
+fn without_passwords(mut url: url::Url) -> url::Url {
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    }
+    let pairs: Vec<(String, String)> = url
+        .query_pairs()
+        .map(|(key, value)| {
+            let secret = key.to_ascii_lowercase().contains("password");
+            let value = if secret {
+                "***".into()
+            } else {
+                value.into_owned()
+            };
+            (key.into_owned(), value)
+        })
+        .collect();
+    if !pairs.is_empty() {
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_described_postgres_url_shows_no_password() {
+        let location = Location::Postgres(
+            "postgres://app:s3cret@db:5432/toolgate?sslmode=require&password=q1&sslpassword=q2"
+                .into(),
+        );
+        let described = location.describe();
+        assert!(
+            !["s3cret", "q1", "q2"]
+                .iter()
+                .any(|secret| described.contains(secret)),
+            "{described}"
+        );
+        assert!(described.contains("sslmode=require"), "{described}");
+    }
 
     #[tokio::test]
     async fn a_new_database_has_the_store_page_size() {

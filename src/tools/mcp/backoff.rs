@@ -27,12 +27,13 @@ impl Breaker {
         self.failures = 0;
     }
 
-    /// An attempt failed (or a connection was lost); answers how long to wait
-    /// before the next one.
-    pub fn failure(&mut self) -> Duration {
+    /// An attempt of server `server_id` failed (or its connection was lost);
+    /// answers how long to wait before the next one.
+    pub fn failure(&mut self, server_id: &str) -> Duration {
         self.failures = self.failures.saturating_add(1);
         if self.failures == OPEN_AFTER {
             tracing::warn!(
+                server_id,
                 failures = self.failures,
                 "an MCP server keeps failing; retrying at most every {} s",
                 MAX_DELAY.as_secs()
@@ -53,13 +54,13 @@ mod tests {
     #[test]
     fn doubles_up_to_the_cap_and_resets() {
         let mut breaker = Breaker::default();
-        let first = breaker.failure();
+        let first = breaker.failure("mcp_test");
         assert!(first >= Duration::from_millis(400) && first <= Duration::from_millis(600));
         for _ in 0..20 {
-            assert!(breaker.failure() <= MAX_DELAY);
+            assert!(breaker.failure("mcp_test") <= MAX_DELAY);
         }
-        assert!(breaker.failure() >= MAX_DELAY.mul_f64(0.8));
+        assert!(breaker.failure("mcp_test") >= MAX_DELAY.mul_f64(0.8));
         breaker.success();
-        assert!(breaker.failure() <= Duration::from_millis(600));
+        assert!(breaker.failure("mcp_test") <= Duration::from_millis(600));
     }
 }

@@ -68,9 +68,9 @@ pub(super) async fn supervise(
             }
             End::Lost(error) => {
                 record_failure(&slot, &shared, &error, "mcp.disconnected");
-                breaker.failure()
+                breaker.failure(&slot.server.id)
             }
-            End::LostRecorded => breaker.failure(),
+            End::LostRecorded => breaker.failure(&slot.server.id),
         };
         tokio::select! {
             _ = slot.stop.cancelled() => return,

@@ -214,11 +214,17 @@ impl RemoteHandler {
         let registry = self.registry.clone();
         let (count, results) = mutate_with(events, async move {
             let evicted = registry.evict_origin(&origin, &source);
-            let count = evicted.iter().map(|(_, names)| names.len()).sum();
+            let count: usize = evicted.iter().map(|(_, names)| names.len()).sum();
+            // One line per eviction, however many characters held the tools.
+            let mut tools: Vec<&String> = evicted.iter().flat_map(|(_, names)| names).collect();
+            tools.sort();
+            tools.dedup();
+            tracing::warn!(%origin, source = ?source, characters = evicted.len(), registrations = count,
+                tools = ?tools.iter().take(10).collect::<Vec<_>>(),
+                "evicted plugin tools after repeated connection failures");
             let changes = evicted
                 .into_iter()
                 .map(|(character_id, names)| {
-                    tracing::warn!(%origin, source = ?source, %character_id, tools = ?names, "evicted plugin tools after repeated connection failures");
                     CatalogChange {
                         removed: names,
                         ..CatalogChange::new(CatalogScope::Character(character_id))
