@@ -13,6 +13,7 @@ pub mod config;
 pub mod console;
 pub mod domain;
 pub mod error;
+pub mod failure_log;
 pub mod fast_map;
 pub mod ids;
 pub mod journal;

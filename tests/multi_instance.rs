@@ -764,3 +764,48 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
         .get("generation");
     assert_eq!(generation.as_deref(), Some("failed"), "B's ending stands");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
+    let database = shared_database().await;
+    let server = instance(&database, &[]).await;
+    let name = database.url.rsplit('/').next().unwrap().to_owned();
+    let admin_url = format!("{}/postgres", database.url.rsplit_once('/').unwrap().0);
+    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
+    let allow = |on: bool| {
+        let (admin, name) = (admin.clone(), name.clone());
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS {on}"
+            )))
+            .execute(&admin)
+            .await
+            .unwrap();
+        }
+    };
+    allow(false).await;
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&name)
+    .execute(&admin)
+    .await
+    .unwrap();
+    // The line names the loop and the database's own reason, not only
+    // "database operation failed".
+    // The approval sweeper tries every second; its line is the one waited for.
+    let failed = r#"background work failed what="ending timed-out approvals""#;
+    let log = server.log_containing(failed).await;
+    let line = log.lines().find(|line| line.contains(failed)).unwrap();
+    let cause = line.split("error=").nth(1).unwrap_or_default().trim();
+    assert!(
+        cause.contains("database") && cause != "database operation failed",
+        "{line}"
+    );
+    allow(true).await;
+    server
+        .log_containing(r#"background work works again what="ending timed-out approvals""#)
+        .await;
+    admin.close().await;
+}

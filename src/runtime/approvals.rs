@@ -116,15 +116,16 @@ impl ToolRuntime {
     }
 
     /// Ends the held calls past their deadline.
-    async fn expire_approvals(&self) {
+    async fn expire_approvals(&self, failures: &mut crate::failure_log::FailureLog) {
         match self.store.expire_approvals().await {
             Ok(expired) => {
+                failures.succeeded();
                 for delivery in &expired {
                     tracing::info!(execution_id = %delivery.execution_id, "approval timed out; the call ends denied");
                     self.publish_tool_result(delivery).await;
                 }
             }
-            Err(error) => tracing::error!(%error, "ending timed-out approvals failed"),
+            Err(error) => failures.failed(&error),
         }
     }
 }
@@ -142,9 +143,10 @@ pub(super) fn cannot_be_held(tool: &str) -> String {
 pub async fn run_approval_sweeper(runtime: ToolRuntime, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(SWEEP_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failures = crate::failure_log::FailureLog::new("ending timed-out approvals");
     loop {
         tokio::select! {
-            _ = ticker.tick() => runtime.expire_approvals().await,
+            _ = ticker.tick() => runtime.expire_approvals(&mut failures).await,
             () = shutdown.cancelled() => break,
         }
     }

@@ -71,16 +71,21 @@ fn stop_every_generation(runtime: &ToolRuntime) {
 
 /// Discards the generations dead instances left running, so that their
 /// sessions' runs can be closed without waiting for some instance to start.
-async fn sweep_dead_generations(runtime: &ToolRuntime) {
+async fn sweep_dead_generations(
+    runtime: &ToolRuntime,
+    failures: &mut crate::failure_log::FailureLog,
+) {
     match runtime.discard_interrupted_generations().await {
-        Ok(0) => {}
         Ok(discarded) => {
-            tracing::warn!(
-                discarded,
-                "generations left running by a dead instance were discarded"
-            )
+            failures.succeeded();
+            if discarded > 0 {
+                tracing::warn!(
+                    discarded,
+                    "generations left running by a dead instance were discarded"
+                );
+            }
         }
-        Err(err) => tracing::warn!(error = %err, "sweeping dead instances' generations failed"),
+        Err(err) => failures.failed(&err),
     }
 }
 
@@ -128,12 +133,14 @@ async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
 pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToken) {
     let mut events = runtime.store.cluster_events();
     let mut sweep = tokio::time::interval(DEAD_GENERATION_SWEEP);
+    let mut sweep_failures =
+        crate::failure_log::FailureLog::new("sweeping dead instances' generations");
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => return,
             _ = sweep.tick() => {
-                sweep_dead_generations(&runtime).await;
+                sweep_dead_generations(&runtime, &mut sweep_failures).await;
                 continue;
             }
             event = events.recv() => event,

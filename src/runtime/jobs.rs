@@ -14,6 +14,7 @@ use super::ToolRuntime;
 use crate::call::{JobInvocation, ToolOutcome, settle};
 use crate::catalog::CallContext;
 use crate::domain::tool::SideEffectLevel;
+use crate::failure_log::FailureLog;
 use crate::ids::now_ms;
 use crate::reason::ReasonCode;
 use crate::store::RuntimeJob;
@@ -78,12 +79,17 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
     // Leases run out in LEASE, so looking for lost ones once per heartbeat is
     // enough; doing it before every claim would add a write to every job.
     let mut last_lease_check: Option<tokio::time::Instant> = None;
+    let mut lease_failures = FailureLog::new("checking job leases");
+    let mut claim_failures = FailureLog::new("claiming jobs");
     loop {
         if last_lease_check.is_none_or(|at| at.elapsed() >= HEARTBEAT) {
             last_lease_check = Some(tokio::time::Instant::now());
             match runtime.store.expire_lost_jobs(false, None).await {
-                Ok(lost) => report_lost_jobs(&runtime, &lost),
-                Err(err) => tracing::error!(error = %err, "checking job leases failed"),
+                Ok(lost) => {
+                    lease_failures.succeeded();
+                    report_lost_jobs(&runtime, &lost)
+                }
+                Err(err) => lease_failures.failed(&err),
             }
         }
         let permit = tokio::select! {
@@ -93,6 +99,7 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
         let lease_until = now_ms() + LEASE.as_millis() as i64;
         match runtime.store.claim_job(&owner, lease_until).await {
             Ok(Some(job)) => {
+                claim_failures.succeeded();
                 let runtime = runtime.clone();
                 let owner = owner.clone();
                 tokio::spawn(async move {
@@ -101,10 +108,13 @@ pub async fn run_worker(runtime: ToolRuntime, concurrency: usize, shutdown: Canc
                 });
                 continue;
             }
-            Ok(None) => drop(permit),
+            Ok(None) => {
+                claim_failures.succeeded();
+                drop(permit)
+            }
             Err(err) => {
                 drop(permit);
-                tracing::error!(error = %err, "claiming a job failed");
+                claim_failures.failed(&err);
             }
         }
         tokio::select! {

@@ -16,6 +16,7 @@ use super::Store;
 use super::backend::{Pool, sql};
 use super::instance_file::InstanceFile;
 use crate::error::Result;
+use crate::failure_log::FailureLog;
 use crate::ids::now_ms;
 
 /// The notification channel every instance listens on.
@@ -234,28 +235,36 @@ impl Store {
 
 async fn heartbeat(store: Store) {
     let stop = store.cluster.stop.clone();
+    let mut beat_failures = FailureLog::new("renewing this instance's heartbeat");
+    let mut sweep_failures = FailureLog::new("sweeping dead instances");
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(HEARTBEAT) => {}
         }
         if let Err(err) = store.beat().await {
-            tracing::warn!(error = %err, "instance heartbeat failed");
+            beat_failures.failed(&err);
             continue;
         }
+        beat_failures.succeeded();
         match store.recover_dead_instances().await {
-            Ok(0) => {}
-            Ok(recovered) => tracing::warn!(
-                recovered,
-                "tool executions left open by a dead instance are now uncertain"
-            ),
-            Err(err) => tracing::warn!(error = %err, "sweeping dead instances failed"),
+            Ok(recovered) => {
+                sweep_failures.succeeded();
+                if recovered > 0 {
+                    tracing::warn!(
+                        recovered,
+                        "tool executions left open by a dead instance are now uncertain"
+                    );
+                }
+            }
+            Err(err) => sweep_failures.failed(&err),
         }
     }
 }
 
 async fn listen(store: Store, pool: sqlx::PgPool) {
     let stop = store.cluster.stop.clone();
+    let mut listen_failures = FailureLog::new("listening for other instances' changes");
     let mut listener = loop {
         let connected = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
@@ -265,7 +274,7 @@ async fn listen(store: Store, pool: sqlx::PgPool) {
         match connected.await {
             Ok(listener) => break listener,
             Err(err) => {
-                tracing::warn!(error = %err, "could not listen for other instances' changes; retrying");
+                listen_failures.failed(&err);
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(HEARTBEAT) => {}
@@ -278,6 +287,9 @@ async fn listen(store: Store, pool: sqlx::PgPool) {
             _ = stop.cancelled() => return,
             received = listener.try_recv() => received,
         };
+        if received.is_ok() {
+            listen_failures.succeeded();
+        }
         let event = match received {
             Ok(Some(notification)) => {
                 match serde_json::from_str::<Envelope>(notification.payload()) {
@@ -294,12 +306,17 @@ async fn listen(store: Store, pool: sqlx::PgPool) {
             }
             // The connection dropped (sqlx reconnects on the next receive):
             // what was announced meanwhile is lost.
-            Ok(None) => ClusterEvent {
-                topic: "resync".into(),
-                data: Value::Null,
-            },
+            Ok(None) => {
+                tracing::warn!(
+                    "the connection listening for other instances' changes was lost; every cached row is dropped and read again"
+                );
+                ClusterEvent {
+                    topic: "resync".into(),
+                    data: Value::Null,
+                }
+            }
             Err(err) => {
-                tracing::warn!(error = %err, "listening for other instances' changes failed");
+                listen_failures.failed(&err);
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(HEARTBEAT) => {}
