@@ -1782,3 +1782,38 @@ async fn openapi_lists_the_runtime_tools_routes() {
         assert!(paths[path][method].is_object(), "{path} {method} missing");
     }
 }
+
+#[tokio::test]
+async fn a_callback_outage_is_one_log_line_and_so_is_its_end() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let dead = common::ports::dead_port();
+    let port = dead.port;
+    register_ok(
+        &server,
+        json!({"name": "flaky", "callback_url": dead.url("/cb"), "source": "external"}),
+    )
+    .await;
+    for _ in 0..3 {
+        let data = call(&server, &session, "flaky", json!({})).await;
+        assert_eq!(data["is_error"], true, "{data}");
+    }
+    let stopped = "a callback origin stopped accepting connections";
+    let log = server.log_containing(stopped).await;
+    assert_eq!(log.matches(stopped).count(), 1, "{log}");
+    // The plugin comes back on the same port.
+    drop(dead);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("the freed port");
+    let app = Router::new().route(
+        "/cb",
+        post(|| async { axum::Json(json!({"output": "back"})) }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let data = call(&server, &session, "flaky", json!({})).await;
+    assert_eq!(data["is_error"], false, "{data}");
+    server
+        .log_containing("a callback origin answers again")
+        .await;
+}

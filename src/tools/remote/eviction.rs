@@ -7,13 +7,34 @@ use std::sync::Mutex;
 /// Consecutive connection-level failures after which a plugin origin is evicted.
 pub const EVICTION_THRESHOLD: u32 = 3;
 
-/// Failure streaks keyed by (origin, source).
+/// Most (origin, source) pairs remembered as unreachable; past it an outage
+/// is simply not logged (its calls still fail and are counted in metrics).
+const MAX_UNREACHABLE: usize = 10_000;
+
+/// Failure streaks keyed by (origin, source), and which of them are in an
+/// outage (for one log line when it begins and one when it ends, for every
+/// source, not only plugins).
 #[derive(Debug, Default)]
 pub struct FailureCounter {
     streaks: Mutex<HashMap<(String, String), u32>>,
+    unreachable: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl FailureCounter {
+    /// A connection to `origin` for `source` failed: true when that begins
+    /// an outage.
+    pub fn note_unreachable(&self, origin: &str, source: &str) -> bool {
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+        unreachable.len() < MAX_UNREACHABLE
+            && unreachable.insert((origin.to_owned(), source.to_owned()))
+    }
+
+    /// `origin` answered for `source`: true when that ends an outage.
+    pub fn note_answered(&self, origin: &str, source: &str) -> bool {
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+        !unreachable.is_empty() && unreachable.remove(&(origin.to_owned(), source.to_owned()))
+    }
+
     /// Counts one connection-level failure. Returns true exactly once per streak,
     /// when it reaches the threshold; the streak starts over after that.
     pub fn record_failure(&self, origin: &str, source: &str) -> bool {
@@ -48,6 +69,17 @@ impl FailureCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outage_begins_and_ends_once() {
+        let counter = FailureCounter::default();
+        assert!(counter.note_unreachable("http://127.0.0.1:9", "external"));
+        assert!(!counter.note_unreachable("http://127.0.0.1:9", "external"));
+        assert!(counter.note_unreachable("http://127.0.0.1:9", "plugin:p"));
+        assert!(counter.note_answered("http://127.0.0.1:9", "external"));
+        assert!(!counter.note_answered("http://127.0.0.1:9", "external"));
+        assert!(counter.note_unreachable("http://127.0.0.1:9", "external"));
+    }
 
     #[test]
     fn third_consecutive_failure_trips_once() {

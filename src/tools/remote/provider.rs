@@ -164,6 +164,7 @@ impl RemoteHandler {
             .call(tool, cx.call, cx.attempt, args)
             .await;
         let outcome = exchange.outcome;
+        self.log_outage(&exchange.effect, &outcome);
         if matches!(exchange.effect, FailureEffect::Count) {
             crate::metrics::metrics().record_connect_failure(&tool.source);
         }
@@ -203,6 +204,28 @@ impl RemoteHandler {
             FailureEffect::Neutral => {}
         }
         outcome
+    }
+
+    /// One line when the tool's callback origin stops accepting connections
+    /// and one when it answers again, not one per call: a plugin that is down
+    /// is visible at the default level whatever its source.
+    fn log_outage(&self, effect: &FailureEffect, outcome: &ToolOutcome) {
+        let (tool, failures) = (&self.tool, self.registry.failures());
+        let origin = tool.callback_url.origin();
+        match effect {
+            FailureEffect::Count if failures.note_unreachable(origin, &tool.source) => {
+                let error = match outcome {
+                    ToolOutcome::NotStarted { message, .. } => message.as_str(),
+                    _ => "",
+                };
+                tracing::warn!(%origin, source = ?tool.source, tool = ?tool.name, error,
+                    "a callback origin stopped accepting connections; its calls fail until it answers");
+            }
+            FailureEffect::Reset if failures.note_answered(origin, &tool.source) => {
+                tracing::info!(%origin, source = ?tool.source, "a callback origin answers again");
+            }
+            _ => {}
+        }
     }
 
     /// Evicts the source's tools at this origin from every registry and
