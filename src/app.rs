@@ -100,6 +100,9 @@ impl App {
         let runtime = self.state.runtime.clone();
         let store = runtime.store.clone();
         recover_at_start(&runtime).await?;
+        // Subscribed before the stored MCP servers are read: a change another
+        // instance announces from here on reaches the follower.
+        let cluster_events = store.cluster_events();
         // Servers connect in the background: start-up never waits on one.
         runtime
             .start_mcp()
@@ -121,6 +124,7 @@ impl App {
         let follower = store.shared_database().then(|| {
             tokio::spawn(crate::runtime::cluster::follow_other_instances(
                 runtime.clone(),
+                cluster_events,
                 workers.clone(),
             ))
         });

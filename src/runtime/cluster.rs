@@ -130,8 +130,11 @@ async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
 
 /// Offers other instances' catalog changes to this instance's live model
 /// sessions until `stop` is cancelled.
-pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToken) {
-    let mut events = runtime.store.cluster_events();
+pub async fn follow_other_instances(
+    runtime: ToolRuntime,
+    mut events: tokio::sync::broadcast::Receiver<crate::store::ClusterEvent>,
+    stop: CancellationToken,
+) {
     let mut sweep = tokio::time::interval(DEAD_GENERATION_SWEEP);
     let mut sweep_failures =
         crate::failure_log::FailureLog::new("sweeping dead instances' generations");
@@ -165,7 +168,13 @@ pub async fn follow_other_instances(runtime: ToolRuntime, stop: CancellationToke
                 }
                 continue;
             }
-            "resync" => catch_up_on_cancels(&runtime).await,
+            "resync" => {
+                catch_up_on_cancels(&runtime).await;
+                // A server created or changed while nothing listened.
+                if let Err(err) = runtime.reattach_mcp_servers().await {
+                    tracing::warn!(error = %err, "could not read the stored MCP servers again");
+                }
+            }
             crate::store::TAKEN_FOR_DEAD => {
                 stop_every_generation(&runtime);
                 continue;

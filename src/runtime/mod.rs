@@ -266,6 +266,22 @@ impl ToolRuntime {
             .await
     }
 
+    /// Attaches every enabled stored server again (a server unchanged since it
+    /// was attached is left as it is): after announcements of other
+    /// instances may have been missed.
+    pub async fn reattach_mcp_servers(&self) -> Result<()> {
+        let admin = self.store.admin_account().await?.map(|account| account.id);
+        for server in self.store.enabled_mcp_servers().await? {
+            let is_admin = admin.as_deref() == Some(server.account_id.as_str());
+            if self.may_run_mcp_command(&server.config, is_admin)
+                && self.may_reach_mcp_url(&server.config, is_admin)
+            {
+                self.mcp.upsert(server).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether an account may have `config` run: a stdio server's command runs
     /// as the server's own user, which could read every account's data, so
     /// only the admin's may, unless `--mcp-stdio-for-all-accounts`.

@@ -272,7 +272,18 @@ async fn listen(store: Store, pool: sqlx::PgPool) {
             Ok::<_, sqlx::Error>(listener)
         };
         match connected.await {
-            Ok(listener) => break listener,
+            Ok(listener) => {
+                listen_failures.succeeded();
+                // What was announced before this connection listened was
+                // missed (e.g. while this instance started): read again.
+                let resync = ClusterEvent {
+                    topic: "resync".into(),
+                    data: Value::Null,
+                };
+                store.apply_cluster_event(&resync);
+                let _ = store.cluster.events.send(resync);
+                break listener;
+            }
             Err(err) => {
                 listen_failures.failed(&err);
                 tokio::select! {
