@@ -527,6 +527,46 @@ async fn a_queued_job_survives_sigkill_and_runs_after_restart() {
     assert_eq!(row["result"]["echo"]["n"], 1);
 }
 
+/// Calls `tool` (no arguments) in the session from a task of its own, whose
+/// result is the call's reply.
+fn call_in_background(
+    server: &TestServer,
+    session: &str,
+    tool: &'static str,
+) -> tokio::task::JoinHandle<common::Reply> {
+    let url = server.url(&format!("/sessions/{session}/tool-calls"));
+    let (client, token) = (server.client.clone(), server.token.clone());
+    tokio::spawn(async move {
+        let response = client
+            .post(url)
+            .bearer_auth(token)
+            .json(&json!({"name": tool, "arguments": {}}))
+            .send()
+            .await
+            .expect("the in-flight call is answered");
+        read_reply(response).await
+    })
+}
+
+/// Sends the server SIGTERM (a graceful stop).
+fn sigterm(server: &TestServer) {
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(server.pid().to_string())
+        .status();
+}
+
+/// Releases every held `/hang` call, again and again, until aborted.
+fn keep_releasing(release: &Arc<Notify>) -> tokio::task::JoinHandle<()> {
+    let release = release.clone();
+    tokio::spawn(async move {
+        loop {
+            release.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
 #[tokio::test]
 async fn sigterm_lets_an_in_flight_call_finish() {
     let mut server = spawn_app().await;
@@ -537,33 +577,11 @@ async fn sigterm_lets_an_in_flight_call_finish() {
     )
     .await;
     let session = server.create_session().await;
-    let url = server.url(&format!("/sessions/{session}/tool-calls"));
-    let client = server.client.clone();
-    let token = server.token.clone();
-    let pending = tokio::spawn(async move {
-        let response = client
-            .post(url)
-            .bearer_auth(token)
-            .json(&json!({"name": "slow", "arguments": {}}))
-            .send()
-            .await
-            .expect("the in-flight call is answered");
-        read_reply(response).await
-    });
+    let pending = call_in_background(&server, &session, "slow");
     callbacks.wait_for_hanging_call().await;
-    let pid = server.pid();
-    let _ = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
+    sigterm(&server);
     // The server keeps serving the in-flight call; release the callback now.
-    let release = callbacks.release.clone();
-    let releaser = tokio::spawn(async move {
-        loop {
-            release.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let releaser = keep_releasing(&callbacks.release);
     let reply = pending.await.unwrap();
     releaser.abort();
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
@@ -712,23 +730,9 @@ async fn sigterm_stops_claiming_queued_jobs_while_requests_drain() {
     })
     .await;
     // An in-flight request keeps the server draining after the signal.
-    let url = server.url(&format!("/sessions/{session}/tool-calls"));
-    let (client, token) = (server.client.clone(), server.token.clone());
-    let pending = tokio::spawn(async move {
-        let response = client
-            .post(url)
-            .bearer_auth(token)
-            .json(&json!({"name": "slow", "arguments": {}}))
-            .send()
-            .await
-            .expect("the in-flight call is answered");
-        read_reply(response).await
-    });
+    let pending = call_in_background(&server, &session, "slow");
     sync.wait_for_hanging_call().await;
-    let _ = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(server.pid().to_string())
-        .status();
+    sigterm(&server);
     let addr = server.addr;
     common::wait_until(
         Duration::from_secs(20),
@@ -751,13 +755,7 @@ async fn sigterm_stops_claiming_queued_jobs_while_requests_drain() {
         },
     )
     .await;
-    let release = sync.release.clone();
-    let releaser = tokio::spawn(async move {
-        loop {
-            release.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let releaser = keep_releasing(&sync.release);
     let reply = pending.await.unwrap();
     releaser.abort();
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");

@@ -620,37 +620,18 @@ async fn a_session_generates_once_across_instances_and_a_cancel_reaches_the_one_
         .unwrap()
         .to_owned();
     // Every way to close, choose or restart the run on the other instance waits.
-    for (what, reply) in [
-        (
-            "commit",
-            loser
-                .post(&format!("/runs/{run_id}/commit"), json!({}))
-                .await,
-        ),
-        (
-            "discard",
-            loser
-                .post(&format!("/runs/{run_id}/discard"), json!({}))
-                .await,
-        ),
-        (
-            "select",
-            loser
-                .post(&format!("/pages/{page_id}/select"), json!({}))
-                .await,
-        ),
+    for (what, route, body) in [
+        ("commit", format!("/runs/{run_id}/commit"), json!({})),
+        ("discard", format!("/runs/{run_id}/discard"), json!({})),
+        ("select", format!("/pages/{page_id}/select"), json!({})),
         (
             "regenerate",
-            loser
-                .post(&format!("/floors/{floor_id}/regenerate"), json!({}))
-                .await,
+            format!("/floors/{floor_id}/regenerate"),
+            json!({}),
         ),
-        (
-            "floor",
-            loser.post(&path, json!({"content": "again"})).await,
-        ),
+        ("floor", path.clone(), json!({"content": "again"})),
     ] {
-        assert_still_generating(&reply, what);
+        assert_still_generating(&loser.post(&route, body).await, what);
     }
     assert_eq!(run_state(winner, &run_id).await, "open");
     // The cancel is asked where the run is not generating, and ends it there.

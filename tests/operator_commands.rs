@@ -134,22 +134,26 @@ async fn the_doctor_reads_a_database_a_server_is_using() {
     assert_eq!(health.status, 200, "the server still runs");
 }
 
+/// Migrates a SQLite database in `data_dir`, then runs `sql` on it.
+async fn migrated_then(data_dir: &Path, sql: &'static str) {
+    assert!(toolgate(&["migrate"], data_dir).status.success());
+    let url = format!("sqlite://{}", data_dir.join("toolgate.db").display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query(sql).execute(&pool).await.unwrap();
+    pool.close().await;
+}
+
 #[tokio::test]
 async fn a_schema_newer_than_the_binary_is_refused_by_serve_migrate_and_doctor() {
     let temp = tempfile::tempdir().unwrap();
     let data_dir = temp.path().join("data");
-    assert!(toolgate(&["migrate"], &data_dir).status.success());
     // What a newer toolgate's migration leaves behind.
-    let url = format!("sqlite://{}", data_dir.join("toolgate.db").display());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::query(
+    migrated_then(
+        &data_dir,
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
          VALUES (9999, 'from the future', 1, x'00', 0)",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
+    .await;
 
     let doctor = toolgate(&["doctor", "--json"], &data_dir);
     assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
@@ -186,14 +190,11 @@ async fn a_schema_newer_than_the_binary_is_refused_by_serve_migrate_and_doctor()
 async fn a_migration_applied_from_another_text_is_refused_by_the_doctor_too() {
     let temp = tempfile::tempdir().unwrap();
     let data_dir = temp.path().join("data");
-    assert!(toolgate(&["migrate"], &data_dir).status.success());
-    let url = format!("sqlite://{}", data_dir.join("toolgate.db").display());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::query("UPDATE _sqlx_migrations SET checksum = x'0102' WHERE version = 5")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    migrated_then(
+        &data_dir,
+        "UPDATE _sqlx_migrations SET checksum = x'0102' WHERE version = 5",
+    )
+    .await;
     let doctor = toolgate(&["doctor", "--json"], &data_dir);
     assert_eq!(doctor.status.code(), Some(1), "{doctor:?}");
     let report = report(&doctor);

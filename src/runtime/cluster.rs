@@ -44,7 +44,7 @@ async fn catch_up_on_cancels(runtime: &ToolRuntime) {
     {
         Ok(stop) => {
             for run_id in stop {
-                runtime.cancel_asked_elsewhere(&run_id);
+                runtime.cancel_here(&run_id);
             }
         }
         Err(err) => {
@@ -59,7 +59,7 @@ async fn catch_up_on_cancels(runtime: &ToolRuntime) {
 fn stop_every_generation(runtime: &ToolRuntime) {
     let runs = runtime.runs_generating_here();
     for run_id in &runs {
-        runtime.cancel_asked_elsewhere(run_id);
+        runtime.cancel_here(run_id);
     }
     if !runs.is_empty() {
         tracing::warn!(
@@ -164,7 +164,7 @@ pub async fn follow_other_instances(
             }
             RUN_CANCEL_TOPIC => {
                 if let Some(run_id) = event.data.as_str() {
-                    runtime.cancel_asked_elsewhere(run_id);
+                    runtime.cancel_here(run_id);
                 }
                 continue;
             }

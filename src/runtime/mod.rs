@@ -254,12 +254,8 @@ impl ToolRuntime {
     /// Attaches the stored MCP servers; each connects in the background.
     pub async fn start_mcp(&self) -> Result<()> {
         let admin = self.store.admin_account().await?.map(|account| account.id);
-        // Stored before stdio servers were the admin's alone, or while every
-        // account was allowed them: not started until that is allowed again.
         let may_start = |server: &crate::domain::mcp::McpServer| {
-            let is_admin = admin.as_deref() == Some(server.account_id.as_str());
-            self.may_run_mcp_command(&server.config, is_admin)
-                && self.may_reach_mcp_url(&server.config, is_admin)
+            self.may_attach_stored(admin.as_deref(), server)
         };
         self.mcp
             .start(Arc::new(self.clone()), admin.clone(), may_start)
@@ -272,14 +268,24 @@ impl ToolRuntime {
     pub async fn reattach_mcp_servers(&self) -> Result<()> {
         let admin = self.store.admin_account().await?.map(|account| account.id);
         for server in self.store.enabled_mcp_servers().await? {
-            let is_admin = admin.as_deref() == Some(server.account_id.as_str());
-            if self.may_run_mcp_command(&server.config, is_admin)
-                && self.may_reach_mcp_url(&server.config, is_admin)
-            {
+            if self.may_attach_stored(admin.as_deref(), &server) {
                 self.mcp.upsert(server).await;
             }
         }
         Ok(())
+    }
+
+    /// Whether a stored server may be attached now. One stored before stdio
+    /// servers or private URLs were the admin's alone, or while every account
+    /// was allowed them, is not attached until that is allowed again.
+    fn may_attach_stored(
+        &self,
+        admin: Option<&str>,
+        server: &crate::domain::mcp::McpServer,
+    ) -> bool {
+        let is_admin = admin == Some(server.account_id.as_str());
+        self.may_run_mcp_command(&server.config, is_admin)
+            && self.may_reach_mcp_url(&server.config, is_admin)
     }
 
     /// Whether an account may have `config` run: a stdio server's command runs

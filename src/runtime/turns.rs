@@ -70,9 +70,7 @@ impl ToolRuntime {
     /// recorded as asked and that instance told.
     pub async fn cancel_generation(&self, account_id: &str, run_id: &str) -> Result<bool> {
         let run = self.store.run(account_id, run_id).await?;
-        if let Some(cancel) = self.generating_here(&run) {
-            cancel.cancel();
-            tracing::info!(run_id, "run cancellation requested");
+        if self.cancel_here(&run.id) {
             return Ok(true);
         }
         if !self.store.request_remote_cancel(account_id, run_id).await? {
@@ -103,18 +101,17 @@ impl ToolRuntime {
             .expect("turns lock")
             .get(&session.id)
             .map(|active| active.cancel.clone());
-        if let Some(cancel) = here {
-            cancel.cancel();
-            tracing::info!(session_id = %session.id, "the deleted session's generation was stopped");
-        } else if let Some(run_id) = running {
-            super::cluster::announce_run_cancel(self, &run_id).await;
+        match (here, running) {
+            (Some(cancel), _) => cancel.cancel(),
+            (None, Some(run_id)) => super::cluster::announce_run_cancel(self, &run_id).await,
+            (None, None) => {}
         }
         Ok(session)
     }
 
-    /// Stops this instance's generation of `run_id`, which another instance
-    /// was asked to cancel; false when this instance does not generate it.
-    pub(super) fn cancel_asked_elsewhere(&self, run_id: &str) -> bool {
+    /// Stops this instance's generation of `run_id` (asked here or by another
+    /// instance); false when this instance does not generate it.
+    pub(super) fn cancel_here(&self, run_id: &str) -> bool {
         let turns = self.turns.lock().expect("turns lock");
         let Some(active) = turns
             .values()
@@ -123,7 +120,7 @@ impl ToolRuntime {
             return false;
         };
         active.cancel.cancel();
-        tracing::info!(run_id, "run cancellation requested on another instance");
+        tracing::info!(run_id, "run cancellation requested");
         true
     }
 
@@ -134,14 +131,5 @@ impl ToolRuntime {
             .values()
             .filter_map(|active| active.run_id.clone())
             .collect()
-    }
-
-    /// The cancel token of this instance's turn generating `run`, if one is.
-    fn generating_here(&self, run: &Run) -> Option<tokio_util::sync::CancellationToken> {
-        let turns = self.turns.lock().expect("turns lock");
-        turns
-            .get(&run.session_id)
-            .filter(|active| active.run_id.as_deref() == Some(run.id.as_str()))
-            .map(|active| active.cancel.clone())
     }
 }
