@@ -22,11 +22,16 @@ pub struct App {
     metrics_listener: Option<TcpListener>,
     limits: ConnectionLimits,
     state: AppState,
+    /// Other instances' announcements since before the stored MCP servers
+    /// were read, for the follower `run` starts.
+    cluster_events: tokio::sync::broadcast::Receiver<crate::store::ClusterEvent>,
     pub bootstrap: Bootstrap,
 }
 
 impl App {
-    /// Opens storage, creates first-start defaults and binds the listener.
+    /// Opens storage, creates first-start defaults, ends what a previous
+    /// process left running, attaches the stored MCP servers and binds the
+    /// listener.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         // Before anything opens a descriptor: idle clients must not be able to
         // take them all (the connection cap is fitted under this limit).
@@ -68,12 +73,24 @@ impl App {
         };
         let settings = Arc::new(settings);
         let runtime = ToolRuntime::new(store, settings)?;
+        // Before the caller says it is listening: a database that fails these
+        // reads fails the start, not a server a supervisor already saw ready.
+        recover_at_start(&runtime).await?;
+        // Subscribed before the stored MCP servers are read: a change another
+        // instance announces from here on reaches the follower.
+        let cluster_events = runtime.store.cluster_events();
+        // Servers connect in the background: start-up never waits on one.
+        runtime
+            .start_mcp()
+            .await
+            .context("attaching the stored MCP servers")?;
         let state = AppState::new(runtime);
         Ok(Self {
             listener,
             metrics_listener,
             limits,
             state,
+            cluster_events,
             bootstrap,
         })
     }
@@ -99,15 +116,7 @@ impl App {
     ) -> anyhow::Result<()> {
         let runtime = self.state.runtime.clone();
         let store = runtime.store.clone();
-        recover_at_start(&runtime).await?;
-        // Subscribed before the stored MCP servers are read: a change another
-        // instance announces from here on reaches the follower.
-        let cluster_events = store.cluster_events();
-        // Servers connect in the background: start-up never waits on one.
-        runtime
-            .start_mcp()
-            .await
-            .context("attaching the stored MCP servers")?;
+        let cluster_events = self.cluster_events;
         let workers = tokio_util::sync::CancellationToken::new();
         let worker = (runtime.settings.job_workers > 0).then(|| {
             runtime.jobs.worker_started();

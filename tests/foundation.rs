@@ -78,6 +78,22 @@ async fn first_start_generates_a_private_admin_key_and_restart_keeps_everything(
 }
 
 #[tokio::test]
+async fn start_up_reads_the_database_before_it_says_it_is_listening() {
+    // A supervisor that saw the listening line must not then see the start
+    // fail on a database read: the reads that can fail come first.
+    let server = spawn_app().await;
+    let log = server.log_containing(" listening addr=").await;
+    let position = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("no {needle:?} in the log:\n{log}"))
+    };
+    assert!(
+        position("attaching MCP servers") < position(" listening addr="),
+        "{log}"
+    );
+}
+
+#[tokio::test]
 async fn configured_admin_token_and_config_file_are_honoured() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("toolgate.toml");

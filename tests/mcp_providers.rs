@@ -551,16 +551,6 @@ async fn a_deferred_mcp_call_runs_as_a_runtime_job() {
     assert!(results.text.contains("later"), "{results:?}");
 }
 
-/// A stdio server started through `sh`, leaving a `sleep <marker>` in its
-/// process group.
-fn grouped_body(name: &str, marker: &str) -> Value {
-    json!({
-        "name": name,
-        "transport": "stdio",
-        "stdio": {"command": "sh", "args": ["-c", format!("sleep {marker} & exec {} stdio", common::mcp::test_server_bin())]},
-    })
-}
-
 #[tokio::test]
 async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
     let mut server = spawn_app().await;
@@ -570,7 +560,11 @@ async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
         format!("{}1", 7_000_000 + pid),
         format!("{}2", 7_000_000 + pid),
     );
-    let first = create_server(&server, grouped_body("grouped", &deleted)).await;
+    let first = create_server(
+        &server,
+        common::mcp::grouped_stdio_body("grouped", &deleted),
+    )
+    .await;
     wait_for_source(&server, &session, &first, "live", CONNECTED).await;
     assert_eq!(
         processes_running(&["sleep", &deleted]).len(),
@@ -589,7 +583,7 @@ async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
     // The child's stderr is in the log.
     server.log_containing("toolgate-test-mcp started").await;
 
-    let second = create_server(&server, grouped_body("kept", &kept)).await;
+    let second = create_server(&server, common::mcp::grouped_stdio_body("kept", &kept)).await;
     wait_for_source(&server, &session, &second, "live", CONNECTED).await;
     assert_eq!(processes_running(&["sleep", &kept]).len(), 1);
     server.stop().await;

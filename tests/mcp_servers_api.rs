@@ -418,6 +418,16 @@ fn refused_creates() -> Vec<(Value, &'static str)> {
             "tool_overrides",
         ),
         (with("bogus", json!(1)), "bogus"),
+        // A secret in the wrong shape: refused without being repeated.
+        (stdio(json!({"env": LONG_ENV_SECRET})), "stdio.env"),
+        (
+            http(json!({"url": "http://h/", "headers": LONG_HEADER_SECRET})),
+            "http.headers",
+        ),
+        (
+            stdio(json!({"env": {"API_TOKEN": [LONG_ENV_SECRET]}})),
+            "stdio.env",
+        ),
     ]
 }
 
@@ -427,6 +437,7 @@ async fn every_validation_rule_names_its_field() {
     for (body, field) in refused_creates() {
         let reply = server.post("/mcp/servers", body.clone()).await;
         assert_refused(&reply, field, &format!("POST {body}"));
+        assert_no_secret(&reply.text, &format!("the refusal of POST {body}"));
     }
     for raw in ["", "[]", "{\"name\":", "{} {}"] {
         let reply = read(

@@ -52,6 +52,52 @@ async fn pool(database: &TestDatabase) -> sqlx::PgPool {
         .expect("connect to the test database")
 }
 
+/// The test database as the server's superuser sees it: to refuse new
+/// connections to it and cut the open ones, as an outage would.
+struct DatabaseAdmin {
+    pool: sqlx::PgPool,
+    name: String,
+}
+
+impl DatabaseAdmin {
+    async fn of(database: &TestDatabase) -> Self {
+        let (server, name) = database.url.rsplit_once('/').unwrap();
+        let pool = sqlx::PgPool::connect(&format!("{server}/postgres"))
+            .await
+            .unwrap();
+        Self {
+            pool,
+            name: name.to_owned(),
+        }
+    }
+
+    async fn allow_connections(&self, on: bool) {
+        let name = &self.name;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS {on}"
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    /// Ends the database's connections (only those named `application`,
+    /// if given); answers how many.
+    async fn cut_connections(&self, application: Option<&str>) -> usize {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid() \
+             AND ($2::text IS NULL OR application_name = $2)",
+        )
+        .bind(&self.name)
+        .bind(application)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .len()
+    }
+}
+
 /// A loopback callback server: counts calls per argument `n`; a call with
 /// `"hang": true` never answers.
 #[derive(Clone, Default)]
@@ -515,6 +561,62 @@ async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_disabled_or_deleted_while_an_instance_was_not_listening_is_detached_there() {
+    let database = shared_database().await;
+    let key = "ab".repeat(32);
+    let a = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let b = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let session = a.create_session().await;
+    // Each instance runs its own child of each server; a child's `sleep
+    // <marker>` runs while its instance keeps the server attached.
+    let markers = [1, 2].map(|n| format!("{}{n}", 8_000_000 + std::process::id()));
+    let disabled =
+        common::mcp::create_server(&a, common::mcp::grouped_stdio_body("lore", &markers[0])).await;
+    let deleted =
+        common::mcp::create_server(&a, common::mcp::grouped_stdio_body("maps", &markers[1])).await;
+    for server_id in [&disabled, &deleted] {
+        common::mcp::wait_for_source(&b, &session, server_id, "live", Duration::from_secs(30))
+            .await;
+    }
+    // How many instances run each server's child, waited for.
+    let markers = &markers;
+    let children = |count: usize, what: &'static str| {
+        common::wait_until(Duration::from_secs(30), what, move || {
+            let reached = markers
+                .iter()
+                .all(|marker| common::mcp::processes_running(&["sleep", marker]).len() == count);
+            async move { reached }
+        })
+    };
+    children(2, "both instances to attach both").await;
+    // B's connections carry its instance id (application_name). All of them
+    // are cut (an idle one of its pool would listen again at once), and none
+    // may be opened until both changes are made: B cannot hear them
+    // announced.
+    let b_instance = std::fs::read_to_string(b.data_dir.join("instance.lock")).unwrap();
+    let admin = DatabaseAdmin::of(&database).await;
+    admin.allow_connections(false).await;
+    let cut = admin
+        .cut_connections(Some(&format!("toolgate {}", b_instance.trim())))
+        .await;
+    assert!(cut > 0, "B's connections are found by their name");
+    let patched = a
+        .patch(
+            &format!("/mcp/servers/{disabled}"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let removed = a.delete(&format!("/mcp/servers/{deleted}")).await;
+    assert_eq!(removed.status, StatusCode::OK, "{removed:?}");
+    admin.allow_connections(true).await;
+    // B listens again, reads what it may have missed and stops both
+    // children (A stopped its own as it made the changes).
+    children(0, "B to detach the disabled and the deleted server").await;
+    assert!(b.get("/mcp/servers").await.status.is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_on_a_live_instance_survives_anothers_start() {
     let database = shared_database().await;
     let stand_in = common::model::StandIn::start(vec![common::model::Answer::Hang]).await;
@@ -750,42 +852,17 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
 async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
     let database = shared_database().await;
     let server = instance(&database, &[]).await;
-    // Start-up reads the database after the listening line; an outage before
-    // it is done stops the server, which is not what this test is about.
+    // The loops whose outage lines this test reads have started.
     server.log_containing("job worker started").await;
-    let name = database.url.rsplit('/').next().unwrap().to_owned();
-    let admin_url = format!("{}/postgres", database.url.rsplit_once('/').unwrap().0);
-    let admin = sqlx::PgPool::connect(&admin_url).await.unwrap();
-    let allow = |on: bool| {
-        let (admin, name) = (admin.clone(), name.clone());
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "ALTER DATABASE \"{name}\" ALLOW_CONNECTIONS {on}"
-            )))
-            .execute(&admin)
-            .await
-            .unwrap();
-        }
-    };
-    allow(false).await;
-    sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = $1 AND pid <> pg_backend_pid()",
-    )
-    .bind(&name)
-    .execute(&admin)
-    .await
-    .unwrap();
-    // The line names the loop and the database's own reason, not only
-    // "database operation failed".
+    let admin = DatabaseAdmin::of(&database).await;
+    admin.allow_connections(false).await;
+    admin.cut_connections(None).await;
     // The line of a loop that tries every second or two names the loop and
-    // the database's own reason, not only "database operation failed". (The
-    // change listener's is left out: it logs its return only on the next
-    // notification.)
+    // the database's own reason, not only "database operation failed".
     let log_file = server.data_dir.join("..").join("server.log");
     let failure = |text: &str| {
         text.lines()
-            .find(|line| line.contains("background work failed") && !line.contains("listening for"))
+            .find(|line| line.contains("background work failed"))
             .map(str::to_owned)
     };
     let mut line = None;
@@ -807,7 +884,7 @@ async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
         .and_then(|rest| rest.split(" error=").next())
         .unwrap()
         .to_owned();
-    allow(true).await;
+    admin.allow_connections(true).await;
     let back = format!("background work works again what={what}");
     common::wait_until(Duration::from_secs(60), &back, || {
         let text = std::fs::read_to_string(&log_file).unwrap_or_default();
@@ -815,5 +892,4 @@ async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
         async move { found }
     })
     .await;
-    admin.close().await;
 }

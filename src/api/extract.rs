@@ -52,16 +52,51 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
+        let problem = without_string_values(&err.inner().to_string());
         if path == "." || path.is_empty() {
-            format!("invalid request body: {}", err.inner())
+            format!("invalid request body: {problem}")
         } else {
-            format!("invalid field `{path}`: {}", err.inner())
+            format!("invalid field `{path}`: {problem}")
         }
     })?;
     deserializer.end().map_err(|err| {
         format!("request body must be exactly one JSON value, found more after it: {err}")
     })?;
     Ok(value)
+}
+
+/// serde's message with the string values it quotes (`invalid type: string
+/// "..."`) left out: the value may be a secret put in the wrong place (an MCP
+/// server's `env` given as a string), and the client knows what it sent.
+fn without_string_values(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(QUOTED) {
+        out.push_str(&rest[..at]);
+        out.push_str("string");
+        let mut chars = rest[at + QUOTED.len()..].char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    end = Some(at + QUOTED.len() + i + 1);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        match end {
+            Some(end) => rest = &rest[end..],
+            // Unterminated: nothing after the opening quote is kept.
+            None => return out,
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Parses a body that must be a JSON object. serde would also read a struct
@@ -240,6 +275,30 @@ mod tests {
         );
         let literal: Value = parse_json(br#"{"a":"\\u0000"}"#).unwrap();
         assert_eq!(literal["a"], "\\u0000");
+    }
+
+    #[test]
+    fn a_misplaced_string_is_not_repeated_in_the_refusal() {
+        #[derive(serde::Deserialize, Debug)]
+        struct Stdio {
+            #[allow(dead_code)]
+            env: std::collections::BTreeMap<String, String>,
+        }
+        for body in [
+            &br#"{"env":"sk-live-"quoted"-secret"}"#[..],
+            br#"{"env":"sk-live-secret"}"#,
+        ] {
+            let err = parse_json::<Stdio>(body).unwrap_err();
+            assert!(
+                !err.contains("sk-live") && err.contains("invalid type: string, expected a map"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            super::without_string_values(r#"a string "x\"y" and string "z" end"#),
+            "a string and string end"
+        );
+        assert_eq!(super::without_string_values(r#"string "open"#), "string");
     }
 
     #[test]

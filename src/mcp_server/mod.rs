@@ -89,7 +89,7 @@ impl SessionMcpServer {
             {
                 Ok(session) => session,
                 Err(error) => {
-                    tracing::warn!(%error, session = %scope.session_id, "MCP session without its chat session");
+                    tracing::warn!(%error, session_id = ?scope.session_id, "MCP session without its chat session");
                     return;
                 }
             };
@@ -110,7 +110,7 @@ impl SessionMcpServer {
                 if peer.notify_tool_list_changed().await.is_err() {
                     break;
                 }
-                tracing::debug!(session = %scope.session_id, "MCP client told tools/list_changed");
+                tracing::debug!(session_id = ?scope.session_id, "MCP client told tools/list_changed");
             }
         });
     }
@@ -142,7 +142,7 @@ impl ServerHandler for SessionMcpServer {
         }
         context.peer.set_peer_info(request.clone());
         tracing::info!(
-            session = %scope.session_id,
+            session_id = ?scope.session_id,
             slot = %scope.slot,
             client = ?request.client_info.name,
             "MCP client connected to a session's tools"

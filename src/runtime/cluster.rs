@@ -170,7 +170,8 @@ pub async fn follow_other_instances(
             }
             "resync" => {
                 catch_up_on_cancels(&runtime).await;
-                // A server created or changed while nothing listened.
+                // A server created, changed, disabled or deleted while
+                // nothing listened.
                 if let Err(err) = runtime.reattach_mcp_servers().await {
                     tracing::warn!(error = %err, "could not read the stored MCP servers again");
                 }

@@ -432,7 +432,7 @@ impl CallJournal<'_> {
     /// Journals a call that a permission rule refused.
     async fn denied(&self, entry: &CatalogEntry, refusal: Refusal) -> Result<ToolCallResult> {
         tracing::debug!(
-            session = %self.session.id,
+            session_id = ?self.session.id,
             tool = ?self.call.name,
             slot = %self.call.caller_slot,
             rule = refusal.rule(),

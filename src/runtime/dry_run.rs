@@ -182,7 +182,7 @@ fn log_dry_run(run: &Run, calls: &[DryRunCall]) {
     let count = |verdict| calls.iter().filter(|c| c.verdict == verdict).count();
     tracing::info!(
         run_id = ?run.id,
-        session = ?run.session_id,
+        session_id = ?run.session_id,
         calls = calls.len(),
         would_run = count(DryRunVerdict::WouldRun),
         would_be_denied = count(DryRunVerdict::WouldBeDenied),

@@ -73,7 +73,7 @@ impl TurnClaim {
         {
             // Left in place, the row is this instance's: its next claim of
             // the session, or any instance once this one is dead, takes it over.
-            tracing::warn!(session_id = %self.session_id, %error, "could not release a generation claim");
+            tracing::warn!(session_id = ?self.session_id, %error, "could not release a generation claim");
         }
         self.held_in_store = false;
     }
@@ -268,7 +268,7 @@ impl ToolRuntime {
             "run_started",
             json!({"floor_id": run.floor_id, "page_id": run.page_id}),
         );
-        tracing::info!(run_id = %run.id, session_id = %turn.session_id, "generation started");
+        tracing::info!(run_id = %run.id, session_id = ?turn.session_id, "generation started");
         let ending = match self.generate(llm, &turn).await {
             Ok(ending) => ending,
             Err(error) => Ending::Failed(error.to_string(), None),

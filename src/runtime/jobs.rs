@@ -267,6 +267,6 @@ impl ToolRuntime {
         let reached = self
             .model_sessions
             .publish_to_session(&delivery.session_id, event);
-        tracing::debug!(session = %delivery.session_id, reached, "tool_result published");
+        tracing::debug!(session_id = ?delivery.session_id, reached, "tool_result published");
     }
 }

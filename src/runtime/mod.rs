@@ -263,13 +263,40 @@ impl ToolRuntime {
     }
 
     /// Attaches every enabled stored server again (a server unchanged since it
-    /// was attached is left as it is): after announcements of other
+    /// was attached is left as it is) and detaches every attached one that is
+    /// no longer stored, enabled and allowed: after announcements of other
     /// instances may have been missed.
     pub async fn reattach_mcp_servers(&self) -> Result<()> {
         let admin = self.store.admin_account().await?.map(|account| account.id);
+        let mut kept = std::collections::HashSet::new();
         for server in self.store.enabled_mcp_servers().await? {
             if self.may_attach_stored(admin.as_deref(), &server) {
+                kept.insert(server.id.clone());
                 self.mcp.upsert(server).await;
+            }
+        }
+        for attached in self.mcp.attached() {
+            if kept.contains(&attached.id) {
+                continue;
+            }
+            // Read again: one created here since the list above was read is
+            // attached and stored, and stays.
+            match self
+                .store
+                .mcp_server(&attached.account_id, &attached.id)
+                .await
+            {
+                Ok(stored)
+                    if stored.config.enabled
+                        && !self.may_attach_stored(admin.as_deref(), &stored) =>
+                {
+                    self.mcp.remove(&stored.account_id, &stored.id).await;
+                }
+                Ok(stored) => self.mcp.upsert(stored).await,
+                Err(crate::error::Error::NotFound(_)) => {
+                    self.mcp.remove(&attached.account_id, &attached.id).await;
+                }
+                Err(err) => return Err(err),
             }
         }
         Ok(())

@@ -263,75 +263,93 @@ async fn heartbeat(store: Store) {
 }
 
 async fn listen(store: Store, pool: sqlx::PgPool) {
-    let stop = store.cluster.stop.clone();
     let mut listen_failures = FailureLog::new("listening for other instances' changes");
-    let mut listener = loop {
+    while let Some(listener) = connect_listener(&store, &pool, &mut listen_failures).await {
+        if receive_until_lost(&store, listener, &mut listen_failures)
+            .await
+            .is_break()
+        {
+            return;
+        }
+        // What was announced while the connection was down is lost: caches
+        // are dropped now, and read again once a new connection listens.
+        tracing::warn!(
+            "the connection listening for other instances' changes was lost; every cached row is dropped and read again"
+        );
+        send_resync(&store);
+    }
+}
+
+/// A connection listening on [`CHANNEL`], retried until one is made; `None`
+/// once the instance stops. Each new one is followed by a resync: what was
+/// announced before it listened was missed (while this instance started, or
+/// while an earlier connection was down).
+async fn connect_listener(
+    store: &Store,
+    pool: &sqlx::PgPool,
+    failures: &mut FailureLog,
+) -> Option<sqlx::postgres::PgListener> {
+    let stop = &store.cluster.stop;
+    loop {
         let connected = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
             listener.listen(CHANNEL).await?;
             Ok::<_, sqlx::Error>(listener)
         };
-        match connected.await {
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => return None,
+            outcome = connected => outcome,
+        };
+        match outcome {
             Ok(listener) => {
-                listen_failures.succeeded();
-                // What was announced before this connection listened was
-                // missed (e.g. while this instance started): read again.
-                let resync = ClusterEvent {
-                    topic: "resync".into(),
-                    data: Value::Null,
-                };
-                store.apply_cluster_event(&resync);
-                let _ = store.cluster.events.send(resync);
-                break listener;
+                failures.succeeded();
+                send_resync(store);
+                return Some(listener);
             }
             Err(err) => {
-                listen_failures.failed(&err);
+                failures.failed(&err);
                 tokio::select! {
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled() => return None,
                     _ = tokio::time::sleep(HEARTBEAT) => {}
                 }
             }
         }
-    };
+    }
+}
+
+/// Passes on other instances' announcements until the connection is lost
+/// (`Continue`) or the instance stops (`Break`).
+async fn receive_until_lost(
+    store: &Store,
+    mut listener: sqlx::postgres::PgListener,
+    failures: &mut FailureLog,
+) -> std::ops::ControlFlow<()> {
+    let stop = &store.cluster.stop;
     loop {
         let received = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return std::ops::ControlFlow::Break(()),
             received = listener.try_recv() => received,
         };
-        if received.is_ok() {
-            listen_failures.succeeded();
-        }
-        let event = match received {
-            Ok(Some(notification)) => {
-                match serde_json::from_str::<Envelope>(notification.payload()) {
-                    Ok(envelope) if envelope.from == store.cluster.instance_id => continue,
-                    Ok(envelope) => ClusterEvent {
-                        topic: envelope.topic,
-                        data: envelope.data,
-                    },
-                    Err(err) => {
-                        tracing::warn!(error = %err, "ignoring an unreadable change notification");
-                        continue;
-                    }
-                }
-            }
-            // The connection dropped (sqlx reconnects on the next receive):
-            // what was announced meanwhile is lost.
-            Ok(None) => {
-                tracing::warn!(
-                    "the connection listening for other instances' changes was lost; every cached row is dropped and read again"
-                );
-                ClusterEvent {
-                    topic: "resync".into(),
-                    data: Value::Null,
-                }
-            }
+        let notification = match received {
+            Ok(Some(notification)) => notification,
+            // sqlx would reconnect on the next receive, but silently: the
+            // caller reconnects instead, so the resync follows the new
+            // connection rather than preceding it.
+            Ok(None) => return std::ops::ControlFlow::Continue(()),
             Err(err) => {
-                listen_failures.failed(&err);
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(HEARTBEAT) => {}
-                }
+                failures.failed(&err);
+                return std::ops::ControlFlow::Continue(());
+            }
+        };
+        failures.succeeded();
+        let event = match serde_json::from_str::<Envelope>(notification.payload()) {
+            Ok(envelope) if envelope.from == store.cluster.instance_id => continue,
+            Ok(envelope) => ClusterEvent {
+                topic: envelope.topic,
+                data: envelope.data,
+            },
+            Err(err) => {
+                tracing::warn!(error = %err, "ignoring an unreadable change notification");
                 continue;
             }
         };
@@ -339,6 +357,16 @@ async fn listen(store: Store, pool: sqlx::PgPool) {
         // Nobody subscribed is fine: the caches were the point.
         let _ = store.cluster.events.send(event);
     }
+}
+
+/// Drops every cached row and tells the subscribers to read again.
+fn send_resync(store: &Store) {
+    let resync = ClusterEvent {
+        topic: "resync".into(),
+        data: Value::Null,
+    };
+    store.apply_cluster_event(&resync);
+    let _ = store.cluster.events.send(resync);
 }
 
 /// This machine's name, for operators reading `toolgate_instances`.

@@ -105,7 +105,12 @@ impl Store {
         // Before the database: a second process on this directory stops here.
         let cluster = Arc::new(cluster::Cluster::new(data_dir)?);
         let location = schema::Location::of(database_url, data_dir)?;
-        let pool = schema::connect(&location, true).await?;
+        let pool = schema::connect_as(
+            &location,
+            true,
+            &format!("toolgate {}", cluster.instance_id),
+        )
+        .await?;
         let applied = schema::migrate(&pool).await?;
         if !applied.is_empty() {
             tracing::info!(?applied, "database migrations applied");

@@ -121,8 +121,15 @@ pub(super) const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opens a pool on `location`; `create` makes the database (and the data
 /// directory) when missing, else a missing database is an error.
 pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> {
+    connect_as(location, create, "toolgate").await
+}
+
+/// Like [`connect`]; on PostgreSQL every connection names itself `name`
+/// (`application_name`, unless the URL sets one), so an operator reading
+/// `pg_stat_activity` sees which instance holds which connection.
+pub async fn connect_as(location: &Location, create: bool, name: &str) -> anyhow::Result<Pool> {
     if let Location::Postgres(url) = location {
-        return connect_postgres(location, url, create).await;
+        return connect_postgres(location, url, create, name).await;
     }
     if let (Location::DataDir(dir), true) = (location, create) {
         std::fs::create_dir_all(dir)
@@ -149,7 +156,12 @@ pub async fn connect(location: &Location, create: bool) -> anyhow::Result<Pool> 
         .with_context(|| format!("opening the database {}", location.describe()))
 }
 
-async fn connect_postgres(location: &Location, url: &str, create: bool) -> anyhow::Result<Pool> {
+async fn connect_postgres(
+    location: &Location,
+    url: &str,
+    create: bool,
+    name: &str,
+) -> anyhow::Result<Pool> {
     let described = location.describe();
     if create
         && !sqlx::Postgres::database_exists(url)
@@ -161,7 +173,10 @@ async fn connect_postgres(location: &Location, url: &str, create: bool) -> anyho
             .with_context(|| format!("creating the database {described}"))?;
         tracing::info!(database = %described, "created the PostgreSQL database");
     }
-    let options = PgConnectOptions::from_str(url).context("invalid PostgreSQL URL")?;
+    let mut options = PgConnectOptions::from_str(url).context("invalid PostgreSQL URL")?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(name);
+    }
     PgPoolOptions::new()
         .max_connections(POSTGRES_MAX_CONNECTIONS)
         .acquire_timeout(Duration::from_secs(10))

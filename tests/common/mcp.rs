@@ -27,6 +27,17 @@ pub fn stdio_body(name: &str, extra: Value) -> Value {
     body
 }
 
+/// A config body for a stdio test server started through `sh`, leaving a
+/// `sleep <marker>` in its process group: while that runs, the server is
+/// attached ([`processes_running`]).
+pub fn grouped_stdio_body(name: &str, marker: &str) -> Value {
+    json!({
+        "name": name,
+        "transport": "stdio",
+        "stdio": {"command": "sh", "args": ["-c", format!("sleep {marker} & exec {} stdio", test_server_bin())]},
+    })
+}
+
 /// A config body for an HTTP server at `url` with extra fields merged in.
 pub fn http_body(name: &str, url: &str, extra: Value) -> Value {
     let mut body = json!({"name": name, "transport": "http", "http": {"url": url}});

@@ -246,7 +246,7 @@ async fn catalog_event(
     let catalog = match fresh.await {
         Ok(catalog) => catalog,
         Err(err) => {
-            tracing::warn!(session = %session.id, error = %err, "console: the changed catalog could not be assembled");
+            tracing::warn!(session_id = ?session.id, error = %err, "console: the changed catalog could not be assembled");
             return None;
         }
     };

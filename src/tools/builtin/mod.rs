@@ -392,17 +392,17 @@ async fn call(
             if tool.spec.metadata.side_effect_level != SideEffectLevel::None {
                 match run {
                     Some(run) => {
-                        tracing::info!(tool = name, session = %session.id, run_id = %run.id, "builtin tool buffered a session-state change until the run commits")
+                        tracing::info!(tool = name, session_id = ?session.id, run_id = %run.id, "builtin tool buffered a session-state change until the run commits")
                     }
                     None => {
-                        tracing::info!(tool = name, session = %session.id, "builtin tool changed session state")
+                        tracing::info!(tool = name, session_id = ?session.id, "builtin tool changed session state")
                     }
                 }
             }
             ToolOutcome::Success(output)
         }
         Err(ToolError { reason, message }) => {
-            tracing::info!(tool = name, session = %session.id, reason_code = reason.as_str(), message = ?message, "builtin tool answered an error");
+            tracing::info!(tool = name, session_id = ?session.id, reason_code = reason.as_str(), message = ?message, "builtin tool answered an error");
             ToolOutcome::error(reason, message)
         }
     }

@@ -389,6 +389,16 @@ impl McpHub {
         servers
     }
 
+    /// Every attached server, as it was when attached.
+    pub fn attached(&self) -> Vec<McpServer> {
+        self.slots
+            .read()
+            .expect("mcp slots lock")
+            .values()
+            .map(|slot| slot.server.clone())
+            .collect()
+    }
+
     fn slot(&self, server_id: &str) -> Option<Arc<Slot>> {
         self.slots
             .read()
