@@ -1817,3 +1817,30 @@ async fn a_callback_outage_is_one_log_line_and_so_is_its_end() {
         .log_containing("a callback origin answers again")
         .await;
 }
+
+#[tokio::test]
+async fn a_callback_urls_path_stays_out_of_the_log_and_of_refusals() {
+    // Plugins put a secret token in the path (the Python SDK does).
+    let server = spawn_app().await;
+    let kept = "tok_kept_0f3a9c";
+    register_ok(
+        &server,
+        json!({"name": "tokened", "callback_url": format!("http://127.0.0.1:9/{kept}/tools/tokened")}),
+    )
+    .await;
+    let refused_token = "tok_refused_77b1e2";
+    for url in [
+        format!("http://10.0.0.1:9/{refused_token}/tools/x"),
+        format!("ftp://127.0.0.1:9/{refused_token}/tools/x"),
+        format!("http://user:pw@127.0.0.1:9/{refused_token}"),
+        format!("http://127.0.0.1:0/{refused_token}"),
+    ] {
+        let reply = register(&server, json!({"name": "refused", "callback_url": url})).await;
+        assert_eq!(reply.status, 422, "{reply:?}");
+        assert!(reply.text.contains("callback_url"), "{reply:?}");
+        assert!(!reply.text.contains(refused_token), "{reply:?}");
+    }
+    let log = server.log_containing("remote tool registered").await;
+    assert!(log.contains("callback_origin=http://127.0.0.1:9"), "{log}");
+    assert!(!log.contains(kept) && !log.contains(refused_token), "{log}");
+}

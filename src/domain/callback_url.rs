@@ -41,7 +41,9 @@ impl CallbackUrl {
     pub const MAX_LEN: usize = 2048;
 
     pub fn parse(raw: &str) -> Result<Self> {
-        let invalid = |why: &str| Error::validation(format!("callback_url {raw:?} {why}"));
+        // The URL is not repeated: its path may hold the plugin's token, and
+        // refusals end up in plugins' and operators' logs.
+        let invalid = |why: &str| Error::validation(format!("callback_url {why}"));
         if raw.is_empty() {
             return Err(Error::validation("callback_url must not be empty"));
         }

@@ -153,7 +153,7 @@ pub fn report_lost_jobs(runtime: &ToolRuntime, lost: &crate::store::LostJobs) {
 }
 
 async fn run_job(runtime: &ToolRuntime, owner: &str, job: RuntimeJob) {
-    tracing::info!(job_id = %job.id, tool = ?job.tool_name, attempt = job.attempts, "job started");
+    tracing::debug!(job_id = %job.id, tool = ?job.tool_name, attempt = job.attempts, "job started");
     let invocation: JobInvocation = match serde_json::from_value(job.invocation.clone()) {
         Ok(invocation) => invocation,
         Err(err) => {

@@ -320,7 +320,7 @@ impl CallJournal<'_> {
             Admitted::RunNotOpen => return Err(self.run_not_open()),
             refused => return Ok(Opened::Refused(refused)),
         }
-        tracing::info!(tool = ?self.call.name, execution_id = %row.id, job_id, state = job.state, "tool call handed to a runtime job");
+        tracing::debug!(tool = ?self.call.name, execution_id = %row.id, job_id, state = job.state, "tool call handed to a runtime job");
         let receipt = serde_json::json!({
             "accepted": true,
             "execution_id": row.id,

@@ -238,7 +238,8 @@ impl RemoteRegistry {
         tracing::info!(
             tool = ?tool.name,
             source = ?tool.source,
-            callback = ?tool.callback_url.as_str(),
+            // The origin only: a plugin's path may hold its secret token.
+            callback_origin = %tool.callback_url.origin(),
             affected = report.affected_roles.len(),
             failed = report.failed_roles.len(),
             "remote tool registered"
