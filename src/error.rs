@@ -62,6 +62,7 @@ error_codes! {
     ShuttingDown => ("shutting_down", 503, "The server is shutting down; retry after the Retry-After delay, on its successor."),
     GenerationInProgress => ("generation_in_progress", 409, "The session's previous turn is still generating; wait for run_finished or cancel the run."),
     NotReady => ("not_ready", 503, "The server is up but not ready: its database does not answer or its job worker is not running (the message says which); /readyz answers 200 again once both hold."),
+    PermissionsChanged => ("permissions_changed", 409, "The session's permissions changed after the console's form was drawn; nothing was saved: reload the page and save again."),
     ModelNotConfigured => ("model_not_configured", 503, "No model endpoint is configured (TOOLGATE_LLM_BASE_URL, TOOLGATE_LLM_MODEL); the floor is stored without a run."),
 }
 

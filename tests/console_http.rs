@@ -169,9 +169,17 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
     let other = ConsoleClient::sign_in(&server, &server.token).await;
     let token = console.token().await;
     let path = format!("/console/sessions/{session}/permissions");
+    let page = format!("/console/sessions/{session}");
+    let version = || async {
+        let html = console.get(&page).await.1;
+        let version = common::console::input_value(&html, "permissions_version");
+        &*Box::leak(version.into_boxed_str())
+    };
+    let drawn = version().await;
     let form = |token: &'static str| {
         vec![
             ("csrf_token", token),
+            ("permissions_version", drawn),
             ("enabled", "on"),
             ("max_calls_per_turn", "10"),
             ("max_steps_per_generation", "5"),
@@ -212,7 +220,12 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
         narrator_denies(&server, &session).await,
         json!(["get_time"])
     );
-    let (status, _) = console.post(&path, &form(token), &[]).await;
+    // The same form again was drawn before that save: refused, not merged.
+    let (status, html) = console.post(&path, &form(token), &[]).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{html}");
+    let mut fresh = form(token);
+    fresh[1].1 = version().await;
+    let (status, _) = console.post(&path, &fresh, &[]).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
     // A bad form is a 400 page, never a 500.
     let (status, html) = console
@@ -354,4 +367,57 @@ async fn no_console_page_answers_another_accounts_ids_not_even_for_the_admin() {
         "{html}"
     );
     assert!(!csrf_token(&html).is_empty());
+}
+
+#[tokio::test]
+async fn saving_the_permission_form_unchanged_keeps_every_permission() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    // Names with spaces and commas, and the approval rule the form does not
+    // edit.
+    let reply = server
+        .patch(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({
+                "approval_required": ["hostile tool"],
+                "approval_timeout_seconds": 3600,
+                "slot_deny_list": {"narrator": ["web search", "a,b"]},
+                "slot_allow_list": {"memory": ["note taker"]},
+            }),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let before = reply.body["data"].clone();
+    let console = ConsoleClient::sign_in(&server, &server.token).await;
+    let (_, html) = console.get(&format!("/console/sessions/{session}")).await;
+    // What a browser posts for the form as drawn.
+    let version = common::console::input_value(&html, "permissions_version");
+    let texts: Vec<(String, String)> = ["narrator", "director", "verifier", "memory"]
+        .iter()
+        .flat_map(|slot| [format!("allow_{slot}"), format!("deny_{slot}")])
+        .map(|name| {
+            let text = common::console::textarea_text(&html, &name);
+            (name, text)
+        })
+        .collect();
+    let mut fields: Vec<(&str, &str)> = vec![
+        ("permissions_version", &version),
+        ("enabled", "on"),
+        ("max_calls_per_turn", "10"),
+        ("max_steps_per_generation", "5"),
+        ("restrict_memory", "on"),
+    ];
+    fields.extend(
+        texts
+            .iter()
+            .map(|(name, text)| (name.as_str(), text.as_str())),
+    );
+    let saved = console
+        .submit(&format!("/console/sessions/{session}/permissions"), &fields)
+        .await;
+    assert_eq!(saved.status, StatusCode::SEE_OTHER, "{}", saved.body);
+    let after = server
+        .get(&format!("/sessions/{session}/tool-permissions"))
+        .await;
+    assert_eq!(after.body["data"], before);
 }

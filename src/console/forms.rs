@@ -102,20 +102,36 @@ pub fn is_cross_site(
     }
 }
 
-/// Names from a text field: separated by commas, spaces or new lines.
+/// Names from a text area, one per line: a tool's name may hold spaces and
+/// commas (runtime tools may be named so), so nothing else separates them.
 pub fn names(text: &str) -> Vec<String> {
-    text.split([',', ' ', '\n', '\r', '\t'])
+    text.lines()
         .map(str::trim)
         .filter(|name| !name.is_empty())
         .map(str::to_owned)
         .collect()
 }
 
-/// The permissions object (as `PUT /sessions/{id}/tool-permissions` takes it)
-/// of the permission form: checkboxes `enabled`, `allow_irreversible`, numbers
-/// `max_calls_per_turn`, `max_steps_per_generation`, and per slot
-/// `deny_<slot>` names, `allow_<slot>` names with `restrict_<slot>` ticked
-/// when the slot has an allow list at all (an empty one allows nothing).
+/// The name of the permission form's hidden field holding
+/// [`permissions_version`] of the permissions it was drawn from.
+pub const PERMISSIONS_VERSION: &str = "permissions_version";
+
+/// A digest of `permissions` as stored: the form sends back the one it was
+/// drawn from, and a save is refused when the stored one differs (a change
+/// made meanwhile, in the API or another tab, is never overwritten).
+pub fn permissions_version(permissions: &Value) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(permissions.to_string().as_bytes())[..16])
+}
+
+/// The permissions fields the form shows, as a `PATCH
+/// /sessions/{id}/tool-permissions` body: checkboxes `enabled`,
+/// `allow_irreversible`, numbers `max_calls_per_turn`,
+/// `max_steps_per_generation`, and per slot `deny_<slot>` names,
+/// `allow_<slot>` names with `restrict_<slot>` ticked when the slot has an
+/// allow list at all (an empty one allows nothing). A slot without a list
+/// is `null` (removed). Fields the form does not show (the approval rule and
+/// its timeout) are left out, so a save keeps them.
 pub fn permissions_body(fields: &Fields) -> Result<Value> {
     let number = |name: &str| -> Result<Value> {
         let raw = fields.required(name)?.trim();
@@ -127,14 +143,15 @@ pub fn permissions_body(fields: &Fields) -> Result<Value> {
     let mut deny = Map::new();
     for slot in Slot::ALL {
         let slot_name = slot.as_str();
-        if fields.checked(&format!("restrict_{slot_name}")) {
-            let listed = names(fields.get(&format!("allow_{slot_name}")).unwrap_or(""));
-            allow.insert(slot_name.to_owned(), json!(listed));
-        }
+        let listed = fields.checked(&format!("restrict_{slot_name}")).then(|| {
+            json!(names(
+                fields.get(&format!("allow_{slot_name}")).unwrap_or("")
+            ))
+        });
+        allow.insert(slot_name.to_owned(), listed.unwrap_or(Value::Null));
         let denied = names(fields.get(&format!("deny_{slot_name}")).unwrap_or(""));
-        if !denied.is_empty() {
-            deny.insert(slot_name.to_owned(), json!(denied));
-        }
+        let denied = (!denied.is_empty()).then(|| json!(denied));
+        deny.insert(slot_name.to_owned(), denied.unwrap_or(Value::Null));
     }
     Ok(json!({
         "enabled": fields.checked("enabled"),
@@ -186,18 +203,23 @@ mod tests {
     #[test]
     fn the_permission_form_becomes_the_permissions_object() {
         let fields = Fields::parse(
-            b"enabled=on&max_calls_per_turn=7&max_steps_per_generation=3&deny_narrator=get_time%2C+roll_dice&restrict_memory=on&allow_memory=",
+            b"enabled=on&max_calls_per_turn=7&max_steps_per_generation=3&deny_narrator=get_time%0D%0Aweb+search%2C+news%0A+%0A&restrict_memory=on&allow_memory=",
         )
         .unwrap();
         let body = permissions_body(&fields).unwrap();
         assert_eq!(body["enabled"], true);
         assert_eq!(body["allow_irreversible"], false);
         assert_eq!(body["max_calls_per_turn"], 7);
+        // One name per line, spaces and commas kept.
         assert_eq!(
             body["slot_deny_list"]["narrator"],
-            json!(["get_time", "roll_dice"])
+            json!(["get_time", "web search, news"])
         );
         assert_eq!(body["slot_allow_list"]["memory"], json!([]));
-        assert!(body["slot_allow_list"].get("narrator").is_none());
+        // A slot without a list is removed; the approval fields are not sent.
+        assert_eq!(body["slot_allow_list"]["narrator"], Value::Null);
+        assert_eq!(body["slot_deny_list"]["memory"], Value::Null);
+        assert!(body.get("approval_required").is_none());
+        assert!(body.get("approval_timeout_seconds").is_none());
     }
 }

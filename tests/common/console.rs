@@ -36,10 +36,39 @@ pub fn with_form(
 
 /// The value of the hidden `csrf_token` input of an HTML page.
 pub fn csrf_token(html: &str) -> String {
-    let marker = "name=\"csrf_token\" value=\"";
-    let start = html.find(marker).expect("a csrf_token input") + marker.len();
-    let end = html[start..].find('"').expect("end of the token") + start;
-    html[start..end].to_owned()
+    input_value(html, "csrf_token")
+}
+
+/// The value of the (first) input named `name` of an HTML page.
+pub fn input_value(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} input"))
+        + marker.len();
+    let end = html[start..].find('"').expect("end of the value") + start;
+    unescape(&html[start..end])
+}
+
+/// The text of the textarea named `name`, as a browser posts it.
+pub fn textarea_text(html: &str, name: &str) -> String {
+    let at = html
+        .find(&format!("<textarea name=\"{name}\""))
+        .unwrap_or_else(|| panic!("no {name} textarea"));
+    let start = html[at..].find('>').expect("the tag's end") + at + 1;
+    let end = html[start..]
+        .find("</textarea>")
+        .expect("the textarea's end")
+        + start;
+    unescape(&html[start..end])
+}
+
+fn unescape(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
 }
 
 /// The sign-in page's CSRF token.

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
 use super::render::{ConsoleError, ConsoleResult, html, redirect_with_notice};
-use crate::console::forms::permissions_body;
+use crate::console::forms::{PERMISSIONS_VERSION, permissions_body, permissions_version};
 use crate::console::views::catalog::catalog_json;
 use crate::console::views::journal::journal_row_json;
 use crate::console::views::session::{SessionView, session_page};
@@ -138,9 +138,10 @@ pub async fn page(
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))
 }
 
-/// `POST /console/sessions/{id}/permissions`: replaces the permissions exactly
-/// as `PUT /sessions/{id}/tool-permissions` does (live model sessions get
-/// `catalog_changed`), then shows the session again.
+/// `POST /console/sessions/{id}/permissions`: merges the fields the form
+/// shows as `PATCH /sessions/{id}/tool-permissions` does (live model sessions
+/// get `catalog_changed`), unless the stored permissions changed after the
+/// form was drawn, then shows the session again.
 pub async fn save_permissions(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -149,9 +150,18 @@ pub async fn save_permissions(
     let nav = post.signed_in.nav.clone();
     let saved = async {
         let body = permissions_body(&post.fields)?;
-        let permissions = ToolPermissions::replaced(&body)?;
-        super::super::permissions::save(&state, post.signed_in.account_id(), &id, |_| {
-            Ok(permissions)
+        let drawn_from = post.fields.required(PERMISSIONS_VERSION)?.to_owned();
+        super::super::permissions::save(&state, post.signed_in.account_id(), &id, |metadata| {
+            let current = ToolPermissions::from_metadata(metadata)?;
+            // Checked in the same write that stores the change: nothing can
+            // come between.
+            if permissions_version(&current.to_json()) != drawn_from {
+                return Err(crate::error::Error::refused(
+                    crate::error::ErrorCode::PermissionsChanged,
+                    "the permissions changed after this page was drawn (in the API or another tab); nothing was saved: reload the page",
+                ));
+            }
+            current.patched(&body)
         })
         .await
         .map(drop)

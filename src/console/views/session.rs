@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::catalog::catalog_table;
 use super::journal::{journal_head, journal_row};
 use super::{Nav, csrf_input, layout, or_dash, pager_of, time};
+use crate::console::forms::{PERMISSIONS_VERSION, permissions_version};
 use crate::domain::tool::Slot;
 use crate::journal::ExecutionRecord;
 use crate::permissions::ToolPermissions;
@@ -31,20 +32,36 @@ pub struct SessionView<'a> {
     pub notice: Option<&'a str>,
 }
 
+/// One name per line: a name may hold spaces and commas.
+fn lines(names: Option<&Vec<String>>) -> String {
+    names.map(|names| names.join("\n")).unwrap_or_default()
+}
+
 fn slot_rows(permissions: &ToolPermissions) -> Markup {
     html! {
         @for slot in Slot::ALL {
             @let name = slot.as_str();
             @let allow = permissions.slot_allow_list.get(&slot);
-            @let deny = permissions.slot_deny_list.get(&slot).map(|l| l.join(", ")).unwrap_or_default();
             tr {
                 th { (name) }
                 td {
                     label { input type="checkbox" name={ "restrict_" (name) } checked[allow.is_some()]; " only" }
-                    input type="text" name={ "allow_" (name) } value=(allow.map(|l| l.join(", ")).unwrap_or_default());
+                    textarea name={ "allow_" (name) } rows="2" { (lines(allow)) }
                 }
-                td { input type="text" name={ "deny_" (name) } id={ "deny_" (name) } value=(deny); }
+                td { textarea name={ "deny_" (name) } id={ "deny_" (name) } rows="2" { (lines(permissions.slot_deny_list.get(&slot))) } }
             }
+        }
+    }
+}
+
+/// The approval rule, shown but not edited here: a save keeps it.
+fn approval_line(permissions: &ToolPermissions) -> Markup {
+    let rule = permissions.to_json();
+    html! {
+        p.meta {
+            "Approval required: " code { (rule["approval_required"]) }
+            " · waits up to " (permissions.approval_timeout_seconds) " s"
+            " (set through " code { "PATCH /sessions/{id}/tool-permissions" } "; saving this form keeps it)"
         }
     }
 }
@@ -53,6 +70,7 @@ fn permissions_form(session_id: &str, permissions: &ToolPermissions, csrf: &str)
     html! {
         form.permissions #permissions method="post" action={ "/console/sessions/" (session_id) "/permissions" } {
             (csrf_input(csrf))
+            input type="hidden" name=(PERMISSIONS_VERSION) value=(permissions_version(&permissions.to_json()));
             p {
                 label { input type="checkbox" name="enabled" checked[permissions.enabled]; " tools enabled" } " "
                 label { input type="checkbox" name="allow_irreversible" checked[permissions.allow_irreversible]; " allow irreversible" }
@@ -62,9 +80,10 @@ fn permissions_form(session_id: &str, permissions: &ToolPermissions, csrf: &str)
                 label { "max steps per generation " input type="number" name="max_steps_per_generation" min="0" value=(permissions.max_steps_per_generation); }
             }
             table.slots {
-                thead { tr { th { "Slot" } th { "Allow list (tick to restrict)" } th { "Deny list" } } }
+                thead { tr { th { "Slot" } th { "Allow list (tick to restrict; one name per line)" } th { "Deny list (one name per line)" } } }
                 tbody { (slot_rows(permissions)) }
             }
+            (approval_line(permissions))
             button type="submit" { "Save permissions" }
         }
     }

@@ -15,16 +15,19 @@ plugin.run()
 """
 
 from .client import RegistrationRefused
+from .context import CallContext
 from .plugin import Plugin
 from .registrar import WatchTiming
 from .schema import SchemaError
-from .tools import AsyncCapability, DeliveryMode, SideEffectLevel, Slot, Tool, ToolOptions
+from .tools import AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot, Tool, ToolOptions
 
 __all__ = [
     "AsyncCapability",
+    "CallContext",
     "DeliveryMode",
     "Plugin",
     "RegistrationRefused",
+    "ReplaySafety",
     "SchemaError",
     "SideEffectLevel",
     "Slot",

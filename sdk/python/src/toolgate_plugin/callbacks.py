@@ -3,24 +3,31 @@
 It follows the callback contract of ``runtime-tools-api.txt``: toolgate posts
 ``{"name", "arguments", "call_id", "raw_arguments"}`` and gets back
 ``{"output": ..., "is_error": false}`` or ``{"error": ..., "is_error": true}``.
-Each callback URL carries a random path segment, so another local program or a
-web page cannot call the plugin's functions by guessing the port alone.
+
+Each callback URL carries a random path segment, so a program cannot call the
+plugin's functions by finding its port alone. The segment is no secret from the
+machine's other programs: toolgate lists callback URLs to any loopback client
+(``GET /api/tools``). What the server does keep out is a web page: toolgate never
+sends an ``Origin`` header, a browser always does on a POST, and a page's
+"simple" requests (forms, ``text/plain``) are refused as not JSON.
 """
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import logging
 import secrets
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pydantic_core
 from aiohttp import web
 
+from .context import CallContext
 from .tools import Tool
 
-__all__ = ["CallbackServer"]
+__all__ = ["CallbackServer", "check_loopback"]
 
 _log = logging.getLogger("toolgate_plugin")
 
@@ -36,6 +43,7 @@ class CallbackServer:
     """
 
     def __init__(self, tools: Mapping[str, Tool], host: str, port: int) -> None:
+        check_loopback(host)
         self._tools = tools
         self._host = host
         self._port = port
@@ -53,15 +61,24 @@ class CallbackServer:
         return self._port
 
     def url_for(self, tool: Tool) -> str:
-        """The callback URL of ``tool`` (the server must have opened once)."""
-        return f"http://{self._host}:{self._port}/{self._token}/tools/{tool.name}"
+        """The callback URL of ``tool`` (the server must have opened once).
+
+        The name is percent-encoded whole: toolgate accepts names with ``?``, ``#``,
+        ``/`` or ``%``, which would otherwise end or split the path."""
+        return f"http://{_url_host(self._host)}:{self._port}/{self._token}/tools/{quote(tool.name, safe='')}"
+
+    def redact(self, text: str) -> str:
+        """``text`` (toolgate's answer, which may echo a callback URL) without the token."""
+        return text.replace(self._token, "<token>")
 
     async def open(self) -> None:
         """Starts listening (again, on the same port)."""
         if self._runner is not None:
             return
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/{token}/tools/{name}", self._handle)
+        # Every path: the tool's name is taken from the raw path, percent-decoded
+        # once, whatever the router would make of an encoded "/".
+        app.router.add_post("/{path:.*}", self._handle)
         # A short shutdown timeout: stop() must finish within seconds even while
         # a callback still runs.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -75,7 +92,7 @@ class CallbackServer:
         bound = runner.addresses[0]
         self._port = bound[1]
         self._runner = runner
-        _log.info("callback server listening on %s:%s", self._host, self._port)
+        _log.info("callback server listening on %s:%s", _url_host(self._host), self._port)
 
     async def close(self) -> None:
         """Stops listening and closes every open connection."""
@@ -84,19 +101,75 @@ class CallbackServer:
             await runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if not secrets.compare_digest(request.match_info["token"], self._token):
-            return _answer({"error": "no such callback", "is_error": True}, status=404)
-        tool = self._tools.get(request.match_info["name"])
+        refusal = _refuse_browsers(request)
+        if refusal is not None:
+            return refusal
+        tool = self._tool_of(request.rel_url.raw_path)
         if tool is None:
-            return _answer({"error": "this plugin has no such tool", "is_error": True}, status=404)
+            return _answer({"error": "no such callback", "is_error": True}, status=404)
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return _answer({"error": "the callback body is not JSON", "is_error": True}, status=400)
+            body = pydantic_core.from_json(await request.read(), allow_inf_nan=False)
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
+            return _answer({"error": "the callback body is not JSON (or nests too deeply)", "is_error": True}, status=400)
         if not isinstance(body, dict):
             return _answer({"error": "the callback body is not an object", "is_error": True}, status=400)
-        answer = await tool.answer(_arguments(body), body.get("call_id"))
+        answer = await tool.answer(_arguments(body), _context(request, body))
         return _answer(answer)
+
+    def _tool_of(self, raw_path: str) -> Tool | None:
+        """The tool a ``/<token>/tools/<encoded name>`` path names; ``None`` for any other."""
+        parts = raw_path.split("/")
+        if len(parts) != 4 or parts[0] != "" or parts[2] != "tools":
+            return None
+        if not secrets.compare_digest(parts[1].encode(), self._token.encode()):
+            return None
+        try:
+            name = unquote(parts[3], errors="strict")
+        except UnicodeDecodeError:  # no name of ours encodes so
+            return None
+        return self._tools.get(name)
+
+
+def check_loopback(host: str) -> None:
+    """Refuses a host other than loopback: the callback server must not listen on
+    the network, and toolgate refuses non-loopback callback URLs anyway."""
+    if host.lower() == "localhost":
+        return
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"host must be localhost or a loopback address (127.0.0.1, ::1), not {host!r}") from None
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    if not (address.is_loopback or (mapped is not None and mapped.is_loopback)):
+        raise ValueError(
+            f"host {host!r} is not loopback: the callback server would take calls from the network; "
+            "use 127.0.0.1, ::1 or localhost"
+        )
+
+
+def _url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _refuse_browsers(request: web.Request) -> web.Response | None:
+    """A refusal for a request toolgate would never send: one with an ``Origin``
+    (a web page's) or a body not declared JSON (a form's, ``text/plain``)."""
+    if "Origin" in request.headers:
+        return _answer({"error": "requests from web pages are refused", "is_error": True}, status=403)
+    if request.content_type != "application/json":
+        return _answer({"error": "the callback body must be application/json", "is_error": True}, status=415)
+    return None
+
+
+def _context(request: web.Request, body: dict[str, Any]) -> CallContext:
+    call_id = body.get("call_id")
+    attempt = request.headers.get("X-Toolgate-Attempt", "")
+    return CallContext(
+        call_id=call_id if isinstance(call_id, str) else None,
+        idempotency_key=request.headers.get("Idempotency-Key"),
+        attempt=int(attempt) if attempt.isdecimal() and len(attempt) < 10 else None,
+    )
 
 
 def _arguments(body: dict[str, Any]) -> Any:
@@ -108,8 +181,8 @@ def _arguments(body: dict[str, Any]) -> Any:
     raw = body.get("raw_arguments")
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
-        except ValueError:
+            return pydantic_core.from_json(raw, allow_inf_nan=False)
+        except (ValueError, RecursionError):
             return raw
     return arguments
 

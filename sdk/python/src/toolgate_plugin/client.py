@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -11,19 +13,29 @@ __all__ = ["RegistrationRefused", "ToolgateClient"]
 
 class RegistrationRefused(Exception):
     """toolgate answered a registration with a client error (4xx): retrying the
-    same request will not help until the plugin or toolgate changes."""
+    same request will not help until the plugin or toolgate changes.
+
+    ``code`` and ``message`` are toolgate's (``validation_error``, ``not_found``,
+    ``limit_exceeded``, ...) when its answer had them."""
 
     def __init__(self, tool: str, status: int, body: str) -> None:
-        super().__init__(f"toolgate refused to register {tool!r}: HTTP {status}: {body[:500]}")
         self.tool = tool
         self.status = status
+        self.code, self.message = _error_of(body)
+        super().__init__(f"toolgate refused to register {tool!r}: HTTP {status} {self.code}: {self.message}")
 
 
 class ToolgateClient:
-    """Calls toolgate's health check and ``/api/tools``; every request is bounded in time."""
+    """Calls toolgate's health check and ``/api/tools``; every request is bounded in time.
 
-    def __init__(self, base_url: str, timeout_seconds: float = 5.0) -> None:
+    ``redact`` is applied to toolgate's refusals before they reach an exception
+    (and so the log): they may echo a callback URL, whose token is the plugin's."""
+
+    def __init__(
+        self, base_url: str, timeout_seconds: float = 5.0, redact: Callable[[str], str] = lambda text: text
+    ) -> None:
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_seconds)
+        self._redact = redact
 
     async def boot_id(self) -> str | None:
         """The boot id of the running toolgate (``None`` for one too old to send it).
@@ -40,23 +52,20 @@ class ToolgateClient:
         Raises ``RegistrationRefused`` on a 4xx and ``httpx.HTTPError`` otherwise."""
         response = await self._http.post("/api/tools/register", json=body)
         if 400 <= response.status_code < 500:
-            raise RegistrationRefused(body["name"], response.status_code, response.text)
+            raise RegistrationRefused(body["name"], response.status_code, self._redact(response.text))
         response.raise_for_status()
         answer: dict[str, Any] = response.json()
         return answer
 
-    async def registered_names(self, source: str) -> tuple[str | None, set[str]]:
-        """The boot id and the names registered with ``source`` in any role."""
+    async def holders(self) -> dict[str, dict[str, str]]:
+        """Every role toolgate has now, each with the source holding each tool name."""
         response = await self._http.get("/api/tools")
         response.raise_for_status()
         listing = response.json()
-        names = {
-            tool["name"]
-            for tools in listing.get("tools_by_role", {}).values()
-            for tool in tools
-            if tool.get("source") == source
+        return {
+            role: {tool["name"]: tool.get("source", "") for tool in tools}
+            for role, tools in listing.get("tools_by_role", {}).items()
         }
-        return listing.get("boot_id"), names
 
     async def clear(self, source: str, timeout_seconds: float) -> int:
         """Removes every tool of ``source`` from every role; returns how many."""
@@ -70,3 +79,14 @@ class ToolgateClient:
     async def close(self) -> None:
         """Closes the connection pool."""
         await self._http.aclose()
+
+
+def _error_of(body: str) -> tuple[str, str]:
+    """toolgate's ``{"error": {"code", "message"}}``; the text itself (cut) otherwise."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error.get("code", "error")), error["message"][:500]
+    return "error", body[:500]

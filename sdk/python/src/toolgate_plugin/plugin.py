@@ -13,7 +13,7 @@ import httpx
 from .callbacks import CallbackServer
 from .client import ToolgateClient
 from .registrar import Registrar, WatchTiming
-from .tools import AsyncCapability, DeliveryMode, SideEffectLevel, Slot, Tool, ToolOptions
+from .tools import AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot, Tool, ToolOptions
 
 __all__ = ["Plugin"]
 
@@ -43,6 +43,8 @@ class Plugin:
         port: int = 0,
         timing: WatchTiming | None = None,
     ) -> None:
+        """Raises ``ValueError`` for an empty name and for a ``host`` that is not
+        loopback (``0.0.0.0`` would take calls from the network)."""
         if not name:
             raise ValueError("a plugin needs a name")
         self.name = name
@@ -53,6 +55,7 @@ class Plugin:
         self._timing = timing or WatchTiming()
         self._client: ToolgateClient | None = None
         self._registrar: Registrar | None = None
+        self._starting: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
 
     @property
@@ -71,13 +74,15 @@ class Plugin:
         allowed_slots: Iterable[Slot] | None = None,
         async_capability: AsyncCapability | None = None,
         default_delivery_mode: DeliveryMode | None = None,
+        replay_safety: ReplaySafety | None = None,
     ) -> Callable[[F], F]:
         """Makes a sync or async function a tool: ``@plugin.tool()`` or ``@plugin.tool(...)``.
 
         Name from the function (or ``name``), description from its docstring (or
-        ``description``), parameters from its type hints. Raises ``SchemaError``
-        for a function that cannot be described, ``ValueError`` for a second tool
-        of the same name. The function itself is returned unchanged.
+        ``description``), parameters from its type hints (a ``CallContext``
+        parameter excepted). Raises ``SchemaError`` for a function that cannot be
+        described, ``ValueError`` for a second tool of the same name. The function
+        itself is returned unchanged.
         """
         settings = ToolOptions(
             name=name,
@@ -88,13 +93,14 @@ class Plugin:
             allowed_slots=tuple(allowed_slots) if allowed_slots is not None else None,
             async_capability=async_capability,
             default_delivery_mode=default_delivery_mode,
+            replay_safety=replay_safety,
         )
 
         def add(fn: F) -> F:
             tool = Tool.from_function(fn, settings)
             if tool.name in self._tools:
                 raise ValueError(f"plugin {self.name} already has a tool named {tool.name!r}")
-            if self._registrar is not None:
+            if self._registrar is not None or self._starting is not None:
                 raise RuntimeError("add tools before the plugin starts")
             self._tools[tool.name] = tool
             return fn
@@ -104,28 +110,55 @@ class Plugin:
     async def start(self) -> None:
         """Opens the callback server, registers every tool and starts watching.
 
-        toolgate need not be up: a failed first registration is logged and retried."""
+        toolgate need not be up: a failed first registration is logged and retried.
+        A ``stop()`` (or, under ``run()``, a signal) while this runs wins: the start
+        is abandoned and this returns with the plugin stopped. Cancelling the
+        caller abandons the start too."""
         if self._watcher is not None:
             return
-        await self._callbacks.open()
-        self._client = ToolgateClient(self.toolgate_url)
-        self._registrar = Registrar(
-            self._client,
-            self._tools,
-            self.source,
-            self._callbacks.url_for,
-            lambda: self._callbacks.serving,
-            self._timing,
-        )
+        if self._starting is None:
+            self._starting = asyncio.create_task(self._start(), name=f"toolgate-plugin-{self.name}-start")
+        starting = self._starting
         try:
-            await self._registrar.register_all()
-        except Exception as exc:  # httpx errors, refusals: the watcher retries
-            _log.warning("first registration failed (%s: %s); will retry", type(exc).__name__, exc)
-        self._watcher = asyncio.create_task(self._registrar.watch(), name=f"toolgate-plugin-{self.name}")
+            await asyncio.wait({starting})
+        except asyncio.CancelledError:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)  # it closes what it opened
+            raise
+        finally:
+            if self._starting is starting and starting.done():
+                self._starting = None
+        if not starting.cancelled():
+            starting.result()  # a failure of the start itself (the port taken, say)
+
+    async def _start(self) -> None:
+        """The steps of ``start()``, in a task of their own so that ``stop()`` can
+        cancel them; whatever they opened is closed again if they do not finish."""
+        try:
+            await self._callbacks.open()
+            self._client = ToolgateClient(self.toolgate_url, redact=self._callbacks.redact)
+            self._registrar = Registrar(
+                self._client,
+                self._tools,
+                self.source,
+                self._callbacks.url_for,
+                lambda: self._callbacks.serving,
+                self._timing,
+            )
+            try:
+                await self._registrar.register_all()
+            except Exception as exc:  # toolgate unreachable or failing: the watcher retries
+                _log.warning("first registration failed (%s: %s); will retry", type(exc).__name__, exc)
+            self._watcher = asyncio.create_task(self._registrar.watch(), name=f"toolgate-plugin-{self.name}")
+        except BaseException:
+            await self._shut_down()
+            raise
 
     @property
     def registered(self) -> bool:
-        """Whether every tool is registered, as far as the plugin last saw."""
+        """Whether every tool is registered in every role it belongs in, as far as
+        the plugin last saw (``False`` while toolgate has no character at all, or a
+        tool is refused or held by another source)."""
         return self._registrar is not None and self._registrar.registered
 
     @property
@@ -136,33 +169,56 @@ class Plugin:
     async def stop(self) -> None:
         """Stops watching, clears the plugin's tools from toolgate and closes the server.
 
-        Bounded: it returns within a few seconds even when toolgate is gone."""
+        Bounded: it returns within a few seconds even when toolgate is gone or hung,
+        and also while ``start()`` is still running, which it ends."""
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await self._shut_down()
+
+    async def _shut_down(self) -> None:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         client, self._client = self._client, None
         self._registrar = None
-        if client is not None:
-            try:
-                removed = await client.clear(self.source, CLEAR_TIMEOUT_SECONDS)
-                _log.info("cleared %d registrations of %s", removed, self.source)
-            except (httpx.HTTPError, ValueError) as exc:
-                _log.warning("could not clear %s from toolgate: %s: %s", self.source, type(exc).__name__, exc)
+        try:
+            if client is not None:
+                await self._clear(client)
+        finally:
+            await self._callbacks.close()
+
+    async def _clear(self, client: ToolgateClient) -> None:
+        try:
+            removed = await client.clear(self.source, CLEAR_TIMEOUT_SECONDS)
+            _log.info("cleared %d registrations of %s", removed, self.source)
+        except (httpx.HTTPError, ValueError) as exc:
+            _log.warning("could not clear %s from toolgate: %s: %s", self.source, type(exc).__name__, exc)
+        finally:
             await client.close()
-        await self._callbacks.close()
 
     def run(self) -> None:
-        """Serves until SIGINT or SIGTERM, then stops (tools cleared) and returns."""
+        """Serves until SIGINT or SIGTERM, then stops (tools cleared) and returns.
+
+        A signal during the start (toolgate slow or hung) ends the start at once."""
         asyncio.run(self._serve_until_signalled())
 
     async def _serve_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
+
+        def signalled() -> None:
+            stopping.set()
+            if self._starting is not None:
+                self._starting.cancel()
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stopping.set)
+            loop.add_signal_handler(signum, signalled)
         try:
-            await self.start()
+            if not stopping.is_set():
+                await self.start()
             await stopping.wait()
             _log.info("signalled; stopping")
         finally:

@@ -1,17 +1,27 @@
 """Keeping a plugin's tools registered while toolgate restarts and evicts.
 
-Registrations are runtime state in toolgate: a restart drops them, and three
-refused connections to the plugin's callback origin evict them. The watcher
-polls ``/healthz`` (cheap) for the boot id, which changes at every start of
-toolgate, and every few polls reads ``/api/tools`` to see whether its tools are
-still there. Either way it registers everything again. Failures are logged and
-backed off, never raised: a plugin outlives any number of toolgate restarts.
+Registrations are runtime state in toolgate: a restart drops them, three
+refused connections to the plugin's callback origin evict them, and a
+registration for every character (``role: null``) reaches only the characters
+that exist when it is made. The watcher polls ``/healthz`` (cheap) for the boot
+id, which changes at every start of toolgate, and then registers every tool
+again. Every few polls it reads ``/api/tools`` and registers a tool again where
+a role it belongs in lacks it: evicted, or a character created since.
+
+Each tool stands on its own. One that toolgate refuses (a 4xx: a schema it will
+not take, an unknown role) is reported once and tried again only now and then,
+never holding up the others. A name that another source holds in a role is left
+to that source, with one warning, until it is free again: two plugins declaring
+the same tool must not take it from each other for ever. Failures to reach
+toolgate are logged once per outage and backed off, never raised: a plugin
+outlives any number of toolgate restarts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -30,13 +40,25 @@ class WatchTiming:
     """How often the watcher looks, and how it backs off.
 
     With the defaults a restart is noticed within about 2 s of toolgate being
-    back and an eviction within about 3 s, well inside the promised 10 s.
+    back, and an eviction or a new character within about 3 s, well inside the
+    promised 10 s. A tool toolgate refused is offered again every
+    ``refused_retry_seconds`` (its role may have been created, a limit raised)
+    and after every restart.
     """
 
     poll_seconds: float = 1.0
     listing_every_polls: int = 3
     backoff_first_seconds: float = 0.25
     backoff_max_seconds: float = 2.0
+    refused_retry_seconds: float = 30.0
+
+
+@dataclass
+class _Refusal:
+    """toolgate's last refusal of one tool, and when to offer it again."""
+
+    text: str
+    retry_at: float
 
 
 class Registrar:
@@ -58,26 +80,31 @@ class Registrar:
         self._can_answer = can_answer
         self._timing = timing
         self._boot_id: str | None = None
-        self._registered = False
+        # Every tool was offered to the toolgate of _boot_id.
+        self._have_round = False
+        self._reachable = False
+        # Read the listing at the next poll, not only every few (after an outage).
+        self._recheck = False
+        self._refused: dict[str, _Refusal] = {}
+        # Tool name -> {role: the other source holding that name there}.
+        self._taken: dict[str, dict[str, str]] = {}
+        # Tools lacking from a role they belong in, or in no role at all.
+        self._unplaced: set[str] = set()
+        self._unplaced_reported: frozenset[str] = frozenset()
 
     @property
     def registered(self) -> bool:
-        """Whether the last registration round went through for every tool."""
-        return self._registered
+        """Whether every tool is registered in every role it belongs in, as far as
+        the plugin last saw: not while toolgate is unreachable, a tool is refused
+        or its name held by another source, nor while toolgate has no character."""
+        return self._reachable and self._have_round and not (self._refused or self._taken or self._unplaced)
 
     async def register_all(self) -> None:
-        """Registers every tool with the boot id toolgate has now.
+        """Registers every tool, each on its own, with the toolgate running now.
 
-        Raises ``httpx.HTTPError`` or ``RegistrationRefused``; the watcher catches them."""
-        self._registered = False
-        boot_id = await self._client.boot_id()
-        for tool in self._tools.values():
-            answer = await self._client.register(tool.registration(self._callback_url(tool), self._source))
-            if not answer.get("ok", False):
-                _log.warning("toolgate took %s in no role: %s", tool.name, answer.get("failed_roles"))
-        self._boot_id = boot_id
-        self._registered = True
-        _log.info("registered %d tools as %s (toolgate boot %s)", len(self._tools), self._source, boot_id)
+        Raises ``httpx.HTTPError`` when toolgate cannot be reached (the round is
+        done again at the next poll); refusals are reported, not raised."""
+        await self._register_round(await self._client.boot_id())
 
     async def watch(self) -> None:
         """Runs until cancelled: notices restarts and evictions and registers again."""
@@ -94,18 +121,14 @@ class Registrar:
                     outage_logged = True
                 else:
                     _log.debug("toolgate still unreachable: %s", _describe(exc))
-                self._registered = False
+                self._reachable = False
+                self._recheck = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._timing.backoff_max_seconds)
                 continue
-            except RegistrationRefused as exc:
-                _log.error("%s", exc)
-                self._registered = False
-                await asyncio.sleep(self._timing.backoff_max_seconds)
-                continue
             except Exception:  # an answer of an unexpected shape: the watcher lives on
                 _log.exception("keeping the tools registered failed; retrying")
-                self._registered = False
+                self._recheck = True
                 await asyncio.sleep(self._timing.backoff_max_seconds)
                 continue
             if outage_logged:
@@ -118,20 +141,134 @@ class Registrar:
         if not self._can_answer():
             # Registering callbacks nobody answers would only get them evicted again.
             return
-        if not self._registered:
-            await self.register_all()
-            return
         boot_id = await self._client.boot_id()
-        if boot_id != self._boot_id:
-            _log.warning("toolgate restarted (boot %s, was %s); registering again", boot_id, self._boot_id)
-            await self.register_all()
-            return
-        if listing:
-            _, names = await self._client.registered_names(self._source)
-            missing = set(self._tools) - names
+        self._reachable = True
+        if not self._have_round or boot_id != self._boot_id:
+            if self._have_round:
+                _log.warning("toolgate restarted (boot %s, was %s); registering again", boot_id, self._boot_id)
+            await self._register_round(boot_id)
+        elif listing or self._recheck:
+            await self._reconcile()
+        await self._retry_refused()
+
+    async def _register_round(self, boot_id: str | None) -> None:
+        """Offers every tool as declared: after a (re)start nothing holds the names."""
+        self._have_round = False
+        self._taken.clear()
+        unplaced = set()
+        for tool in self._tools.values():
+            if not await self._register(tool, tool.options.role):
+                unplaced.add(tool.name)
+        self._boot_id = boot_id
+        self._have_round = True
+        self._reachable = True
+        self._recheck = False
+        self._note_unplaced(unplaced - set(self._refused))
+        taken = len(self._tools) - len(self._refused)
+        _log.info("registered %d of %d tools as %s (toolgate boot %s)", taken, len(self._tools), self._source, boot_id)
+
+    async def _reconcile(self) -> None:
+        """Registers each tool again where a role it belongs in lacks it."""
+        holders = await self._client.holders()
+        self._recheck = False
+        plans = {tool.name: self._plan(tool, holders) for tool in self._tools.values() if tool.name not in self._refused}
+        lacking = {name: missing for name, (_, missing) in plans.items() if missing}
+        if lacking:
+            _log.warning(
+                "tools lacking from roles (evicted, or new characters): %s; registering them again",
+                "; ".join(f"{name} in {', '.join(roles)}" for name, roles in sorted(lacking.items())),
+            )
+        unplaced = set()
+        for name, (roles, missing) in plans.items():
+            placed = bool(roles) and name not in self._taken
             if missing:
-                _log.warning("tools %s are no longer registered (evicted?); registering again", sorted(missing))
-                await self.register_all()
+                placed = await self._register_in(self._tools[name], missing) and placed
+            if not placed:
+                unplaced.add(name)
+        self._note_unplaced(unplaced - set(self._refused))
+
+    def _plan(self, tool: Tool, holders: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
+        """The roles ``tool`` belongs in, and those of them where its name is free."""
+        roles = list(holders) if tool.options.role is None else [tool.options.role]
+        held = {role: holders.get(role, {}).get(tool.name) for role in roles}
+        self._note_taken(tool.name, {role: source for role, source in held.items() if source not in (None, self._source)})
+        return roles, [role for role, source in held.items() if source is None]
+
+    async def _register_in(self, tool: Tool, roles: list[str]) -> bool:
+        """Registers ``tool`` for ``roles``: as declared (one request) unless another
+        source holds its name somewhere, which a ``role: null`` would take over."""
+        if tool.name not in self._taken:
+            return await self._register(tool, tool.options.role)
+        placed = True
+        for role in roles:
+            placed = await self._register(tool, role) and placed
+        return placed
+
+    async def _register(self, tool: Tool, role: str | None) -> bool:
+        """One registration; whether some role took it. A refusal is noted, not raised."""
+        body = tool.registration(self._callback_url(tool), self._source)
+        body["role"] = role
+        try:
+            answer = await self._client.register(body)
+        except RegistrationRefused as exc:
+            self._note_refused(tool.name, exc)
+            return False
+        if self._refused.pop(tool.name, None) is not None:
+            _log.info("toolgate took tool %s now", tool.name)
+        failed = answer.get("failed_roles") or []
+        if failed:
+            _log.warning("toolgate could not bring tool %s to the live sessions of %s", tool.name, failed)
+        return bool(answer.get("ok", False))
+
+    async def _retry_refused(self) -> None:
+        now = time.monotonic()
+        for name, refusal in list(self._refused.items()):
+            if refusal.retry_at <= now and await self._register(self._tools[name], self._tools[name].options.role):
+                self._recheck = True  # the next poll sees where it is
+
+    def _note_refused(self, name: str, refusal: RegistrationRefused) -> None:
+        """Reports a refusal once (again only when toolgate's answer changes)."""
+        previous = self._refused.get(name)
+        text = str(refusal)
+        if previous is None or previous.text != text:
+            _log.error(
+                "%s; the plugin's other tools are not held up, and this one is offered again every %gs "
+                "and after toolgate restarts",
+                text,
+                self._timing.refused_retry_seconds,
+            )
+        else:
+            _log.debug("%s (again)", text)
+        self._refused[name] = _Refusal(text, time.monotonic() + self._timing.refused_retry_seconds)
+
+    def _note_taken(self, name: str, taken: dict[str, str]) -> None:
+        """Warns when another source takes ``name`` in a role; notes when it is free again."""
+        before = self._taken.get(name, {})
+        if taken.items() - before.items():
+            _log.warning(
+                "tool %s is registered by %s in %s: leaving it to them there, and registering it again "
+                "once the name is free",
+                name,
+                ", ".join(sorted(set(taken.values()))),
+                ", ".join(sorted(taken)),
+            )
+        elif before and not taken:
+            _log.info("tool %s is no longer held by another source", name)
+        if taken:
+            self._taken[name] = taken
+        else:
+            self._taken.pop(name, None)
+
+    def _note_unplaced(self, unplaced: set[str]) -> None:
+        """Reports tools in no role once, not at every poll that still finds them so."""
+        self._unplaced = unplaced
+        lonely = frozenset(name for name in unplaced if name not in self._taken)
+        if lonely and lonely != self._unplaced_reported:
+            _log.warning(
+                "toolgate holds tools %s in no role (no character yet?); they are registered once one exists",
+                sorted(lonely),
+            )
+        self._unplaced_reported = lonely
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,13 +9,24 @@ is inlined, because models and many chat front-ends handle references badly.
 from __future__ import annotations
 
 import inspect
+import json
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pydantic
 
-__all__ = ["SchemaError", "arguments_model", "inline_schema"]
+from .context import CallContext
+
+__all__ = ["SchemaError", "arguments_model", "check_registrable", "context_parameter", "inline_schema"]
+
+# toolgate refuses a parameter schema nested deeper than this (src/schema.rs MAX_SCHEMA_DEPTH),
+# counting the top object as level 1 and a scalar inside it as level 2.
+MAX_SCHEMA_DEPTH = 64
+# Names pydantic keeps for its own methods: a field named so is refused or breaks
+# the model (``model_config`` is even dropped silently, as configuration).
+_PROTECTED_PREFIXES = ("model_validate", "model_dump")
 
 
 class SchemaError(TypeError):
@@ -27,36 +38,100 @@ def arguments_model(fn: Callable[..., Any], model_name: str) -> type[pydantic.Ba
 
     Every parameter needs a type hint (``Annotated[T, pydantic.Field(...)]`` adds a
     description); a parameter without a default is required. Unknown arguments
-    are refused, matching ``additionalProperties: false`` in the schema.
+    are refused, matching ``additionalProperties: false`` in the schema. A
+    ``CallContext`` parameter is left out: toolgate fills it, not the model.
     """
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except Exception as exc:  # a hint naming something undefined
-        raise SchemaError(f"cannot resolve the type hints of {model_name}: {exc}") from exc
+    hints = _type_hints(fn, model_name)
     fields: dict[str, Any] = {}
     for parameter in inspect.signature(fn).parameters.values():
-        if parameter.kind not in (
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            inspect.Parameter.KEYWORD_ONLY,
-        ):
-            raise SchemaError(
-                f"{model_name}: parameter {parameter.name!r} must be passable by keyword "
-                "(no *args, **kwargs or positional-only parameters)"
-            )
-        if parameter.name not in hints:
-            raise SchemaError(f"{model_name}: parameter {parameter.name!r} needs a type hint")
-        if parameter.name.startswith("_"):
-            raise SchemaError(f"{model_name}: parameter {parameter.name!r} may not start with _")
+        _check_parameter(parameter, hints, model_name)
+        if hints[parameter.name] is CallContext:
+            continue
         default = ... if parameter.default is inspect.Parameter.empty else parameter.default
         fields[parameter.name] = (hints[parameter.name], default)
     try:
-        return pydantic.create_model(
-            model_name,
-            __config__=pydantic.ConfigDict(extra="forbid"),
-            **fields,
-        )
-    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as exc:
+        with warnings.catch_warnings():
+            # Shadowing a deprecated BaseModel method (json, copy, schema) is harmless:
+            # values are read from the instance's __dict__, never as attributes.
+            warnings.filterwarnings("ignore", message=".*shadows an attribute", category=UserWarning)
+            model: type[pydantic.BaseModel] = pydantic.create_model(
+                model_name,
+                __config__=pydantic.ConfigDict(extra="forbid"),
+                **fields,
+            )
+    except Exception as exc:  # pydantic raises several kinds for a type it cannot use
         raise SchemaError(f"{model_name}: {exc}") from exc
+    dropped = set(fields) - set(model.model_fields)
+    if dropped:
+        raise SchemaError(f"{model_name}: parameters {sorted(dropped)} are names pydantic keeps for itself")
+    return model
+
+
+def context_parameter(fn: Callable[..., Any], model_name: str) -> str | None:
+    """The name of ``fn``'s ``CallContext`` parameter, if it has one (at most one)."""
+    hints = _type_hints(fn, model_name)
+    names = [name for name in inspect.signature(fn).parameters if hints.get(name) is CallContext]
+    if len(names) > 1:
+        raise SchemaError(f"{model_name}: only one parameter may be a CallContext, got {names}")
+    return names[0] if names else None
+
+
+def _type_hints(fn: Callable[..., Any], model_name: str) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # a hint naming something undefined
+        raise SchemaError(f"cannot resolve the type hints of {model_name}: {exc}") from exc
+
+
+def _check_parameter(parameter: inspect.Parameter, hints: dict[str, Any], model_name: str) -> None:
+    if parameter.kind not in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    ):
+        raise SchemaError(
+            f"{model_name}: parameter {parameter.name!r} must be passable by keyword "
+            "(no *args, **kwargs or positional-only parameters)"
+        )
+    if parameter.name not in hints:
+        raise SchemaError(f"{model_name}: parameter {parameter.name!r} needs a type hint")
+    if parameter.name.startswith("_"):
+        raise SchemaError(f"{model_name}: parameter {parameter.name!r} may not start with _")
+    reserved = parameter.name.startswith(_PROTECTED_PREFIXES) or (
+        parameter.name.startswith("model_") and hasattr(pydantic.BaseModel, parameter.name)
+    )
+    if reserved:
+        raise SchemaError(
+            f"{model_name}: parameter {parameter.name!r} is a name pydantic keeps for itself; rename it"
+        )
+
+
+def check_registrable(schema: dict[str, Any], model_name: str) -> None:
+    """Refuses a schema toolgate would refuse, or that cannot even be sent to it.
+
+    A non-finite number (a default of ``float("inf")``) has no JSON spelling, so the
+    registration request could not be written; toolgate refuses schemas nested
+    deeper than ``MAX_SCHEMA_DEPTH``.
+    """
+    try:
+        json.dumps(schema, allow_nan=False)
+    except ValueError as exc:
+        raise SchemaError(
+            f"{model_name}: the schema holds a number JSON cannot write (inf or nan, e.g. as a default): {exc}"
+        ) from exc
+    depth = _depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"{model_name}: the schema nests {depth} levels deep; toolgate's limit is {MAX_SCHEMA_DEPTH}")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth as toolgate counts it: a value is one level, its children one more."""
+    if isinstance(value, dict):
+        children: list[Any] = list(value.values())
+    elif isinstance(value, list):
+        children = value
+    else:
+        return 1
+    return 1 + max((_depth(child) for child in children), default=0)
 
 
 # Keywords whose value is a map of names to subschemas: their keys are names,
@@ -115,6 +190,10 @@ def _inline(schema: Any, definitions: dict[str, Any], expanding: tuple[str, ...]
         out.update(_inline(definitions[name], definitions, (*expanding, name)))
     for key, value in schema.items():
         if key in ("$ref", "title"):
+            continue
+        if key == "discriminator" and isinstance(value, dict):
+            # OpenAPI's hint; its mapping points into $defs, which are gone.
+            out[key] = {name: sub for name, sub in value.items() if name != "mapping"}
             continue
         if key in _SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {

@@ -3,6 +3,8 @@
 A call never raises out of here: whatever the function does, the answer is a
 callback-contract body (``{"output": ..., "is_error": false}`` or
 ``{"error": ..., "is_error": true}``), and the traceback goes to the log only.
+That holds for ``SystemExit`` and ``KeyboardInterrupt`` raised by a function too
+(argparse exits on bad input): only ``asyncio.CancelledError`` keeps its meaning.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from typing import Any, Literal
 import pydantic
 import pydantic_core
 
-from .schema import SchemaError, arguments_model, inline_schema
+from .context import CallContext
+from .schema import SchemaError, arguments_model, check_registrable, context_parameter, inline_schema
 
 __all__ = [
     "AsyncCapability",
     "DeliveryMode",
+    "ReplaySafety",
     "SideEffectLevel",
     "Slot",
     "Tool",
@@ -38,13 +42,24 @@ AsyncCapability = Literal["inline_only", "deferred_ok"]
 """Whether the tool may run as a deferred job."""
 DeliveryMode = Literal["inline", "async_job"]
 """How a result reaches the model by default."""
+ReplaySafety = Literal["safe", "confirm_on_replay", "never_auto_replay", "uncertain"]
+"""Whether a call may run again: on a regenerated floor, and for a deferred job whose
+worker was lost (only ``safe`` is handed over again, under the same idempotency key)."""
 
 MAX_NAME_CHARS = 64
+# toolgate refuses a longer description (src/tools/remote/mod.rs MAX_DESCRIPTION_BYTES).
+MAX_DESCRIPTION_BYTES = 16 * 1024
 MAX_TIMEOUT_SECONDS = 298.0
 # toolgate waits this much longer than the function may run, so that a function
 # past its timeout is reported by the plugin (a clear is_error) rather than as
 # toolgate's own read timeout; toolgate's limit is 300 s.
 TIMEOUT_GRACE_SECONDS = 2.0
+# Blocking calls of one tool running at once; more wait for a thread within their timeout.
+MAX_THREADS_PER_TOOL = 32
+# How often a call waiting for a thread looks again (see _take_slot).
+SLOT_POLL_SECONDS = 0.05
+# A URL path resolves these as "here" and "up": no callback URL can name them.
+_UNROUTABLE_NAMES = frozenset({".", ".."})
 
 _log = logging.getLogger("toolgate_plugin")
 
@@ -54,7 +69,8 @@ class ToolOptions:
     """What ``@plugin.tool(...)`` may set beyond the function itself.
 
     ``None`` leaves a field to toolgate's default: every character (``role``),
-    side-effect level ``none``, every slot, ``inline_only``, ``inline``.
+    side-effect level ``none``, every slot, ``inline_only``, ``inline``, and a
+    replay safety inferred from the side-effect level.
     """
 
     name: str | None = None
@@ -65,6 +81,7 @@ class ToolOptions:
     allowed_slots: tuple[Slot, ...] | None = None
     async_capability: AsyncCapability | None = None
     default_delivery_mode: DeliveryMode | None = None
+    replay_safety: ReplaySafety | None = None
 
 
 @dataclass
@@ -77,31 +94,37 @@ class Tool:
     arguments: type[pydantic.BaseModel]
     parameters: dict[str, Any]
     options: ToolOptions
-    _threads: threading.BoundedSemaphore = field(repr=False, default_factory=lambda: threading.BoundedSemaphore(32))
+    context_parameter: str | None = None
+    """The parameter that gets the call's ``CallContext``, if the function has one."""
+    _threads: threading.BoundedSemaphore = field(
+        repr=False, default_factory=lambda: threading.BoundedSemaphore(MAX_THREADS_PER_TOOL)
+    )
 
     @classmethod
     def from_function(cls, function: Callable[..., Any], options: ToolOptions) -> Tool:
-        """Derives name, description and schema; refuses what toolgate would."""
+        """Derives name, description and schema; refuses what toolgate would.
+
+        Limits an operator can change (``--max-tool-schema-bytes``) are left to
+        toolgate: the plugin logs its refusal, naming the tool."""
+        _check_callable(function)
         name = options.name or function.__name__
-        if not 1 <= len(name) <= MAX_NAME_CHARS:
-            raise SchemaError(f"tool name must be 1-{MAX_NAME_CHARS} characters: {name!r}")
-        if not 0 < options.timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise SchemaError(
-                f"{name}: timeout_seconds must be greater than 0 and at most {MAX_TIMEOUT_SECONDS}"
-            )
-        if options.default_delivery_mode == "async_job" and options.async_capability != "deferred_ok":
-            raise SchemaError(f"{name}: default_delivery_mode async_job needs async_capability deferred_ok")
-        arguments = arguments_model(function, f"{name}_arguments")
+        _check_options(name, options)
         description = options.description
         if description is None:
             description = inspect.getdoc(function) or ""
+        if len(description.encode()) > MAX_DESCRIPTION_BYTES:
+            raise SchemaError(f"{name}: the description must be at most {MAX_DESCRIPTION_BYTES} bytes (UTF-8)")
+        arguments = arguments_model(function, f"{name}_arguments")
+        parameters = inline_schema(arguments)
+        check_registrable(parameters, name)
         return cls(
             name=name,
             description=description,
             function=function,
             arguments=arguments,
-            parameters=inline_schema(arguments),
+            parameters=parameters,
             options=options,
+            context_parameter=context_parameter(function, f"{name}_arguments"),
         )
 
     def registration(self, callback_url: str, source: str) -> dict[str, Any]:
@@ -120,50 +143,144 @@ class Tool:
             "allowed_slots": list(self.options.allowed_slots) if self.options.allowed_slots is not None else None,
             "async_capability": self.options.async_capability,
             "default_delivery_mode": self.options.default_delivery_mode,
+            "replay_safety": self.options.replay_safety,
         }
         body.update({key: value for key, value in optional.items() if value is not None})
         return body
 
-    async def answer(self, arguments: Any, call_id: Any) -> dict[str, Any]:
+    async def answer(self, arguments: Any, context: CallContext | None = None) -> dict[str, Any]:
         """Runs one call and returns its callback-contract body."""
+        context = context or CallContext()
         try:
-            validated = self.arguments.model_validate(arguments)
+            kwargs = self._kwargs(arguments, context)
         except pydantic.ValidationError as exc:
-            # The summary names fields and rules, not the values: arguments come
-            # from the conversation and stay out of the log.
-            summary = _summary(exc)
-            _log.info("tool %s: call %r had invalid arguments: %s", self.name, call_id, summary)
-            return _error(f"invalid arguments: {summary}")
-        kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}
+            # The log gets field paths and rule names, never values nor the keys
+            # of a mapping: arguments come from the conversation.
+            _log.info("tool %s: call %r had invalid arguments: %s", self.name, context.call_id, self._log_summary(exc))
+            return _error(f"invalid arguments: {_summary(exc)}")
+        progress = _Progress()
         try:
-            result = await asyncio.wait_for(self._run(kwargs), self.options.timeout_seconds)
+            output = await asyncio.wait_for(self._run(kwargs, progress), self.options.timeout_seconds)
         except asyncio.TimeoutError:
-            _log.warning("tool %s: call %r ran past its %ss timeout", self.name, call_id, self.options.timeout_seconds)
-            return _error(f"{self.name} did not finish within its timeout of {self.options.timeout_seconds:g} seconds")
-        except Exception as exc:
-            _log.exception("tool %s: call %r raised", self.name, call_id)
-            return _error(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-        try:
-            output = pydantic_core.to_jsonable_python(result)
-        except pydantic_core.PydanticSerializationError as exc:
-            _log.error("tool %s: call %r returned a value that is not JSON: %s", self.name, call_id, exc)
-            return _error(f"{self.name} returned a {type(result).__name__}, which is not JSON")
+            return self._timed_out(context.call_id, progress)
+        except _NotJson as exc:
+            _log.error("tool %s: call %r returned a value that is not JSON: %s", self.name, context.call_id, exc.reason)
+            return _error(f"{self.name} returned a {exc.type_name}, which is not JSON")
+        except _Raised as exc:
+            _log.error("tool %s: call %r raised", self.name, context.call_id, exc_info=exc.error)
+            return _error(_describe(exc.error))
         return {"output": output, "is_error": False}
 
-    async def _run(self, kwargs: dict[str, Any]) -> Any:
+    def _kwargs(self, arguments: Any, context: CallContext) -> dict[str, Any]:
+        """The function's keyword arguments, validated in strict mode from JSON.
+
+        Strict: what the schema says is what passes (no "7" for an integer, no
+        "yes" for a boolean), also for a call that did not come through toolgate's
+        own schema check."""
+        validated = self.arguments.model_validate_json(pydantic_core.to_json(arguments), strict=True)
+        # From __dict__, not getattr: a field may shadow a BaseModel attribute (json, copy).
+        kwargs = {name: validated.__dict__[name] for name in type(validated).model_fields}
+        if self.context_parameter is not None:
+            kwargs[self.context_parameter] = context
+        return kwargs
+
+    def _log_summary(self, error: pydantic.ValidationError) -> str:
+        known = _property_names(self.parameters)
+        parts = []
+        for item in error.errors(include_url=False, include_input=False, include_context=False):
+            path = [_loggable(part, known) for part in item["loc"]]
+            parts.append(f"{'.'.join(path) or 'arguments'} ({item['type']})")
+        return "; ".join(parts)
+
+    def _timed_out(self, call_id: Any, progress: _Progress) -> dict[str, Any]:
+        timeout = self.options.timeout_seconds
+        if not progress.started:
+            _log.warning("tool %s: call %r found no free thread within its %ss timeout", self.name, call_id, timeout)
+            return _error(
+                f"{self.name} did not start within its timeout of {timeout:g} seconds: "
+                f"{MAX_THREADS_PER_TOOL} earlier calls of it were still running"
+            )
+        _log.warning("tool %s: call %r ran past its %ss timeout", self.name, call_id, timeout)
+        return _error(f"{self.name} did not finish within its timeout of {timeout:g} seconds")
+
+    async def _run(self, kwargs: dict[str, Any], progress: _Progress) -> Any:
+        """The function's result as JSON-able data; what it raises comes out as ``_Raised``.
+
+        Whatever it raises, ``BaseException``s included: a ``SystemExit`` leaving
+        a task would be re-raised by asyncio out of the event loop and end the
+        plugin. Serialising is part of the call, since a generator runs only then."""
+        try:
+            return await self._call(kwargs, progress)
+        except (asyncio.CancelledError, _NotJson):
+            raise
+        except BaseException as exc:
+            raise _Raised(exc) from None
+
+    async def _call(self, kwargs: dict[str, Any], progress: _Progress) -> Any:
         if inspect.iscoroutinefunction(self.function):
-            return await self.function(**kwargs)
-        result = await _in_daemon_thread(self.function, kwargs, self._threads)
+            progress.started = True
+            return _jsonable(await self.function(**kwargs))
+        result = await _in_daemon_thread(self.function, kwargs, self._threads, progress, self.name)
         if inspect.isawaitable(result):  # a sync wrapper returning a coroutine
-            return await result
+            return _jsonable(await result)
         return result
+
+
+@dataclass
+class _Progress:
+    """How far one call got: whether its function started (a thread was free)."""
+
+    started: bool = False
+
+
+class _Raised(Exception):
+    """What a tool raised, carried as an ``Exception`` (see ``Tool._run``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(_describe(error))
+        self.error = error
+
+
+class _NotJson(Exception):
+    """A tool's return value that pydantic cannot serialise."""
+
+    def __init__(self, type_name: str, reason: str) -> None:
+        super().__init__(reason)
+        self.type_name = type_name
+        self.reason = reason
+
+
+def _check_callable(function: Callable[..., Any]) -> None:
+    """Only functions and bound methods: a ``functools.partial`` or a callable object
+    has no name and no hints of its own that can be read reliably."""
+    if not (inspect.isfunction(function) or inspect.ismethod(function)):
+        raise SchemaError(
+            f"a tool must be a function (def or async def) or a bound method, not {type(function).__name__}: "
+            "wrap it in a def with type hints"
+        )
+
+
+def _check_options(name: str, options: ToolOptions) -> None:
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise SchemaError(f"tool name must be 1-{MAX_NAME_CHARS} characters: {name!r}")
+    if name in _UNROUTABLE_NAMES:
+        raise SchemaError(f"tool name {name!r} cannot be a callback URL's path segment")
+    if not 0 < options.timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        raise SchemaError(f"{name}: timeout_seconds must be greater than 0 and at most {MAX_TIMEOUT_SECONDS}")
+    if options.default_delivery_mode == "async_job" and options.async_capability != "deferred_ok":
+        raise SchemaError(f"{name}: default_delivery_mode async_job needs async_capability deferred_ok")
 
 
 def _error(message: str) -> dict[str, Any]:
     return {"error": message, "is_error": True}
 
 
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def _summary(error: pydantic.ValidationError) -> str:
+    """For the model: paths and messages, so it can fix its call."""
     parts = []
     for item in error.errors(include_url=False, include_input=False):
         where = ".".join(str(part) for part in item["loc"]) or "arguments"
@@ -171,8 +288,60 @@ def _summary(error: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _loggable(part: str | int, known: frozenset[str]) -> str:
+    """A path element as the log may show it: indices and schema property names;
+    anything else (a mapping's key, an unknown argument's name) is data."""
+    if isinstance(part, int) or part in known or part == "[key]":
+        return str(part)
+    return "*"
+
+
+def _property_names(schema: Any) -> frozenset[str]:
+    names: set[str] = set()
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            properties = value.get("properties")
+            if isinstance(properties, dict):
+                names.update(properties)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return frozenset(names)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except pydantic_core.PydanticSerializationError as exc:
+        raise _NotJson(type(value).__name__, str(exc)) from None
+
+
+def _serialised_call(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Runs in the tool's thread: a lazy result (a generator) is worked off there too."""
+    result = function(**kwargs)
+    return result if inspect.isawaitable(result) else _jsonable(result)
+
+
+async def _take_slot(slots: threading.BoundedSemaphore, name: str) -> None:
+    """Waits for one of the tool's threads, within the caller's timeout.
+
+    Polls: slots are given back by worker threads, and a plain semaphore works
+    with whatever event loop the plugin runs in (an asyncio one is bound to one)."""
+    if slots.acquire(blocking=False):
+        return
+    _log.info("tool %s: %d calls are running; a call waits for one to end", name, MAX_THREADS_PER_TOOL)
+    while not slots.acquire(blocking=False):
+        await asyncio.sleep(SLOT_POLL_SECONDS)
+
+
 async def _in_daemon_thread(
-    function: Callable[..., Any], kwargs: dict[str, Any], slots: threading.BoundedSemaphore
+    function: Callable[..., Any],
+    kwargs: dict[str, Any],
+    slots: threading.BoundedSemaphore,
+    progress: _Progress,
+    name: str,
 ) -> Any:
     """Runs a blocking function off the event loop, in a daemon thread.
 
@@ -196,7 +365,7 @@ async def _in_daemon_thread(
         result: Any = None
         error: BaseException | None = None
         try:
-            result = context.run(function, **kwargs)
+            result = context.run(_serialised_call, function, kwargs)
         except BaseException as exc:  # handed to the awaiting side, not lost
             error = exc
         finally:
@@ -206,7 +375,8 @@ async def _in_daemon_thread(
         except RuntimeError:
             pass  # the loop closed while the function ran: nobody waits for it
 
-    if not slots.acquire(blocking=False):
-        raise RuntimeError("too many calls of blocking tools are still running")
+    await _take_slot(slots, name)
+    # No await between taking the slot and starting the thread, which gives it back.
+    progress.started = True
     threading.Thread(target=work, name="toolgate-tool", daemon=True).start()
     return await done
