@@ -344,7 +344,38 @@ async fn the_console_in_headless_chromium() {
         permissions.body["data"]["max_calls_per_turn"], 10,
         "the hostile post changed nothing"
     );
+    signed_out_elsewhere(&client, &server, &session).await;
     client.close().await.unwrap();
+}
+
+/// A live session page whose sign-in ends (here: signed out from a script,
+/// as another tab would) loses its stream and says it stopped, rather than
+/// promising a reconnect that cannot come.
+async fn signed_out_elsewhere(client: &Client, server: &TestServer, session: &str) {
+    client
+        .goto(&server.url(&format!("/console/sessions/{session}")))
+        .await
+        .unwrap();
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live-status[data-state=live]"))
+        .await
+        .expect("the live journal connects");
+    let token = common::console::csrf_token(&client.source().await.unwrap());
+    client
+        .execute(
+            "fetch('/console/logout', {method: 'POST', body: new URLSearchParams({csrf_token: arguments[0]})});",
+            vec![json!(token)],
+        )
+        .await
+        .unwrap();
+    client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#live-status[data-state=stopped]"))
+        .await
+        .expect("the page says its live updates stopped");
 }
 
 /// Creates a script definition in the form, then calls it into the session

@@ -239,9 +239,14 @@ async fn console_forms_need_this_sessions_token_and_a_same_site_post() {
 }
 
 #[tokio::test]
-async fn sign_out_ends_the_console_session() {
+async fn sign_out_ends_the_console_session_and_its_event_streams() {
     let server = spawn_app().await;
+    let session = server.create_session().await;
     let console = ConsoleClient::sign_in(&server, &server.token).await;
+    let mut stream = console
+        .hold(&format!("/console/sessions/{session}/events"))
+        .await;
+    assert_eq!(stream.status(), StatusCode::OK);
     let token = console.token().await;
     let (status, _) = console
         .post("/console/logout", &[("csrf_token", &token)], &[])
@@ -249,6 +254,13 @@ async fn sign_out_ends_the_console_session() {
     assert_eq!(status, StatusCode::SEE_OTHER);
     let (status, _) = console.get("/console/sessions").await;
     assert_eq!(status, StatusCode::SEE_OTHER);
+    // The stream opened before the sign-out ends (keep-alive comments may
+    // come first); it would otherwise carry journal rows on.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(_chunk) = stream.chunk().await.expect("the stream's body") {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream outlived its sign-in");
 }
 
 /// Another account's session, floor, run and execution.

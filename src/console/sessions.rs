@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
 use crate::store::Account;
 
@@ -23,12 +24,28 @@ pub const MAX_SESSIONS: usize = 10_000;
 pub struct ConsoleSession {
     pub key: String,
     pub account: Account,
+    /// When the sign-in expires.
+    pub expires_at: Instant,
+    /// Cancelled when it is signed out or pushed out: what it keeps open
+    /// (an event stream) ends with it.
+    pub ended: CancellationToken,
+}
+
+impl ConsoleSession {
+    /// Resolves once the sign-in is over: signed out, pushed out or expired.
+    pub async fn over(self) {
+        tokio::select! {
+            _ = self.ended.cancelled() => {}
+            _ = tokio::time::sleep_until(self.expires_at.into()) => {}
+        }
+    }
 }
 
 #[derive(Debug)]
 struct Entry {
     account: Account,
     expires_at: Instant,
+    ended: CancellationToken,
 }
 
 /// Every live console sign-in of this process.
@@ -60,14 +77,16 @@ impl ConsoleSessions {
                 .iter()
                 .min_by_key(|(_, entry)| entry.expires_at)
                 .map(|(key, _)| key.clone())
+            && let Some(pushed_out) = entries.remove(&oldest)
         {
-            entries.remove(&oldest);
+            pushed_out.ended.cancel();
         }
         entries.insert(
             key_of(&cookie),
             Entry {
                 account,
                 expires_at: now + SESSION_TTL,
+                ended: CancellationToken::new(),
             },
         );
         cookie
@@ -84,13 +103,17 @@ impl ConsoleSessions {
         }
         Some(ConsoleSession {
             account: entry.account.clone(),
+            expires_at: entry.expires_at,
+            ended: entry.ended.clone(),
             key,
         })
     }
 
-    /// Signs the session out.
+    /// Signs the session out; what it keeps open ends.
     pub fn end(&self, key: &str) {
-        self.entries().remove(key);
+        if let Some(entry) = self.entries().remove(key) {
+            entry.ended.cancel();
+        }
     }
 }
 
@@ -115,7 +138,9 @@ mod tests {
         assert_eq!(found.account.id, "acct_1");
         assert_ne!(found.key, cookie, "the map holds a hash, not the cookie");
         assert!(sessions.get("not-a-cookie").is_none());
+        assert!(!found.ended.is_cancelled());
         sessions.end(&found.key);
         assert!(sessions.get(&cookie).is_none());
+        assert!(found.ended.is_cancelled(), "what it held open ends");
     }
 }

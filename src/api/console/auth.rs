@@ -151,9 +151,6 @@ pub async fn login(
             login_page(&csrf, Some("That API key is not valid.")),
         ));
     };
-    if let Some(peer) = peer {
-        console.throttle.succeeded(peer);
-    }
     tracing::info!(account = %account.id, "console sign-in");
     let value = console.sessions.create(account);
     let max_age = time::Duration::seconds(SESSION_TTL.as_secs() as i64);

@@ -201,7 +201,11 @@ pub async fn events(
         .model_sessions
         .observe(session.clone(), per_account)?;
     let runtime = state.runtime.clone();
+    // The sign-in was checked when the stream opened; it ends with the
+    // sign-in (sign-out, expiry) rather than outliving it.
+    let signed_out = viewer.session.clone().over();
     let stream = subscription
+        .take_until(signed_out)
         .filter_map(move |event| {
             let runtime = runtime.clone();
             let session = session.clone();

@@ -74,8 +74,17 @@ function startLiveJournal(table) {
     status.dataset.state = "live";
   });
   source.addEventListener("error", () => {
-    status.textContent = "Live updates interrupted; reconnecting…";
-    status.dataset.state = "reconnecting";
+    // A refused stream (signed out, too many open streams, a restarted
+    // server's sign-in page) closes the source for good: say so, rather than
+    // promise a reconnect that will not come.
+    if (source.readyState === EventSource.CLOSED) {
+      status.textContent =
+        "Live updates stopped (signed out, too many open streams, or the server restarted); reload the page.";
+      status.dataset.state = "stopped";
+    } else {
+      status.textContent = "Live updates interrupted; reconnecting…";
+      status.dataset.state = "reconnecting";
+    }
   });
   source.addEventListener("catalog", (event) => redrawCatalog(event.data));
   source.addEventListener("journal", (event) => {

@@ -172,12 +172,7 @@ class Registrar:
         holders = await self._client.holders()
         self._recheck = False
         plans = {tool.name: self._plan(tool, holders) for tool in self._tools.values() if tool.name not in self._refused}
-        lacking = {name: missing for name, (_, missing) in plans.items() if missing}
-        if lacking:
-            _log.warning(
-                "tools lacking from roles (evicted, or new characters): %s; registering them again",
-                "; ".join(f"{name} in {', '.join(roles)}" for name, roles in sorted(lacking.items())),
-            )
+        _report_lacking(plans)
         unplaced = set()
         for name, (roles, missing) in plans.items():
             placed = bool(roles) and name not in self._taken
@@ -269,6 +264,20 @@ class Registrar:
                 sorted(lonely),
             )
         self._unplaced_reported = lonely
+
+
+def _report_lacking(plans: dict[str, tuple[list[str], list[str]]]) -> None:
+    """One line for the tools gone from every role (an eviction), one for those
+    lacking from some (characters created since)."""
+    gone = sorted(name for name, (roles, missing) in plans.items() if missing and len(missing) == len(roles))
+    if gone:
+        _log.warning("tools %s are no longer registered (evicted?); registering again", gone)
+    new_roles = {name: missing for name, (roles, missing) in plans.items() if missing and len(missing) < len(roles)}
+    if new_roles:
+        _log.info(
+            "registering tools for roles that lack them (new characters): %s",
+            "; ".join(f"{name} in {', '.join(roles)}" for name, roles in sorted(new_roles.items())),
+        )
 
 
 def _describe(exc: BaseException) -> str:
