@@ -171,12 +171,7 @@ async fn deny_and_watch(client: &Client, server: &TestServer, session: &str, dir
             .contains("permissions saved")
     );
     let live = client.find(Locator::Css("#live-status")).await.unwrap();
-    client
-        .wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css("#live-status[data-state=live]"))
-        .await
-        .expect("the live journal connects");
+    live_state(client, "live").await;
     let journal = client.find(Locator::Css("#journal")).await.unwrap();
     common::register_remote(
         server,
@@ -356,12 +351,7 @@ async fn signed_out_elsewhere(client: &Client, server: &TestServer, session: &st
         .goto(&server.url(&format!("/console/sessions/{session}")))
         .await
         .unwrap();
-    client
-        .wait()
-        .at_most(WAIT)
-        .for_element(Locator::Css("#live-status[data-state=live]"))
-        .await
-        .expect("the live journal connects");
+    live_state(client, "live").await;
     let token = common::console::csrf_token(&client.source().await.unwrap());
     client
         .execute(
@@ -370,12 +360,17 @@ async fn signed_out_elsewhere(client: &Client, server: &TestServer, session: &st
         )
         .await
         .unwrap();
+    live_state(client, "stopped").await;
+}
+
+/// Waits for the live journal's status line to say `state`.
+async fn live_state(client: &Client, state: &str) {
     client
         .wait()
         .at_most(WAIT)
-        .for_element(Locator::Css("#live-status[data-state=stopped]"))
+        .for_element(Locator::Css(&format!("#live-status[data-state={state}]")))
         .await
-        .expect("the page says its live updates stopped");
+        .unwrap_or_else(|err| panic!("the live status never said {state}: {err}"));
 }
 
 /// Creates a script definition in the form, then calls it into the session
