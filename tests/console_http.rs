@@ -433,3 +433,42 @@ async fn saving_the_permission_form_unchanged_keeps_every_permission() {
         .await;
     assert_eq!(after.body["data"], before);
 }
+
+#[tokio::test]
+async fn a_floors_journal_is_paged_and_a_notice_is_only_one_of_the_console_s_own() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let (floor, run) = server.floor_and_run(&session, "Roll").await;
+    for _ in 0..55 {
+        // Past the turn's call limit the calls are refused: journalled all
+        // the same.
+        server
+            .post(
+                &format!("/sessions/{session}/tool-calls"),
+                json!({"name": "roll_dice", "arguments": {"sides": 6}, "floor_id": floor, "run_id": run}),
+            )
+            .await;
+    }
+    let console = ConsoleClient::sign_in(&server, &server.token).await;
+    let page = format!("/console/floors/{floor}");
+    let rows = |html: &str| html.matches("<tr id=\"exec-").count();
+    let (_, first) = console.get(&page).await;
+    assert_eq!(rows(&first), 50);
+    assert!(first.contains("Rows 1–50 of 55"), "{first}");
+    assert!(first.contains(&format!("{page}?offset=50")), "{first}");
+    let (_, second) = console.get(&format!("{page}?offset=50")).await;
+    assert_eq!(rows(&second), 5);
+    assert!(second.contains("Rows 51–55 of 55"), "{second}");
+    let (_, beyond) = console.get(&format!("{page}?offset=500")).await;
+    assert!(beyond.contains("No rows this far"), "{beyond}");
+    assert!(beyond.contains(&format!("{page}?offset=50")), "{beyond}");
+    // A notice is named by its code; any other text in the URL is not shown.
+    let (_, spoofed) = console
+        .get(&format!(
+            "{page}?notice=Sign+in+again+at+http%3A%2F%2Fevil.example"
+        ))
+        .await;
+    assert!(!spoofed.contains("evil.example"), "{spoofed}");
+    let (_, known) = console.get(&format!("{page}?notice=run_committed")).await;
+    assert!(known.contains("run committed"), "{known}");
+}

@@ -183,11 +183,27 @@ async fn try_it(server: &TestServer, console: &ConsoleClient, id: &str, session:
     let invalid = console
         .submit(
             &format!("/console/definitions/{id}/try"),
-            &[("session_id", session), ("arguments", "[1]")],
+            &[
+                ("session_id", session),
+                ("caller_slot", "memory"),
+                ("arguments", "[1, \"<b>\"]"),
+            ],
         )
         .await;
     assert_eq!(invalid.status, StatusCode::BAD_REQUEST, "{}", invalid.body);
     assert!(invalid.body.contains("JSON object"), "{}", invalid.body);
+    // The form comes back with what was typed.
+    assert_eq!(
+        common::console::textarea_text(&invalid.body, "arguments"),
+        "[1, \"<b>\"]"
+    );
+    assert!(
+        invalid
+            .body
+            .contains("<option value=\"memory\" selected>memory</option>"),
+        "{}",
+        invalid.body
+    );
 
     let key = server.create_account("tenant").await;
     let foreign = server.create_session_as(&key, "Other").await;

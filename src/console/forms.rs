@@ -90,15 +90,34 @@ pub fn is_cross_site(
     };
     match url::Url::parse(claimed) {
         Ok(url) => {
-            let authority = match (url.host_str(), url.port()) {
-                (Some(h), Some(p)) => format!("{h}:{p}"),
-                (Some(h), None) => h.to_owned(),
-                (None, _) => return true,
+            let Some(name) = url.host_str() else {
+                return true;
             };
-            !authority.eq_ignore_ascii_case(host)
+            let (host_name, host_port) = split_host(host);
+            // `Host: console.example.com:443` and `Origin:
+            // https://console.example.com` name the same origin.
+            let scheme_default = match url.scheme() {
+                "http" => Some(80),
+                "https" => Some(443),
+                _ => None,
+            };
+            let port = host_port.or(scheme_default);
+            !(name.eq_ignore_ascii_case(host_name) && port == url.port_or_known_default())
         }
         // `Origin: null` (sandboxed or opaque) and anything unparsable.
         Err(_) => true,
+    }
+}
+
+/// A `Host` header's name and port (`[::1]:8700` keeps its brackets, as a
+/// URL's host does).
+fn split_host(host: &str) -> (&str, Option<u16>) {
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') || name.ends_with(']') => match port.parse() {
+            Ok(port) => (name, Some(port)),
+            Err(_) => (host, None),
+        },
+        _ => (host, None),
     }
 }
 
@@ -192,6 +211,38 @@ mod tests {
             None
         ));
         assert!(is_cross_site(host, None, None, Some("cross-site")));
+        // A default port is the same origin with or without its number.
+        for (host, origin, cross) in [
+            (
+                "console.example.com:443",
+                "https://console.example.com",
+                false,
+            ),
+            (
+                "console.example.com",
+                "https://console.example.com:443",
+                false,
+            ),
+            ("CONSOLE.example.com", "https://console.example.com", false),
+            (
+                "console.example.com:80",
+                "https://console.example.com",
+                true,
+            ),
+            (
+                "console.example.com",
+                "http://console.example.com:8080",
+                true,
+            ),
+            ("[::1]:8700", "http://[::1]:8700", false),
+            ("[::1]:8700", "http://[::1]:8701", true),
+        ] {
+            assert_eq!(
+                is_cross_site(Some(host), Some(origin), None, None),
+                cross,
+                "{host} {origin}"
+            );
+        }
         assert!(is_cross_site(
             None,
             Some("http://127.0.0.1:8700"),

@@ -9,14 +9,14 @@ use axum::response::{IntoResponse, Redirect, Response};
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
 use super::render::{
-    ConsoleError, ConsoleResult, NoticeQuery, html, redirect_with_notice, status_of,
+    ConsoleError, ConsoleResult, Notice, NoticeQuery, html, redirect_with_notice, status_of,
 };
 use super::sessions::PAGE_ROWS;
 use crate::call::{CallArguments, ToolCall};
 use crate::console::definition_form::{definition_changes, try_call};
 use crate::console::views::Nav;
 use crate::console::views::definitions::{
-    DefinitionView, FormValues, definition_page, definitions_page, new_definition_page,
+    DefinitionView, FormValues, TryValues, definition_page, definitions_page, new_definition_page,
 };
 use crate::domain::PageRequest;
 use crate::error::{Error, Result};
@@ -80,7 +80,7 @@ pub async fn create(State(state): State<AppState>, post: ConsolePost) -> Console
         super::super::definitions::create(&state, post.signed_in.account_id(), changes).await
     };
     match created.await {
-        Ok(definition) => Ok(to_definition(&definition.id, "definition created")),
+        Ok(definition) => Ok(to_definition(&definition.id, Notice::DefinitionCreated)),
         Err(err) if shown_on_form(&err) => Ok(html(
             status_of(err.code()),
             new_definition_page(
@@ -93,18 +93,27 @@ pub async fn create(State(state): State<AppState>, post: ConsolePost) -> Console
     }
 }
 
-fn to_definition(id: &str, notice: &str) -> Response {
+fn to_definition(id: &str, notice: Notice) -> Response {
     redirect_with_notice(&format!("/console/definitions/{id}"), notice)
 }
 
 /// A definition's page, its form holding `values` (the stored definition's
 /// when None).
+/// What a refused post had typed into the page's forms, shown again.
+#[derive(Default)]
+struct Typed {
+    /// The definition form's fields.
+    definition: Option<FormValues>,
+    /// The "try it" form's fields.
+    tried: Option<TryValues>,
+}
+
 async fn render(
     state: &AppState,
     nav: &Nav,
     account_id: &str,
     id: &str,
-    values: Option<FormValues>,
+    typed: Typed,
     error: Option<&Error>,
     notice: Option<&str>,
 ) -> Result<Response> {
@@ -113,11 +122,15 @@ async fn render(
     let (sessions, _) = store
         .search_sessions(account_id, "", TRY_SESSIONS, 0)
         .await?;
-    let values = values.unwrap_or_else(|| FormValues::of(&definition));
+    let values = typed
+        .definition
+        .unwrap_or_else(|| FormValues::of(&definition));
     let message = error.map(ToString::to_string);
+    let tried = typed.tried.unwrap_or_default();
     let view = DefinitionView {
         definition: &definition,
         values: &values,
+        tried: &tried,
         sessions: &sessions,
         error: message.as_deref(),
         notice,
@@ -133,13 +146,13 @@ pub async fn page(
     Path(id): Path<String>,
     Query(query): Query<NoticeQuery>,
 ) -> ConsoleResult {
-    let notice = query.notice.as_deref();
+    let notice = Notice::text_of(query.notice.as_deref());
     render(
         &state,
         &viewer.nav,
         viewer.account_id(),
         &id,
-        None,
+        Typed::default(),
         None,
         notice,
     )
@@ -155,14 +168,14 @@ async fn after(
     post: &ConsolePost,
     id: &str,
     outcome: Result<Response>,
-    posted: Option<FormValues>,
+    typed: Typed,
 ) -> ConsoleResult {
     let nav = &post.signed_in.nav;
     let shown = match outcome {
         Ok(response) => Ok(response),
         Err(err) if shown_on_form(&err) => {
             let account_id = post.signed_in.account_id();
-            render(state, nav, account_id, id, posted, Some(&err), None).await
+            render(state, nav, account_id, id, typed, Some(&err), None).await
         }
         Err(err) => Err(err),
     };
@@ -180,7 +193,7 @@ pub async fn save(
         let changes = definition_changes(&post.fields, false)?;
         super::super::definitions::update(&state, post.signed_in.account_id(), &id, changes)
             .await?;
-        Ok(to_definition(&id, "definition saved"))
+        Ok(to_definition(&id, Notice::DefinitionSaved))
     };
     let outcome = saved.await;
     after(
@@ -188,7 +201,10 @@ pub async fn save(
         &post,
         &id,
         outcome,
-        Some(FormValues::posted(&post.fields)),
+        Typed {
+            definition: Some(FormValues::posted(&post.fields)),
+            tried: None,
+        },
     )
     .await
 }
@@ -209,14 +225,14 @@ pub async fn toggle(
         let account_id = post.signed_in.account_id();
         let saved = super::super::definitions::toggle(&state, account_id, &id, enabled).await?;
         let notice = if saved.enabled {
-            "definition enabled"
+            Notice::DefinitionEnabled
         } else {
-            "definition disabled"
+            Notice::DefinitionDisabled
         };
         Ok(to_definition(&id, notice))
     };
     let outcome = toggled.await;
-    after(&state, &post, &id, outcome, None).await
+    after(&state, &post, &id, outcome, Typed::default()).await
 }
 
 /// `POST /console/definitions/{id}/try`: calls the definition's tool in the
@@ -248,5 +264,9 @@ pub async fn try_it(
         Ok(Redirect::to(&format!("/console/executions/{}", result.execution_id)).into_response())
     };
     let outcome = called.await;
-    after(&state, &post, &id, outcome, None).await
+    let typed = Typed {
+        definition: None,
+        tried: Some(TryValues::posted(&post.fields)),
+    };
+    after(&state, &post, &id, outcome, typed).await
 }

@@ -8,7 +8,9 @@ use serde_json::Value;
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, NoticeQuery, html, redirect_with_notice};
+use super::render::{
+    ConsoleError, ConsoleResult, JournalPageQuery, Notice, html, redirect_with_notice,
+};
 use super::sessions::journal_page;
 use crate::console::views::Nav;
 use crate::console::views::floor::{FloorView, floor_page};
@@ -22,13 +24,15 @@ async fn render(
     account_id: &str,
     floor_id: &str,
     blocking: Option<&Value>,
-    notice: Option<&str>,
+    query: &JournalPageQuery,
 ) -> Result<Response> {
     let store = &state.runtime.store;
     let floor = store.floor(account_id, floor_id).await?;
     let runs = store.runs_of_floor(account_id, &floor.id).await?;
+    let offset = query.offset.max(0);
     let params = ExecutionQueryParams {
         floor_id: Some(floor.id.clone()),
+        offset: Some(offset),
         ..Default::default()
     };
     let executions = journal_page(state, account_id, params).await?;
@@ -36,8 +40,12 @@ async fn render(
         floor: &floor,
         runs: &runs,
         executions: &executions.items,
+        journal_offset: offset,
+        journal_limit: super::sessions::PAGE_ROWS,
+        journal_total: executions.total,
+        journal_total_is_estimate: executions.total_is_estimate == Some(true),
         blocking,
-        notice,
+        notice: Notice::text_of(query.notice.as_deref()),
     };
     let status = if blocking.is_some() {
         StatusCode::CONFLICT
@@ -52,10 +60,9 @@ pub async fn page_handler(
     State(state): State<AppState>,
     viewer: SignedIn,
     Path(id): Path<String>,
-    Query(query): Query<NoticeQuery>,
+    Query(query): Query<JournalPageQuery>,
 ) -> ConsoleResult {
-    let notice = query.notice.as_deref();
-    render(&state, &viewer.nav, viewer.account_id(), &id, None, notice)
+    render(&state, &viewer.nav, viewer.account_id(), &id, None, &query)
         .await
         .map_err(|err| ConsoleError::from(err).with_nav(&viewer.nav))
 }
@@ -78,7 +85,7 @@ pub async fn open_run(
         .collect();
     let opened = state.runtime.open_run(account_id, &id, confirmed).await;
     let result = match opened {
-        Ok(run) => Ok(back_to_floor(&run.floor_id, "run opened")),
+        Ok(run) => Ok(back_to_floor(&run.floor_id, Notice::RunOpened)),
         Err(Error::ReplayConfirmationRequired {
             blocking_executions,
             ..
@@ -89,7 +96,7 @@ pub async fn open_run(
                 account_id,
                 &id,
                 Some(&blocking_executions),
-                None,
+                &JournalPageQuery::default(),
             )
             .await
         }
@@ -98,12 +105,12 @@ pub async fn open_run(
     result.map_err(|err| ConsoleError::from(err).with_nav(nav))
 }
 
-fn back_to_floor(floor_id: &str, notice: &str) -> Response {
+fn back_to_floor(floor_id: &str, notice: Notice) -> Response {
     redirect_with_notice(&format!("/console/floors/{floor_id}"), notice)
 }
 
 /// Back to the floor of a committed or discarded run, or the refusal.
-fn settled(run: Result<crate::store::Run>, post: &ConsolePost, notice: &str) -> ConsoleResult {
+fn settled(run: Result<crate::store::Run>, post: &ConsolePost, notice: Notice) -> ConsoleResult {
     match run {
         Ok(run) => Ok(back_to_floor(&run.floor_id, notice)),
         Err(err) => Err(ConsoleError::from(err).with_nav(&post.signed_in.nav)),
@@ -120,7 +127,7 @@ pub async fn commit(
         .runtime
         .commit_run(post.signed_in.account_id(), &id, None)
         .await;
-    settled(run, &post, "run committed")
+    settled(run, &post, Notice::RunCommitted)
 }
 
 /// `POST /console/runs/{id}/discard`, as `POST /runs/{id}/discard`.
@@ -133,5 +140,5 @@ pub async fn discard(
         .runtime
         .discard_run(post.signed_in.account_id(), &id)
         .await;
-    settled(run, &post, "run discarded")
+    settled(run, &post, Notice::RunDiscarded)
 }

@@ -17,11 +17,75 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// What a form did, as the page it redirects to says it. The redirect names
+/// it by code; a page shows only these lines, never text taken from its URL
+/// (a link could otherwise make a trusted page say anything).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    DefinitionCreated,
+    DefinitionSaved,
+    DefinitionEnabled,
+    DefinitionDisabled,
+    RunOpened,
+    RunCommitted,
+    RunDiscarded,
+    PermissionsSaved,
+}
+
+impl Notice {
+    const ALL: [Notice; 8] = [
+        Notice::DefinitionCreated,
+        Notice::DefinitionSaved,
+        Notice::DefinitionEnabled,
+        Notice::DefinitionDisabled,
+        Notice::RunOpened,
+        Notice::RunCommitted,
+        Notice::RunDiscarded,
+        Notice::PermissionsSaved,
+    ];
+
+    /// The code the redirect's `notice` parameter carries.
+    pub fn code(self) -> &'static str {
+        match self {
+            Notice::DefinitionCreated => "definition_created",
+            Notice::DefinitionSaved => "definition_saved",
+            Notice::DefinitionEnabled => "definition_enabled",
+            Notice::DefinitionDisabled => "definition_disabled",
+            Notice::RunOpened => "run_opened",
+            Notice::RunCommitted => "run_committed",
+            Notice::RunDiscarded => "run_discarded",
+            Notice::PermissionsSaved => "permissions_saved",
+        }
+    }
+
+    /// The line the page shows.
+    pub fn text(self) -> &'static str {
+        match self {
+            Notice::DefinitionCreated => "definition created",
+            Notice::DefinitionSaved => "definition saved",
+            Notice::DefinitionEnabled => "definition enabled",
+            Notice::DefinitionDisabled => "definition disabled",
+            Notice::RunOpened => "run opened",
+            Notice::RunCommitted => "run committed",
+            Notice::RunDiscarded => "run discarded",
+            Notice::PermissionsSaved => "permissions saved",
+        }
+    }
+
+    /// The line of a `notice` parameter: none for a code not in the list.
+    pub fn text_of(code: Option<&str>) -> Option<&'static str> {
+        let code = code?;
+        Self::ALL
+            .into_iter()
+            .find(|notice| notice.code() == code)
+            .map(Notice::text)
+    }
+}
+
 /// After a form did what it asked: back to `path`, with a line saying what
 /// happened.
-pub fn redirect_with_notice(path: &str, notice: &str) -> Response {
-    let notice: String = form_urlencoded::byte_serialize(notice.as_bytes()).collect();
-    Redirect::to(&format!("{path}?notice={notice}")).into_response()
+pub fn redirect_with_notice(path: &str, notice: Notice) -> Response {
+    Redirect::to(&format!("{path}?notice={}", notice.code())).into_response()
 }
 
 /// Why a console request was not answered with its page.
@@ -98,6 +162,14 @@ impl IntoResponse for ConsoleError {
 /// Query of a page that a form redirected to: what the form did.
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct NoticeQuery {
+    pub notice: Option<String>,
+}
+
+/// Query of a page with a journal listing: how far in, and what a form did.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct JournalPageQuery {
+    #[serde(default)]
+    pub offset: i64,
     pub notice: Option<String>,
 }
 

@@ -13,7 +13,9 @@ use serde::Deserialize;
 
 use super::auth::SignedIn;
 use super::guard::ConsolePost;
-use super::render::{ConsoleError, ConsoleResult, html, redirect_with_notice};
+use super::render::{
+    ConsoleError, ConsoleResult, JournalPageQuery, Notice, html, redirect_with_notice,
+};
 use crate::console::forms::{PERMISSIONS_VERSION, permissions_body, permissions_version};
 use crate::console::views::catalog::catalog_json;
 use crate::console::views::journal::journal_row_json;
@@ -37,14 +39,6 @@ pub struct ListQuery {
     q: String,
     #[serde(default)]
     offset: i64,
-}
-
-/// Query of a session page.
-#[derive(Debug, Default, Deserialize)]
-pub struct SessionQuery {
-    #[serde(default)]
-    offset: i64,
-    notice: Option<String>,
 }
 
 /// `GET /console/sessions`.
@@ -91,7 +85,7 @@ pub async fn page_of(
     state: &AppState,
     viewer: &SignedIn,
     id: &str,
-    query: SessionQuery,
+    query: JournalPageQuery,
 ) -> crate::error::Result<Response> {
     let runtime = &state.runtime;
     let account_id = viewer.account_id();
@@ -121,7 +115,7 @@ pub async fn page_of(
         journal_limit: PAGE_ROWS,
         journal_total: journal.total,
         journal_total_is_estimate: journal.total_is_estimate == Some(true),
-        notice: query.notice.as_deref(),
+        notice: Notice::text_of(query.notice.as_deref()),
     };
     Ok(html(StatusCode::OK, session_page(&viewer.nav, &view)))
 }
@@ -131,7 +125,7 @@ pub async fn page(
     State(state): State<AppState>,
     viewer: SignedIn,
     Path(id): Path<String>,
-    Query(query): Query<SessionQuery>,
+    Query(query): Query<JournalPageQuery>,
 ) -> ConsoleResult {
     page_of(&state, &viewer, &id, query)
         .await
@@ -150,8 +144,10 @@ pub async fn save_permissions(
     let nav = post.signed_in.nav.clone();
     let saved = async {
         let body = permissions_body(&post.fields)?;
-        let drawn_from = post.fields.required(PERMISSIONS_VERSION)?.to_owned();
         super::super::permissions::save(&state, post.signed_in.account_id(), &id, |metadata| {
+            // Read once the session is found: another account's id is a 404
+            // whatever the form holds.
+            let drawn_from = post.fields.required(PERMISSIONS_VERSION)?;
             let current = ToolPermissions::from_metadata(metadata)?;
             // Checked in the same write that stores the change: nothing can
             // come between.
@@ -172,7 +168,7 @@ pub async fn save_permissions(
         .map_err(|err| ConsoleError::from(err).with_nav(&nav))?;
     Ok(redirect_with_notice(
         &format!("/console/sessions/{id}"),
-        "permissions saved",
+        Notice::PermissionsSaved,
     ))
 }
 

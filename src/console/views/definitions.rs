@@ -160,9 +160,46 @@ pub fn new_definition_page(nav: &Nav, values: &FormValues, error: Option<&str>) 
 }
 
 /// Everything a definition's page shows.
+/// What the "try it" form shows: what was posted when a try was refused,
+/// else the first session, the narrator and `{}`.
+#[derive(Debug, Clone)]
+pub struct TryValues {
+    pub session_id: Option<String>,
+    pub caller_slot: String,
+    pub arguments: String,
+}
+
+impl Default for TryValues {
+    fn default() -> Self {
+        Self {
+            session_id: None,
+            caller_slot: Slot::Narrator.as_str().to_owned(),
+            arguments: "{}".to_owned(),
+        }
+    }
+}
+
+impl TryValues {
+    /// The fields of a posted "try it" form, kept as typed.
+    pub fn posted(fields: &crate::console::forms::Fields) -> Self {
+        let default = Self::default();
+        Self {
+            session_id: fields.get("session_id").map(str::to_owned),
+            caller_slot: fields
+                .get("caller_slot")
+                .map_or(default.caller_slot, str::to_owned),
+            arguments: fields
+                .get("arguments")
+                .map_or(default.arguments, str::to_owned),
+        }
+    }
+}
+
 pub struct DefinitionView<'a> {
     pub definition: &'a ToolDefinition,
     pub values: &'a FormValues,
+    /// The "try it" form's values.
+    pub tried: &'a TryValues,
     /// The sessions offered to "try it" (the newest of the account).
     pub sessions: &'a [Session],
     pub error: Option<&'a str>,
@@ -184,22 +221,31 @@ fn toggle_form(definition: &ToolDefinition, csrf: &str) -> Markup {
     }
 }
 
-fn try_form(definition: &ToolDefinition, sessions: &[Session], csrf: &str) -> Markup {
+fn try_form(
+    definition: &ToolDefinition,
+    sessions: &[Session],
+    tried: &TryValues,
+    csrf: &str,
+) -> Markup {
+    let session_id = tried
+        .session_id
+        .as_deref()
+        .or_else(|| sessions.first().map(|s| s.id.as_str()));
     html! {
         form.try #try-it method="post" action={ "/console/definitions/" (definition.id) "/try" } {
             (csrf_input(csrf))
             p {
                 label { "Session " input type="text" name="session_id" list="try-sessions" required
-                    value=[sessions.first().map(|s| s.id.as_str())]; }
+                    value=[session_id]; }
                 datalist #try-sessions {
                     @for session in sessions { option value=(session.id) { (session.character) " · " (session.title) } }
                 }
                 " as slot "
                 select name="caller_slot" {
-                    @for slot in Slot::ALL { option value=(slot.as_str()) selected[slot == Slot::Narrator] { (slot.as_str()) } }
+                    @for slot in Slot::ALL { option value=(slot.as_str()) selected[slot.as_str() == tried.caller_slot] { (slot.as_str()) } }
                 }
             }
-            p { label { "Arguments (JSON object)" br; textarea name="arguments" rows="4" { "{}" } } }
+            p { label { "Arguments (JSON object)" br; textarea name="arguments" rows="4" { (tried.arguments) } } }
             button type="submit" { "Call " (definition.name) }
             p.muted { "The call goes through the session's permissions, budgets and journal exactly as its model's would; its execution opens when it is done." }
         }
@@ -221,7 +267,7 @@ pub fn definition_page(nav: &Nav, view: &DefinitionView<'_>) -> String {
             @if let Some(notice) = view.notice { p.notice role="status" { (notice) } }
             @if let Some(error) = view.error { p.error role="alert" { (error) } }
             section { h2 { "Edit" } (definition_form(&action, view.values, false, &nav.csrf)) }
-            section { h2 { "Try it" } (try_form(definition, view.sessions, &nav.csrf)) }
+            section { h2 { "Try it" } (try_form(definition, view.sessions, view.tried, &nav.csrf)) }
         },
     )
 }

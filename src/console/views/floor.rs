@@ -5,7 +5,7 @@ use maud::{Markup, html};
 use serde_json::Value;
 
 use super::journal::{journal_head, journal_row};
-use super::{Nav, csrf_input, layout, time};
+use super::{Nav, csrf_input, layout, pager_of, time};
 use crate::journal::ExecutionRecord;
 use crate::store::{Floor, Run};
 
@@ -16,6 +16,11 @@ pub struct FloorView<'a> {
     /// none, a discarded run no page any more.
     pub runs: &'a [Run],
     pub executions: &'a [ExecutionRecord],
+    pub journal_offset: i64,
+    pub journal_limit: i64,
+    pub journal_total: i64,
+    /// Whether `journal_total` is a lower bound (the journal's count stopped).
+    pub journal_total_is_estimate: bool,
     /// The executions a new run would repeat, when the replay guard refused one.
     pub blocking: Option<&'a Value>,
     pub notice: Option<&'a str>,
@@ -120,6 +125,7 @@ pub fn floor_page(nav: &Nav, view: &FloorView<'_>) -> String {
             }
             section { h2 { "Executions" }
                 table.list.journal { (journal_head()) tbody { @for record in view.executions { (journal_row(record)) } } }
+                (pager_of(&format!("/console/floors/{}", view.floor.id), view.journal_offset, view.journal_limit, view.journal_total, view.journal_total_is_estimate))
             }
         },
     )

@@ -119,17 +119,59 @@ pub fn pager_of(base: &str, offset: i64, limit: i64, total: i64, at_least: bool)
     let sep = if base.contains('?') { '&' } else { '?' };
     // Any non-negative offset is a valid request: the end saturates.
     let end = offset.saturating_add(limit);
+    let limit = limit.max(1);
+    // Past the end, "newer" goes to the last page that has rows.
+    let last_page = (total.max(1) - 1) / limit * limit;
+    let newer = if offset >= total {
+        last_page
+    } else {
+        offset.saturating_sub(limit).max(0)
+    };
     html! {
         p.pager {
-            "Rows " (offset.min(total)) "–" (end.min(total)) " of "
-            @if at_least { "at least " }
-            (total) " "
-            @if offset > 0 {
-                a href={ (base) (sep) "offset=" ((offset - limit).max(0)) } { "newer" } " "
+            @if total == 0 {
+                "No rows "
+            } @else if offset >= total {
+                "No rows this far (" @if at_least { "at least " } (total) " in all) "
+            } @else {
+                // Rows are counted from 1 for people.
+                "Rows " (offset + 1) "–" (end.min(total)) " of "
+                @if at_least { "at least " }
+                (total) " "
+            }
+            @if offset > 0 && total > 0 {
+                a href={ (base) (sep) "offset=" (newer) } { "newer" } " "
             }
             @if end < total {
                 a href={ (base) (sep) "offset=" (end) } { "older" }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pager_of;
+
+    fn pager(offset: i64, total: i64) -> String {
+        pager_of("/p", offset, 50, total, false).into_string()
+    }
+
+    #[test]
+    fn the_pager_counts_rows_from_one_and_never_links_past_the_rows() {
+        let first = pager(0, 119);
+        assert!(first.contains("Rows 1–50 of 119"), "{first}");
+        assert!(first.contains("/p?offset=50") && !first.contains("newer"));
+        let last = pager(100, 119);
+        assert!(last.contains("Rows 101–119 of 119"), "{last}");
+        assert!(last.contains("/p?offset=50") && !last.contains("older"));
+        let beyond = pager(500, 119);
+        assert!(beyond.contains("No rows this far (119 in all)"), "{beyond}");
+        assert!(beyond.contains("/p?offset=100\">newer"), "{beyond}");
+        let empty = pager(50, 0);
+        assert!(
+            empty.contains("No rows") && !empty.contains("href"),
+            "{empty}"
+        );
     }
 }
