@@ -472,3 +472,58 @@ async fn a_floors_journal_is_paged_and_a_notice_is_only_one_of_the_console_s_own
     let (_, known) = console.get(&format!("{page}?notice=run_committed")).await;
     assert!(known.contains("run committed"), "{known}");
 }
+
+#[tokio::test]
+async fn console_addresses_a_page_cannot_read_get_a_console_page_and_a_new_sign_in_ends_the_old() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let console = ConsoleClient::sign_in(&server, &server.token).await;
+    for (path, status) in [
+        ("/console/logout".to_owned(), StatusCode::METHOD_NOT_ALLOWED),
+        (
+            format!("/console/sessions/{session}?offset=abc"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/console/executions/%FF".to_owned(),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let answer = console.hold(&path).await;
+        assert_eq!(answer.status(), status, "{path}");
+        assert!(
+            answer
+                .headers()
+                .get(CONTENT_SECURITY_POLICY)
+                .unwrap_or_else(|| panic!("{path}: {:?}", answer.headers()))
+                .to_str()
+                .unwrap()
+                .contains("default-src 'none'"),
+            "{path}"
+        );
+        let content_type = answer.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            content_type.starts_with("text/html"),
+            "{path}: {content_type}"
+        );
+    }
+    // Signing in again from the same browser (as another account) ends the
+    // sign-in whose cookie it replaces.
+    let key = server.create_account("tenant").await;
+    let token = login_token(&server).await;
+    let answer = with_form(
+        plain_client()
+            .post(server.url("/console/login"))
+            .header(reqwest::header::COOKIE, &console.cookie),
+        &[("csrf_token", token.as_str()), ("api_key", key.as_str())],
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    let (status, _) = console.get("/console/sessions").await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "the replaced sign-in ended");
+}

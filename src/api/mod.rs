@@ -356,12 +356,17 @@ fn routed(state: AppState) -> Router {
                 .unwrap_or_else(|| ApiError::not_found("no such route"))
         })
         .method_not_allowed_fallback(|request: axum::extract::Request| async move {
-            runtime_tools::refuse_a_remote_peer(&request).unwrap_or_else(|| {
-                ApiError::new(
-                    ErrorCode::MethodNotAllowed,
-                    "this route does not accept that method",
-                )
-            })
+            if console::is_console_path(request.uri().path()) {
+                return console::method_not_allowed();
+            }
+            runtime_tools::refuse_a_remote_peer(&request)
+                .unwrap_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::MethodNotAllowed,
+                        "this route does not accept that method",
+                    )
+                })
+                .into_response()
         })
         .with_state(state)
 }

@@ -133,6 +133,9 @@ pub async fn login(
     if let Some(wait) = peer.and_then(|peer| console.throttle.refused_for(peer, now)) {
         return Ok(throttled(&console, wait));
     }
+    // The browser's cookie is about to be replaced: the sign-in it names
+    // ends too, rather than staying valid unseen until it expires.
+    let replaced = cookie_value(request.headers()).and_then(|value| console.sessions.get(&value));
     let fields = read_form(request, &state, &console, LOGIN_BINDING).await?;
     let key = fields.get("api_key").unwrap_or("").trim();
     let account = if key.is_empty() {
@@ -152,6 +155,9 @@ pub async fn login(
         ));
     };
     tracing::info!(account = %account.id, "console sign-in");
+    if let Some(replaced) = replaced {
+        console.sessions.end(&replaced.key);
+    }
     let value = console.sessions.create(account);
     let max_age = time::Duration::seconds(SESSION_TTL.as_secs() as i64);
     let mut response = Redirect::to("/console/sessions").into_response();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Extension, Path};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
@@ -79,13 +79,57 @@ pub fn router() -> Router<AppState> {
         .route("/console/mcp", get(tools::mcp_servers))
         .route("/console/activity", get(tools::activity))
         .route("/console/{*rest}", get(not_found).post(not_found))
+        .layer(axum::middleware::map_response(console_error_pages))
         .layer(axum::middleware::map_response(security_headers))
         .layer(Extension(Arc::new(Console::default())))
 }
 
+/// An answer under `/console` that is not a console page (axum's refusal of
+/// a path or query value a page cannot read) is drawn as one, so a browser
+/// never lands on bare text ([`method_not_allowed`] does the same for 405).
+async fn console_error_pages(response: Response) -> Response {
+    let status = response.status();
+    let is_page = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/html"));
+    if is_page || status != StatusCode::BAD_REQUEST {
+        return response;
+    }
+    render::ConsoleError::Page {
+        code: crate::error::ErrorCode::ValidationError,
+        message: "the page's address holds a value the page cannot read (a path part or a query parameter)".to_owned(),
+        nav: None,
+    }
+    .into_response()
+}
+
 /// Headers every console response carries: the CSP, no sniffing, no framing,
 /// no referrer leaving the origin, and no caching of pages showing data.
-async fn security_headers(mut response: Response) -> Response {
+async fn security_headers(response: Response) -> Response {
+    with_security_headers(response)
+}
+
+/// The 405 page of a console path: the router answers it outside the
+/// console's layers, so it carries their headers itself.
+pub fn method_not_allowed() -> Response {
+    with_security_headers(
+        render::ConsoleError::Page {
+            code: crate::error::ErrorCode::MethodNotAllowed,
+            message: "this console page does not accept that method".to_owned(),
+            nav: None,
+        }
+        .into_response(),
+    )
+}
+
+/// Whether `path` is the console's.
+pub fn is_console_path(path: &str) -> bool {
+    path == "/console" || path.starts_with("/console/")
+}
+
+fn with_security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
