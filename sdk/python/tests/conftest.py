@@ -6,12 +6,13 @@ else ``target/debug/toolgate`` of this repository; without one the suite fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,22 @@ async def wait_for(what: str, deadline_seconds: float, check: Callable[[], Await
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {deadline_seconds}s waiting for {what}")
         await anyio.sleep(0.05)
+
+
+async def all_listed(api: Api, plugin: Any) -> bool:
+    """Whether toolgate lists every tool of ``plugin`` under its source."""
+    return set(await api.listed(plugin.source)) == set(plugin.tools)
+
+
+@contextlib.asynccontextmanager
+async def serving(plugin: Any, api: Api, deadline_seconds: float, release: threading.Event) -> AsyncIterator[Any]:
+    """``plugin`` started and every tool of it listed; on the way out ``release``
+    lets blocked tool calls end, then the plugin stops."""
+    await plugin.start()
+    try:
+        await wait_for("the plugin's tools", deadline_seconds, lambda: all_listed(api, plugin))
+        yield plugin
+    finally:
+        release.set()
+        await plugin.stop()
+        release.clear()

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, Field
 
-from conftest import Api, Toolgate, wait_for
+from conftest import Api, Toolgate, all_listed, serving, wait_for
 from toolgate_plugin import Plugin
 
 pytestmark = pytest.mark.anyio
@@ -74,19 +74,8 @@ def make_plugin(toolgate: Toolgate) -> Plugin:
 
 @pytest.fixture
 async def plugin(toolgate: Toolgate, api: Api) -> AsyncIterator[Plugin]:
-    plugin = make_plugin(toolgate)
-    await plugin.start()
-    try:
-        await wait_for("the plugin's tools", REREGISTER_DEADLINE_SECONDS, lambda: has_all(api, plugin))
+    async with serving(make_plugin(toolgate), api, REREGISTER_DEADLINE_SECONDS, release_blocking) as plugin:
         yield plugin
-    finally:
-        release_blocking.set()
-        await plugin.stop()
-        release_blocking.clear()
-
-
-async def has_all(api: Api, plugin: Plugin) -> bool:
-    return set(await api.listed(plugin.source)) == set(plugin.tools)
 
 
 async def test_tools_are_registered_with_their_schemas(api: Api, plugin: Plugin) -> None:
@@ -157,7 +146,7 @@ async def test_a_restarted_toolgate_gets_the_tools_back(toolgate: Toolgate, api:
     toolgate.start()
     after = await api.get("/healthz")
     assert after["boot_id"] != before["boot_id"]
-    await wait_for("re-registration after a restart", REREGISTER_DEADLINE_SECONDS, lambda: has_all(api, plugin))
+    await wait_for("re-registration after a restart", REREGISTER_DEADLINE_SECONDS, lambda: all_listed(api, plugin))
     session = await api.session()
     result = await api.call(session, "greet", {"name": "again"})
     assert result["is_error"] is False, result
@@ -176,7 +165,7 @@ async def test_an_evicted_plugin_registers_again_once_it_answers(api: Api, plugi
     assert await api.listed(plugin.source) == {}
 
     await plugin._callbacks.open()
-    await wait_for("re-registration after eviction", REREGISTER_DEADLINE_SECONDS, lambda: has_all(api, plugin))
+    await wait_for("re-registration after eviction", REREGISTER_DEADLINE_SECONDS, lambda: all_listed(api, plugin))
     result = await api.call(session, "greet", {"name": "back"})
     assert result["output"] == "hello back"
 
@@ -186,7 +175,7 @@ async def test_stop_clears_the_tools_and_leaves_others(toolgate: Toolgate, api: 
     other.tool(name="other_tool")(lambda: "x")
     await other.start()
     try:
-        await wait_for("the other plugin", REREGISTER_DEADLINE_SECONDS, lambda: has_all(api, other))
+        await wait_for("the other plugin", REREGISTER_DEADLINE_SECONDS, lambda: all_listed(api, other))
         await plugin.stop()
         assert await api.listed(plugin.source) == {}
         assert set(await api.listed(other.source)) == {"other_tool"}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import functools
 import json
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import pytest
 from pydantic import BaseModel, Field
 
-from toolgate_plugin import Plugin, SchemaError
+from toolgate_plugin import CallContext, Plugin, SchemaError
 
 
 class Unit(enum.Enum):
@@ -167,3 +169,119 @@ def test_options_are_checked_and_registered() -> None:
         plugin.tool(name="x", default_delivery_mode="async_job")(lambda: None)
     with pytest.raises(ValueError, match="already has"):
         plugin.tool(name="launch")(lambda: None)
+
+
+class Cat(BaseModel):
+    kind: Literal["cat"]
+    meows: int
+
+
+class Dog(BaseModel):
+    kind: Literal["dog"]
+    barks: int
+
+
+def test_a_discriminated_union_keeps_no_reference_mapping() -> None:
+    def adopt(pet: Annotated[Union[Cat, Dog], Field(discriminator="kind")]) -> None:
+        pass
+
+    pet = derive(adopt)["parameters"]["properties"]["pet"]
+    assert not refs_anywhere(pet) and "#/" not in json.dumps(pet)
+    assert pet["discriminator"] == {"propertyName": "kind"}
+    assert [option["properties"]["kind"]["const"] for option in pet["oneOf"]] == ["cat", "dog"]
+
+
+def test_a_call_context_parameter_is_no_part_of_the_schema() -> None:
+    def record(row: str, call: CallContext) -> None:
+        pass
+
+    plugin = Plugin("ctx")
+    plugin.tool()(record)
+    tool = plugin.tools["record"]
+    assert tool.context_parameter == "call"
+    assert set(tool.parameters["properties"]) == {"row"}
+    assert tool.parameters["required"] == ["row"]
+
+    def twice(a: CallContext, b: CallContext) -> None:
+        pass
+
+    with pytest.raises(SchemaError, match="one parameter"):
+        derive(twice)
+
+
+def test_replay_safety_is_registered() -> None:
+    plugin = Plugin("replay")
+    plugin.tool(replay_safety="confirm_on_replay")(lambda: None)
+    body = plugin.tools["<lambda>"].registration("http://127.0.0.1:1/t/tools/x", plugin.source)
+    assert body["replay_safety"] == "confirm_on_replay"
+
+
+def infinite(limit: float = float("inf")) -> None:
+    pass
+
+
+def model_config(model_config: str) -> None:
+    pass
+
+
+def model_fields(model_fields: str) -> None:
+    pass
+
+
+def model_dump(model_dump: str) -> None:
+    pass
+
+
+class CallableObject:
+    def __call__(self, a: int) -> int:
+        return a
+
+
+def two(a: int, b: str = "x") -> str:
+    return b * a
+
+
+@pytest.mark.parametrize(
+    ("fn", "options", "message"),
+    [
+        (infinite, {}, "inf or nan"),
+        (model_config, {}, "pydantic keeps"),
+        (model_fields, {}, "pydantic keeps"),
+        (model_dump, {}, "pydantic keeps"),
+        (functools.partial(two, b="y"), {}, "must be a function"),
+        (functools.partial(two, b="y"), {"name": "named"}, "must be a function"),
+        (CallableObject(), {}, "must be a function"),
+        (two, {"description": "d" * 16385}, "16384 bytes"),
+        (two, {"description": "\u00e9" * 8193}, "16384 bytes"),
+        (two, {"name": ".."}, "path segment"),
+        (two, {"name": "."}, "path segment"),
+    ],
+)
+def test_what_toolgate_would_refuse_is_refused_at_declaration(fn: Any, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        derive(fn, **options)
+
+
+def test_a_schema_nested_past_toolgates_limit_is_refused() -> None:
+    nested: Any = int
+    for _ in range(70):  # each list is one level more (its "items" schema)
+        nested = list[nested]
+
+    def deep(x: Any) -> None:
+        pass
+
+    deep.__annotations__["x"] = nested
+    with pytest.raises(SchemaError, match="levels deep"):
+        derive(deep)
+
+
+def test_names_shadowing_old_basemodel_methods_still_work() -> None:
+    def shadows(json: str, copy: int, model_name: str) -> str:
+        return f"{json}{copy}{model_name}"
+
+    plugin = Plugin("shadows")
+    plugin.tool()(shadows)
+    tool = plugin.tools["shadows"]
+    assert set(tool.parameters["properties"]) == {"json", "copy", "model_name"}
+    answer = asyncio.run(tool.answer({"json": "j", "copy": 1, "model_name": "m"}))
+    assert answer == {"output": "j1m", "is_error": False}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,9 @@ from typing import Any
 import httpx
 
 __all__ = ["RegistrationRefused", "ToolgateClient"]
+
+# How long a cancelled registration still waits for toolgate's answer (see register()).
+REGISTER_SETTLE_SECONDS = 1.0
 
 
 class RegistrationRefused(Exception):
@@ -49,7 +53,19 @@ class ToolgateClient:
     async def register(self, body: dict[str, Any]) -> dict[str, Any]:
         """Registers one tool; returns toolgate's answer.
 
-        Raises ``RegistrationRefused`` on a 4xx and ``httpx.HTTPError`` otherwise."""
+        Raises ``RegistrationRefused`` on a 4xx and ``httpx.HTTPError`` otherwise.
+        toolgate carries a registration it has received to its end even when the
+        client goes away, so a cancelled caller (a stop during a start) still waits
+        up to ``REGISTER_SETTLE_SECONDS`` for the answer: the clear it sends next
+        must not overtake the registration and leave the tool behind."""
+        request = asyncio.ensure_future(self._register(body))
+        try:
+            return await asyncio.shield(request)
+        except asyncio.CancelledError:
+            await _settle(request, REGISTER_SETTLE_SECONDS)
+            raise
+
+    async def _register(self, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._http.post("/api/tools/register", json=body)
         if 400 <= response.status_code < 500:
             raise RegistrationRefused(body["name"], response.status_code, self._redact(response.text))
@@ -79,6 +95,16 @@ class ToolgateClient:
     async def close(self) -> None:
         """Closes the connection pool."""
         await self._http.aclose()
+
+
+async def _settle(request: asyncio.Future[Any], seconds: float) -> None:
+    """Waits up to ``seconds`` for ``request``, then drops it, whatever its outcome."""
+    try:
+        await asyncio.wait({request}, timeout=seconds)
+    finally:
+        request.cancel()
+        if request.done() and not request.cancelled():
+            request.exception()  # seen: asyncio would report it as never retrieved
 
 
 def _error_of(body: str) -> tuple[str, str]:

@@ -164,8 +164,8 @@ class Registrar:
         self._reachable = True
         self._recheck = False
         self._note_unplaced(unplaced - set(self._refused))
-        taken = len(self._tools) - len(self._refused)
-        _log.info("registered %d of %d tools as %s (toolgate boot %s)", taken, len(self._tools), self._source, boot_id)
+        placed = len(self._tools) - len(self._refused) - len(self._unplaced)
+        _log.info("registered %d of %d tools as %s (toolgate boot %s)", placed, len(self._tools), self._source, boot_id)
 
     async def _reconcile(self) -> None:
         """Registers each tool again where a role it belongs in lacks it."""
@@ -237,9 +237,10 @@ class Registrar:
         self._refused[name] = _Refusal(text, time.monotonic() + self._timing.refused_retry_seconds)
 
     def _note_taken(self, name: str, taken: dict[str, str]) -> None:
-        """Warns when another source takes ``name`` in a role; notes when it is free again."""
+        """Warns when another source takes ``name`` (once per source, not per role);
+        notes when it is free again."""
         before = self._taken.get(name, {})
-        if taken.items() - before.items():
+        if set(taken.values()) - set(before.values()):
             _log.warning(
                 "tool %s is registered by %s in %s: leaving it to them there, and registering it again "
                 "once the name is free",

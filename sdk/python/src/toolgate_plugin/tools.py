@@ -158,6 +158,8 @@ class Tool:
             # of a mapping: arguments come from the conversation.
             _log.info("tool %s: call %r had invalid arguments: %s", self.name, context.call_id, self._log_summary(exc))
             return _error(f"invalid arguments: {_summary(exc)}")
+        except pydantic_core.PydanticSerializationError:  # only from a caller in Python
+            return _error("invalid arguments: they are not JSON")
         progress = _Progress()
         try:
             output = await asyncio.wait_for(self._run(kwargs, progress), self.options.timeout_seconds)
@@ -377,6 +379,10 @@ async def _in_daemon_thread(
 
     await _take_slot(slots, name)
     # No await between taking the slot and starting the thread, which gives it back.
+    try:
+        threading.Thread(target=work, name="toolgate-tool", daemon=True).start()
+    except BaseException:  # no thread to be had: the slot is not taken after all
+        slots.release()
+        raise
     progress.started = True
-    threading.Thread(target=work, name="toolgate-tool", daemon=True).start()
     return await done

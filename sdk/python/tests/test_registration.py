@@ -1,0 +1,198 @@
+"""Registration against the real toolgate: tools stand on their own, new characters
+get them, a name another plugin holds is left to it, no character means no spam."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+import anyio
+import pytest
+from pydantic import Field
+
+from conftest import Api, Toolgate, wait_for
+from toolgate_plugin import Plugin, WatchTiming
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_SECONDS = 10.0
+# Quick polls, so that a few seconds cover many of them.
+FAST = WatchTiming(poll_seconds=0.1, listing_every_polls=2, refused_retry_seconds=60.0)
+
+
+def register_requests(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("/api/tools/register" in record.getMessage() for record in caplog.records if record.name == "httpx")
+
+
+def plugin_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "toolgate_plugin" and r.levelno == level]
+
+
+async def holders(api: Api, role: str, name: str) -> list[str]:
+    """The sources holding ``name`` in ``role``."""
+    listing = await api.get(f"/api/tools?role={role}")
+    return [tool["source"] for tool in listing["tools_by_role"][role] if tool["name"] == name]
+
+
+def too_big(text: Annotated[str, Field(description="x" * 300_000)]) -> str:
+    """Parameters over toolgate's default --max-tool-schema-bytes (256 KiB): a 422."""
+    return text
+
+
+async def test_a_refused_tool_is_reported_once_and_holds_up_no_other(
+    toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    plugin = Plugin("refusals", toolgate_url=toolgate.url, timing=FAST)
+    plugin.tool(name="first")(lambda: "first")
+    plugin.tool(name="nowhere", role="Nobody")(lambda: "nowhere")
+    plugin.tool(name="too_big")(too_big)
+    plugin.tool(name="last")(lambda: "last")
+    await plugin.start()
+    try:
+        await wait_for("the tools toolgate takes", DEADLINE_SECONDS, lambda: _listed(api, plugin, {"first", "last"}))
+        await wait_for("the first round's answers", DEADLINE_SECONDS, lambda: _true(register_requests(caplog) >= 4))
+        await anyio.sleep(2.0)  # some twenty polls
+        assert set(await api.listed(plugin.source)) == {"first", "last"}
+        # Neither re-registered in a loop nor retried: the refused ones wait their 60 s.
+        assert register_requests(caplog) == 4
+        assert plugin.registered is False
+        errors = [r.getMessage() for r in plugin_records(caplog, logging.ERROR)]
+        assert len(errors) == 2, errors
+        (nowhere,) = [m for m in errors if "'nowhere'" in m]
+        assert "HTTP 404 not_found" in nowhere and 'role "Nobody" not found' in nowhere
+        (big,) = [m for m in errors if "'too_big'" in m]
+        assert "HTTP 422 validation_error" in big and "max_tool_schema_bytes" in big
+
+        session = await api.session()
+        result = await api.call(session, "last", {})
+        assert result["output"] == "last"
+    finally:
+        await plugin.stop()
+
+
+async def test_a_refused_tool_is_registered_once_toolgate_takes_it(toolgate: Toolgate, api: Api) -> None:
+    timing = WatchTiming(poll_seconds=0.1, listing_every_polls=2, refused_retry_seconds=0.5)
+    plugin = Plugin("later", toolgate_url=toolgate.url, timing=timing)
+    plugin.tool(name="for_nobody", role="Nobody")(lambda: "here")
+    await plugin.start()
+    try:
+        await api.post("/characters", {"name": "Nobody"})
+
+        async def taken() -> bool:
+            return await holders(api, "Nobody", "for_nobody") == [plugin.source]
+
+        await wait_for("the refused tool once its role exists", DEADLINE_SECONDS, taken)
+        await wait_for("registered", DEADLINE_SECONDS, lambda: _true(plugin.registered))
+    finally:
+        await plugin.stop()
+
+
+async def test_refusals_are_logged_without_the_callback_token(
+    toolgate: Toolgate, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolgate_plugin")
+    plugin = Plugin("masked", toolgate_url=toolgate.url, timing=FAST)
+    plugin.tool(name="t")(lambda: 1)
+    token = plugin._callbacks._token
+    # A URL toolgate refuses (Plugin() itself refuses such a host; this reaches
+    # past that check on purpose): its refusal may echo the URL, token and all.
+    plugin._callbacks.url_for = lambda tool: f"http://127.0.0.1.example:9/{token}/tools/{tool.name}"  # type: ignore[method-assign]
+    await plugin.start()
+    try:
+        await wait_for("the refusal", DEADLINE_SECONDS, lambda: _true(bool(plugin_records(caplog, logging.ERROR))))
+        (refusal,) = plugin_records(caplog, logging.ERROR)
+        assert "'t'" in refusal.getMessage() and "HTTP 422 validation_error: callback_url" in refusal.getMessage()
+        assert all(token not in record.getMessage() for record in caplog.records)
+    finally:
+        await plugin.stop()
+
+
+async def test_a_character_created_later_gets_the_tools(toolgate: Toolgate, api: Api) -> None:
+    plugin = Plugin("everyone", toolgate_url=toolgate.url, timing=FAST)
+    plugin.tool(name="everywhere")(lambda: "here too")
+    await plugin.start()
+    try:
+        await wait_for("the tool", DEADLINE_SECONDS, lambda: _listed(api, plugin, {"everywhere"}))
+        await api.post("/characters", {"name": "Newcomer"})
+
+        async def in_newcomer() -> bool:
+            return await holders(api, "Newcomer", "everywhere") == [plugin.source]
+
+        await wait_for("the tool in the new character", DEADLINE_SECONDS, in_newcomer)
+        session = (await api.post("/sessions", {"character": "Newcomer"}))["data"]["id"]
+        result = await api.call(session, "everywhere", {})
+        assert result["output"] == "here too", result
+        assert plugin.registered
+    finally:
+        await plugin.stop()
+
+
+async def test_a_name_another_plugin_took_is_left_to_it_until_free(
+    toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    alpha = Plugin("alpha", toolgate_url=toolgate.url, timing=FAST)
+    alpha.tool(name="lookup")(lambda: "alpha")
+    beta = Plugin("beta", toolgate_url=toolgate.url, timing=FAST)
+    beta.tool(name="lookup")(lambda: "beta")
+    await alpha.start()
+    try:
+        await wait_for("alpha's lookup", DEADLINE_SECONDS, lambda: _held_by(api, "plugin:alpha"))
+        await beta.start()
+        await wait_for("beta's lookup", DEADLINE_SECONDS, lambda: _held_by(api, "plugin:beta"))
+        await wait_for("beta registered", DEADLINE_SECONDS, lambda: _true(beta.registered))
+        await wait_for("alpha to notice", DEADLINE_SECONDS, lambda: _true(not alpha.registered))
+        requests = register_requests(caplog)
+        for _ in range(10):  # two seconds: some ten listings of each plugin
+            await anyio.sleep(0.2)
+            assert await holders(api, "Lanlan", "lookup") == ["plugin:beta"]
+        assert register_requests(caplog) == requests
+        warnings = [r.getMessage() for r in plugin_records(caplog, logging.WARNING) if "plugin:beta" in r.getMessage()]
+        assert len(warnings) == 1, warnings
+        assert "lookup" in warnings[0]
+        assert alpha.registered is False and beta.registered is True
+
+        await beta.stop()
+        await wait_for("alpha's lookup again", DEADLINE_SECONDS, lambda: _held_by(api, "plugin:alpha"))
+        await wait_for("alpha registered", DEADLINE_SECONDS, lambda: _true(alpha.registered))
+        session = await api.session()
+        assert (await api.call(session, "lookup", {}))["output"] == "alpha"
+    finally:
+        await beta.stop()
+        await alpha.stop()
+
+
+async def test_no_character_is_said_once_and_registered_is_false(
+    toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    response = await api.http.delete(f"{toolgate.url}/characters/Lanlan")
+    assert response.status_code == 200, response.text
+    plugin = Plugin("lonely", toolgate_url=toolgate.url, timing=FAST)
+    plugin.tool(name="alone")(lambda: "found")
+    await plugin.start()
+    try:
+        await anyio.sleep(2.0)
+        assert plugin.registered is False
+        assert register_requests(caplog) == 1
+        warnings = [r.getMessage() for r in plugin_records(caplog, logging.WARNING)]
+        assert len(warnings) == 1 and "no role" in warnings[0], warnings
+
+        await api.post("/characters", {"name": "Lanlan"})
+        await wait_for("the tool in the first character", DEADLINE_SECONDS, lambda: _listed(api, plugin, {"alone"}))
+        await wait_for("registered", DEADLINE_SECONDS, lambda: _true(plugin.registered))
+    finally:
+        await plugin.stop()
+
+
+async def _listed(api: Api, plugin: Plugin, names: set[str]) -> bool:
+    return set(await api.listed(plugin.source)) == names
+
+
+async def _held_by(api: Api, source: str) -> bool:
+    return await holders(api, "Lanlan", "lookup") == [source]
+
+
+async def _true(value: Any) -> bool:
+    return bool(value)
