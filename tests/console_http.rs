@@ -527,3 +527,31 @@ async fn console_addresses_a_page_cannot_read_get_a_console_page_and_a_new_sign_
     let (status, _) = console.get("/console/sessions").await;
     assert_eq!(status, StatusCode::SEE_OTHER, "the replaced sign-in ended");
 }
+
+#[tokio::test]
+async fn a_callback_urls_path_is_shown_to_the_admin_only() {
+    let server = spawn_app().await;
+    let key = server.create_account("tenant").await;
+    server.create_session_as(&key, "Other").await;
+    server.create_session().await;
+    // For every character, the tenant's included.
+    let token = "tok_plugin_secret_5d1c";
+    common::register_remote(
+        &server,
+        json!({"name": "owl", "callback_url": format!("http://127.0.0.1:9/{token}/tools/owl"),
+            "source": "plugin:owls"}),
+    )
+    .await;
+    let admin = ConsoleClient::sign_in(&server, &server.token).await;
+    let (_, page) = admin.get("/console/runtime-tools").await;
+    assert!(page.contains(token), "{page}");
+    let tenant = ConsoleClient::sign_in(&server, &key).await;
+    let (status, page) = tenant.get("/console/runtime-tools").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("data-tool=\"owl\""),
+        "the tenant sees the tool: {page}"
+    );
+    assert!(page.contains("http://127.0.0.1:9/…"), "{page}");
+    assert!(!page.contains(token), "{page}");
+}

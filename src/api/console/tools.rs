@@ -33,7 +33,7 @@ pub async fn runtime_tools(State(state): State<AppState>, viewer: SignedIn) -> C
             role: tool.role.clone(),
             name: tool.name.clone(),
             source: tool.source.clone(),
-            callback_url: tool.callback_url.as_str().to_owned(),
+            callback_url: shown_callback_url(&tool.callback_url, viewer.session.account.is_admin),
             timeout_seconds: tool.timeout_seconds,
             side_effect_level: serde_json::to_value(tool.metadata().side_effect_level)
                 .ok()
@@ -45,6 +45,18 @@ pub async fn runtime_tools(State(state): State<AppState>, viewer: SignedIn) -> C
         })
         .collect();
     Ok(html(StatusCode::OK, runtime_tools_page(&viewer.nav, &rows)))
+}
+
+/// A callback URL as the console shows it: whole to the admin (the machine's
+/// operator, who runs the plugins), its origin only to other accounts. A
+/// plugin's path may hold its token, and a registration for every character
+/// reaches every account's characters.
+fn shown_callback_url(url: &crate::domain::CallbackUrl, viewer_is_admin: bool) -> String {
+    if viewer_is_admin {
+        url.as_str().to_owned()
+    } else {
+        format!("{}/…", url.origin())
+    }
 }
 
 /// `GET /console/mcp`: the account's MCP servers with `live_status`, as

@@ -26,7 +26,7 @@ pub fn runtime_tools_page(nav: &Nav, rows: &[RuntimeToolRow]) -> String {
         "Runtime tools",
         Some(nav),
         html! {
-            p.hint { "Registrations of the loopback Runtime Tools API (" code { "/api/tools" } ") for this account's characters. They are runtime state: a restart empties them." }
+            p.hint { "Registrations of the loopback Runtime Tools API (" code { "/api/tools" } ") for this account's characters. They are runtime state: a restart empties them. Accounts other than the admin see a callback URL's origin only: a plugin's path may hold its token." }
             table.list #runtime-tools {
                 thead { tr { th { "Role" } th { "Tool" } th { "Source" } th { "Callback URL" } th { "Timeout" } th { "Side effects" } th { "Eviction" } } }
                 tbody {
