@@ -200,7 +200,7 @@ pub fn tool_call_span(session_id: &str, tool: &str, caller_slot: impl Display) -
     tracing::info_span!(
         target: "toolgate::trace",
         "tool_call",
-        session_id = ?session_id,
+        session_id = %session_id,
         tool = ?tool,
         caller_slot = %caller_slot,
         provider = tracing::field::Empty,
