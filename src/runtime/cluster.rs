@@ -123,7 +123,7 @@ async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
         Ok(server) => runtime.mcp.upsert(server).await,
         Err(crate::error::Error::NotFound(_)) => runtime.mcp.remove(account_id, server_id).await,
         Err(err) => {
-            tracing::warn!(error = %err, server = %server_id, "could not read an MCP server another instance changed")
+            tracing::warn!(error = %format_args!("{err:#}"), server_id = ?server_id, "could not read an MCP server another instance changed")
         }
     }
 }
@@ -173,7 +173,7 @@ pub async fn follow_other_instances(
                 // A server created, changed, disabled or deleted while
                 // nothing listened.
                 if let Err(err) = runtime.reattach_mcp_servers().await {
-                    tracing::warn!(error = %err, "could not read the stored MCP servers again");
+                    tracing::warn!(error = %format_args!("{err:#}"), "could not read the stored MCP servers again");
                 }
             }
             crate::store::TAKEN_FOR_DEAD => {
