@@ -1,18 +1,21 @@
 """Calls against the real toolgate: what a tool raises or returns, names in URLs,
-browser requests, delivery facts, strict arguments, a full thread pool."""
+browser requests, delivery facts, strict arguments, a full thread pool, deliveries
+of one idempotency key that overlap."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import math
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+import pydantic
 import pytest
 
 from conftest import Api, Toolgate, all_listed, serving, wait_for
@@ -21,10 +24,16 @@ from toolgate_plugin import CallContext, Plugin
 pytestmark = pytest.mark.anyio
 
 DEADLINE_SECONDS = 10.0
-NAMES = ["q?x", "h#x", "s/x", "pct%41", "a b", "ünï", "<lambda>", "get.weather"]
+NAMES = ["q?x", "h#x", "s/x", "pct%41", "a b", "ünï", "<lambda>", "get.weather", "new\nline", "cr\rtab\t"]
+CITIES = {"sh": "Shanghai"}
 
 contexts: list[CallContext] = []
 release = threading.Event()
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
 
 
 def make_plugin(toolgate: Toolgate) -> Plugin:
@@ -69,6 +78,42 @@ def make_plugin(toolgate: Toolgate) -> Plugin:
     def held() -> str:
         release.wait(30)
         return "released"
+
+    @plugin.tool()
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else math.inf
+
+    @plugin.tool()
+    def stats() -> dict[str, Any]:
+        return {"n": 0, "mean": math.nan}
+
+    @plugin.tool()
+    def number(v: float) -> float:
+        return v
+
+    @plugin.tool(timeout_seconds=10)
+    def first_match(prefix: str) -> str:
+        return next(name for name in ["alice", "bob"] if name.startswith(prefix))
+
+    @plugin.tool()
+    async def cancels_its_own_task() -> str:
+        task = asyncio.create_task(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+        return "never"
+
+    @plugin.tool()
+    def raises_cancelled() -> str:
+        raise asyncio.CancelledError("from a thread")
+
+    @plugin.tool()
+    def unprintable() -> str:
+        raise Unprintable()
+
+    @plugin.tool()
+    def city(code: Annotated[str, pydantic.AfterValidator(lambda code: CITIES[code])]) -> str:
+        return code
 
     for name in NAMES:
         plugin.tool(name=name)(lambda: "reached")
@@ -195,20 +240,103 @@ async def test_a_call_that_finds_no_thread_in_time_is_a_clear_error(
     assert not [record for record in caplog.records if record.exc_info]
 
 
-async def test_a_job_handed_over_again_comes_with_the_same_key(toolgate: Toolgate, api: Api) -> None:
-    seen: list[CallContext] = []
-    applied: set[str | None] = set()
-    effects: list[str] = []
-    plugin = Plugin("jobs", toolgate_url=toolgate.url)
+async def test_results_and_arguments_json_cannot_hold_are_tool_errors(plugin: Plugin, api: Api) -> None:
+    session = await api.session()
+    result = await api.call(session, "ratio", {"a": 1, "b": 0})
+    assert result["is_error"] is True, result
+    assert result["output"] == "ratio returned inf, a number JSON cannot hold (it has no inf or nan)"
+    result = await api.call(session, "stats", {})
+    assert result["is_error"] is True, result
+    assert result["output"].startswith("stats returned nan at mean, ")
 
-    @plugin.tool(side_effect_level="sandbox", async_capability="deferred_ok", default_delivery_mode="async_job")
+    url = await callback_url(api, plugin, "number")
+    async with httpx.AsyncClient() as client:
+        json_type = {"content-type": "application/json"}
+        huge = await client.post(url, content=b'{"arguments": {"v": 1e400}}', headers=json_type)
+        fine = await client.post(url, json={"arguments": {"v": 1e300}})
+    assert huge.status_code == 200
+    assert huge.json()["is_error"] is True
+    assert huge.json()["error"].startswith("invalid arguments: v: inf is no JSON number")
+    assert fine.json() == {"output": 1e300, "is_error": False}
+
+
+async def test_a_stop_iteration_is_answered_at_once(
+    plugin: Plugin, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolgate_plugin")
+    session = await api.session()
+    began = time.monotonic()
+    result = await api.call(session, "first_match", {"prefix": "zed"})
+    assert time.monotonic() - began < 5, "it waited for its timeout"
+    assert result["is_error"] is True and result["output"] == "StopIteration", result
+    (logged,) = [record for record in caplog.records if "first_match" in record.getMessage()]
+    assert logged.exc_info is not None and logged.exc_info[0] is StopIteration
+
+
+async def test_a_tools_own_cancellation_and_unprintable_exceptions_are_answered(api: Api, plugin: Plugin) -> None:
+    session = await api.session()
+    for name, message in [
+        ("cancels_its_own_task", "CancelledError"),
+        ("raises_cancelled", "CancelledError: from a thread"),
+        ("unprintable", "Unprintable: (its message could not be read)"),
+    ]:
+        result = await api.call(session, name, {})
+        assert result["execution_reason_code"] == "remote_tool_error", (name, result)
+        assert result["output"] == message, (name, result)
+    result = await api.call(session, "typed", {"n": 2})
+    assert result["output"] == {"n": 2, "flag": False}, result
+
+
+async def test_a_validator_raising_another_error_is_answered_without_data_in_the_log(
+    plugin: Plugin, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    session = await api.session()
+    assert (await api.call(session, "city", {"code": "sh"}))["output"] == "Shanghai"
+    result = await api.call(session, "city", {"code": "private-code-17"})
+    assert result["execution_reason_code"] == "remote_tool_error", result
+    assert result["output"] == "invalid arguments: checking them raised KeyError: 'private-code-17'"
+    logged = [record for record in caplog.records if record.name in ("toolgate_plugin", "aiohttp.server")]
+    assert any("raised KeyError" in record.getMessage() for record in logged)
+    assert all("private-code-17" not in record.getMessage() and not record.exc_info for record in logged)
+
+
+async def test_deliveries_of_one_key_that_overlap_run_the_function_once() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+    plugin = Plugin("overlap")
+
+    @plugin.tool()
     async def append_row(row: str, call: CallContext) -> str:
-        seen.append(call)
-        if call.idempotency_key not in applied:  # as the README shows
-            applied.add(call.idempotency_key)
-            effects.append(row)
-        await asyncio.sleep(3)  # long enough to be cut off by the restart
-        return "appended"
+        runs.append(row)
+        await gate.wait()
+        return f"appended {row} at attempt {call.attempt}"
+
+    tool = plugin.tools["append_row"]
+    first = asyncio.create_task(tool.answer({"row": "r"}, CallContext(idempotency_key="texec_1", attempt=1)))
+    await asyncio.sleep(0.05)
+    again = asyncio.create_task(tool.answer({"row": "r"}, CallContext(idempotency_key="texec_1", attempt=2)))
+    # The same key with other arguments is no hand-over of that call: it runs on its own.
+    other = asyncio.create_task(tool.answer({"row": "x"}, CallContext(idempotency_key="texec_1", attempt=2)))
+    await asyncio.sleep(0.05)
+    gate.set()
+    answers = await asyncio.gather(first, again, other)
+    assert runs == ["r", "x"]
+    assert answers[0] == answers[1] == {"output": "appended r at attempt 1", "is_error": False}
+    assert answers[2] == {"output": "appended x at attempt 2", "is_error": False}
+    # Once the first has ended, a delivery reaches the function again (it remembers its keys).
+    assert await tool.answer({"row": "r"}, CallContext(idempotency_key="texec_1", attempt=3))
+    assert runs == ["r", "x", "r"] and tool._running == {}
+
+
+async def test_a_job_handed_over_after_its_delivery_ended_comes_with_the_same_key(
+    toolgate: Toolgate, api: Api
+) -> None:
+    seen: list[CallContext] = []
+    effects: list[str] = []
+    lost = asyncio.Event()
+    plugin = Plugin("jobs", toolgate_url=toolgate.url)
+    readme_example(plugin, effects, seen, lost)
 
     await plugin.start()
     try:
@@ -218,6 +346,9 @@ async def test_a_job_handed_over_again_comes_with_the_same_key(toolgate: Toolgat
         assert receipt["status"] == "queued", receipt
         await wait_for("the first hand-over", DEADLINE_SECONDS, lambda: _at_least(seen, 1))
         toolgate.kill()  # the worker is lost with its process
+        lost.set()  # the first delivery ends, its answer lost
+        running = plugin.tools["append_row"]._running
+        await wait_for("the first delivery's end", DEADLINE_SECONDS, lambda: _is(not running))
         toolgate.start()
         await wait_for("the second hand-over", 30.0, lambda: _at_least(seen, 2))
         assert [call.attempt for call in seen[:2]] == [1, 2]
@@ -227,5 +358,62 @@ async def test_a_job_handed_over_again_comes_with_the_same_key(toolgate: Toolgat
         await plugin.stop()
 
 
+async def test_a_hand_over_while_the_first_delivery_runs_gets_its_answer(
+    toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toolgate_plugin")
+    seen: list[CallContext] = []
+    effects: list[str] = []
+    finish = asyncio.Event()
+    plugin = Plugin("joins", toolgate_url=toolgate.url)
+    readme_example(plugin, effects, seen, finish)
+
+    await plugin.start()
+    try:
+        await wait_for("the job tool", DEADLINE_SECONDS, lambda: all_listed(api, plugin))
+        session = await api.session()
+        receipt = await api.call(session, "append_row", {"row": "order 2"})
+        await wait_for("the first hand-over", DEADLINE_SECONDS, lambda: _at_least(seen, 1))
+        toolgate.kill()  # while the first delivery still runs
+        toolgate.start()
+        key = receipt["execution_id"]
+        joined = f"attempt 2 of {key} came while an earlier delivery still runs"
+        await wait_for("the second hand-over", 30.0, lambda: _is(any(joined in r.getMessage() for r in caplog.records)))
+        finish.set()
+
+        async def succeeded() -> bool:
+            execution = (await api.get(f"/tool-executions/{key}"))["data"]
+            return bool(execution["status"] == "success" and execution["result"] == "appended")
+
+        await wait_for("the job's result", DEADLINE_SECONDS, succeeded)
+        assert [call.attempt for call in seen] == [1]
+        assert effects == ["order 2"]
+    finally:
+        await plugin.stop()
+
+
+def readme_example(plugin: Plugin, sheet: list[str], seen: list[CallContext], done: asyncio.Event) -> None:
+    """The README's idempotent tool, which waits for ``done`` before it answers."""
+    applied: set[str] = set()
+    lock = threading.Lock()
+
+    @plugin.tool(side_effect_level="sandbox", async_capability="deferred_ok", default_delivery_mode="async_job")
+    async def append_row(row: str, call: CallContext) -> str:
+        """Append a row to the sheet."""
+        seen.append(call)
+        key = call.idempotency_key
+        with lock:  # the check and the effect in one step
+            if key is None or key not in applied:
+                sheet.append(row)
+                if key is not None:
+                    applied.add(key)
+        await done.wait()
+        return "appended"
+
+
 async def _at_least(items: list[Any], count: int) -> bool:
     return len(items) >= count
+
+
+async def _is(value: bool) -> bool:
+    return value

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pytest
 from pydantic import Field
@@ -58,6 +59,9 @@ async def test_sigterm_during_a_hung_start_exits_promptly(toolgate: Toolgate) ->
             code = await asyncio.to_thread(process.wait, EXIT_DEADLINE_SECONDS)
             assert code == 0
             assert time.monotonic() - began < EXIT_DEADLINE_SECONDS
+            # Said as it happens: before the stopping start's clear, not after it.
+            said = process.stderr.read()
+            assert said.index("signalled; stopping") < said.index("could not clear"), said
         finally:
             if process.poll() is None:
                 process.kill()
@@ -119,6 +123,34 @@ async def test_an_ipv6_loopback_host_gets_a_bracketed_url(toolgate: Toolgate, ap
         assert url.startswith(f"http://[::1]:{plugin.callback_port}/")
         session = await api.session()
         assert (await api.call(session, "over_six", {}))["output"] == "via ::1"
+    finally:
+        await plugin.stop()
+
+
+@pytest.mark.parametrize("host", ["localhost", "LocalHost", "::ffff:127.0.0.1"])
+async def test_other_spellings_of_loopback_bind_one_address_the_url_names(
+    toolgate: Toolgate, api: Api, host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolve = socket.getaddrinfo
+
+    def both_families(name: Any, *args: Any, **kwargs: Any) -> Any:
+        """localhost as many systems resolve it: ::1 and 127.0.0.1."""
+        if str(name).lower() == "localhost":
+            return resolve("::1", *args, **kwargs) + resolve("127.0.0.1", *args, **kwargs)
+        return resolve(name, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", both_families)
+    plugin = Plugin("spelled", toolgate_url=toolgate.url, host=host)
+    plugin.tool(name="spelled")(lambda: "reached")
+    await plugin.start()
+    try:
+        assert plugin._callbacks._runner is not None
+        assert plugin._callbacks._runner.addresses == [("127.0.0.1", plugin.callback_port)]
+        await wait_for("the tool", DEADLINE_SECONDS, lambda: _listed(api, plugin))
+        url = (await api.listed(plugin.source))["spelled"]["callback_url"]
+        assert url.startswith(f"http://127.0.0.1:{plugin.callback_port}/")
+        session = await api.session()
+        assert (await api.call(session, "spelled", {}))["output"] == "reached"
     finally:
         await plugin.stop()
 

@@ -1,9 +1,11 @@
 """Registration against the real toolgate: tools stand on their own, new characters
-get them, a name another plugin holds is left to it, no character means no spam."""
+get them, a name another plugin holds is left to it, no character (or toolgate down,
+or a character deleted) means no spam."""
 
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Annotated, Any
 
 import anyio
@@ -182,6 +184,41 @@ async def test_no_character_is_said_once_and_registered_is_false(
         await api.post("/characters", {"name": "Lanlan"})
         await wait_for("the tool in the first character", DEADLINE_SECONDS, lambda: _listed(api, plugin, {"alone"}))
         await wait_for("registered", DEADLINE_SECONDS, lambda: _true(plugin.registered))
+    finally:
+        await plugin.stop()
+
+
+async def test_toolgate_down_at_the_start_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="toolgate_plugin")
+    with socket.socket() as closed:  # bound, never listening: every connection is refused
+        closed.bind(("127.0.0.1", 0))
+        plugin = Plugin("early", toolgate_url=f"http://127.0.0.1:{closed.getsockname()[1]}", timing=FAST)
+        plugin.tool(name="t")(lambda: 1)
+        await plugin.start()
+        try:
+            await anyio.sleep(1.0)  # the first registration and a few polls
+            warnings = [r.getMessage() for r in plugin_records(caplog, logging.WARNING)]
+        finally:
+            await plugin.stop()
+    assert len(warnings) == 1 and "toolgate unreachable" in warnings[0], warnings
+
+
+async def test_a_tool_of_a_deleted_character_is_not_said_to_be_evicted(
+    toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    await api.post("/characters", {"name": "Passing"})
+    plugin = Plugin("passing", toolgate_url=toolgate.url, timing=FAST)
+    plugin.tool(name="only_there", role="Passing")(lambda: 1)
+    await plugin.start()
+    try:
+        await wait_for("registered", DEADLINE_SECONDS, lambda: _true(plugin.registered))
+        response = await api.http.delete(f"{toolgate.url}/characters/Passing")
+        assert response.status_code == 200, response.text
+        await wait_for("the refusal", DEADLINE_SECONDS, lambda: _true(bool(plugin_records(caplog, logging.ERROR))))
+        (refusal,) = plugin_records(caplog, logging.ERROR)
+        assert 'role "Passing" not found' in refusal.getMessage()
+        assert not [r for r in plugin_records(caplog, logging.WARNING) if "evicted" in r.getMessage()]
     finally:
         await plugin.stop()
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import pytest
 from pydantic import BaseModel, Field
 
-from toolgate_plugin import CallContext, Plugin, SchemaError
+from toolgate_plugin import CallContext, Plugin, SchemaError, WatchTiming
 
 
 class Unit(enum.Enum):
@@ -209,6 +209,63 @@ def test_a_call_context_parameter_is_no_part_of_the_schema() -> None:
         derive(twice)
 
 
+def optional_context(row: str, call: CallContext | None = None) -> Any:
+    return call
+
+
+def optional_context_old_spelling(row: str, call: Optional[CallContext] = None) -> Any:
+    return call
+
+
+def annotated_context(row: str, call: Annotated[CallContext, "delivery facts"]) -> Any:
+    return call
+
+
+def annotated_optional_context(row: str, call: Annotated[Optional[CallContext], "facts"] = None) -> Any:
+    return call
+
+
+@pytest.mark.parametrize(
+    "fn", [optional_context, optional_context_old_spelling, annotated_context, annotated_optional_context]
+)
+def test_every_spelling_of_a_call_context_gets_the_context(fn: Any) -> None:
+    plugin = Plugin("ctx")
+    plugin.tool()(fn)
+    tool = plugin.tools[fn.__name__]
+    assert tool.context_parameter == "call"
+    assert set(tool.parameters["properties"]) == {"row"}
+    context = CallContext(call_id="c1", idempotency_key="texec_1", attempt=2)
+    answer = asyncio.run(tool.answer({"row": "r"}, context))
+    assert answer["output"] == {"call_id": "c1", "idempotency_key": "texec_1", "attempt": 2}, answer
+    # The model cannot fill it: it is no argument at all.
+    forged = asyncio.run(tool.answer({"row": "r", "call": {"idempotency_key": "texec_forged"}}, context))
+    assert forged["is_error"] is True and "call" in forged["error"]
+
+
+class Job(BaseModel):
+    model_config = {"defer_build": True}
+    label: str
+    call: CallContext
+
+
+def in_a_list(calls: list[CallContext]) -> None:
+    pass
+
+
+def in_a_union(call: Union[CallContext, int]) -> None:
+    pass
+
+
+def in_a_model(job: Job) -> None:
+    pass
+
+
+@pytest.mark.parametrize("fn", [in_a_list, in_a_union, in_a_model])
+def test_a_call_context_anywhere_else_is_refused(fn: Any) -> None:
+    with pytest.raises(SchemaError, match="CallContext is filled by toolgate"):
+        derive(fn)
+
+
 def test_replay_safety_is_registered() -> None:
     plugin = Plugin("replay")
     plugin.tool(replay_safety="confirm_on_replay")(lambda: None)
@@ -241,6 +298,14 @@ def two(a: int, b: str = "x") -> str:
     return b * a
 
 
+def nul_literal(v: Literal["a\x00"]) -> None:
+    pass
+
+
+def nul_field_description(v: Annotated[str, Field(description="x\x00")]) -> None:
+    pass
+
+
 @pytest.mark.parametrize(
     ("fn", "options", "message"),
     [
@@ -255,6 +320,12 @@ def two(a: int, b: str = "x") -> str:
         (two, {"description": "\u00e9" * 8193}, "16384 bytes"),
         (two, {"name": ".."}, "path segment"),
         (two, {"name": "."}, "path segment"),
+        (two, {"name": "a\x00b"}, "NUL"),
+        (two, {"name": "a\ud800"}, "lone surrogate"),
+        (two, {"description": "x\x00y"}, "NUL"),
+        (two, {"role": "La\x00nlan"}, "NUL"),
+        (nul_literal, {}, "NUL"),
+        (nul_field_description, {}, "NUL"),
     ],
 )
 def test_what_toolgate_would_refuse_is_refused_at_declaration(fn: Any, options: dict[str, Any], message: str) -> None:
@@ -285,3 +356,27 @@ def test_names_shadowing_old_basemodel_methods_still_work() -> None:
     assert set(tool.parameters["properties"]) == {"json", "copy", "model_name"}
     answer = asyncio.run(tool.answer({"json": "j", "copy": 1, "model_name": "m"}))
     assert answer == {"output": "j1m", "is_error": False}
+
+
+def test_a_plugin_name_toolgate_would_refuse_as_a_source_is_refused() -> None:
+    Plugin("x" * 121)  # plugin:<name> is toolgate's 128 characters
+    for name, message in [("x" * 122, "at most 121"), ("a\x00b", "NUL"), ("", "needs a name")]:
+        with pytest.raises(ValueError, match=message):
+            Plugin(name)
+
+
+@pytest.mark.parametrize(
+    ("timing", "message"),
+    [
+        ({"listing_every_polls": 0}, "listing_every_polls must be at least 1"),
+        ({"listing_every_polls": 1.5}, "listing_every_polls must be an integer"),
+        ({"poll_seconds": 0}, "poll_seconds"),
+        ({"poll_seconds": float("nan")}, "poll_seconds"),
+        ({"backoff_first_seconds": -1}, "backoff_first_seconds"),
+        ({"refused_retry_seconds": float("inf")}, "refused_retry_seconds"),
+        ({"backoff_first_seconds": 3, "backoff_max_seconds": 2}, "not be less than"),
+    ],
+)
+def test_timings_that_cannot_work_are_refused(timing: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WatchTiming(**timing)

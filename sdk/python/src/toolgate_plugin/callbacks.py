@@ -27,7 +27,7 @@ from aiohttp import web
 from .context import CallContext
 from .tools import Tool
 
-__all__ = ["CallbackServer", "check_loopback"]
+__all__ = ["CallbackServer", "bind_host", "check_loopback"]
 
 _log = logging.getLogger("toolgate_plugin")
 
@@ -43,9 +43,8 @@ class CallbackServer:
     """
 
     def __init__(self, tools: Mapping[str, Tool], host: str, port: int) -> None:
-        check_loopback(host)
         self._tools = tools
-        self._host = host
+        self._host = bind_host(host)
         self._port = port
         self._token = secrets.token_urlsafe(18)
         self._runner: web.AppRunner | None = None
@@ -77,8 +76,10 @@ class CallbackServer:
             return
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         # Every path: the tool's name is taken from the raw path, percent-decoded
-        # once, whatever the router would make of an encoded "/".
-        app.router.add_post("/{path:.*}", self._handle)
+        # once, whatever the router would make of an encoded "/". Not ".*": the
+        # router matches the decoded path, and "." stops at a newline (%0A), which
+        # a name toolgate takes may hold.
+        app.router.add_post(r"/{path:[\s\S]*}", self._handle)
         # A short shutdown timeout: stop() must finish within seconds even while
         # a callback still runs.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -128,6 +129,21 @@ class CallbackServer:
         except UnicodeDecodeError:  # no name of ours encodes so
             return None
         return self._tools.get(name)
+
+
+def bind_host(host: str) -> str:
+    """The one address the server binds and the callback URLs name, for ``host``.
+
+    ``localhost`` is ``127.0.0.1``: resolved, it is often both ``::1`` and
+    ``127.0.0.1``, and with port 0 each would get a port of its own while the URLs
+    name one. An IPv4-mapped address (``::ffff:127.0.0.1``) is its IPv4 address:
+    an IPv6 socket cannot be bound to it."""
+    check_loopback(host)
+    if host.lower() == "localhost":
+        return "127.0.0.1"
+    address = ipaddress.ip_address(host)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return str(mapped) if mapped is not None else host
 
 
 def check_loopback(host: str) -> None:
@@ -188,5 +204,6 @@ def _arguments(body: dict[str, Any]) -> Any:
 
 
 def _answer(body: dict[str, Any], status: int = 200) -> web.Response:
-    # pydantic's encoder writes NaN and infinities as null: the body stays JSON.
+    # pydantic's encoder would write inf and nan as Infinity and NaN, which are no
+    # JSON; no body has them: Tool.answer answers a result holding one as an error.
     return web.Response(body=pydantic_core.to_json(body), status=status, content_type="application/json")

@@ -74,14 +74,13 @@ class ToolgateClient:
         return answer
 
     async def holders(self) -> dict[str, dict[str, str]]:
-        """Every role toolgate has now, each with the source holding each tool name."""
+        """Every role toolgate has now, each with the source holding each tool name.
+
+        The listing carries every tool's schema for every role (megabytes with many
+        large tools): it is parsed in a thread, off the event loop that answers calls."""
         response = await self._http.get("/api/tools")
         response.raise_for_status()
-        listing = response.json()
-        return {
-            role: {tool["name"]: tool.get("source", "") for tool in tools}
-            for role, tools in listing.get("tools_by_role", {}).items()
-        }
+        return await asyncio.to_thread(_holders_of, response.content)
 
     async def clear(self, source: str, timeout_seconds: float) -> int:
         """Removes every tool of ``source`` from every role; returns how many."""
@@ -105,6 +104,14 @@ async def _settle(request: asyncio.Future[Any], seconds: float) -> None:
         request.cancel()
         if request.done() and not request.cancelled():
             request.exception()  # seen: asyncio would report it as never retrieved
+
+
+def _holders_of(listing_json: bytes) -> dict[str, dict[str, str]]:
+    listing = json.loads(listing_json)
+    return {
+        role: {tool["name"]: tool.get("source", "") for tool in tools}
+        for role, tools in listing.get("tools_by_role", {}).items()
+    }
 
 
 def _error_of(body: str) -> tuple[str, str]:

@@ -13,6 +13,7 @@ import httpx
 from .callbacks import CallbackServer
 from .client import ToolgateClient
 from .registrar import Registrar, WatchTiming
+from .schema import SchemaError, check_text
 from .tools import AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot, Tool, ToolOptions
 
 __all__ = ["Plugin"]
@@ -24,6 +25,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 # stop() must let the process exit within 5 s: the clear request gets this much,
 # the callback server's shutdown the rest.
 CLEAR_TIMEOUT_SECONDS = 2.0
+# toolgate refuses a source of more characters (src/tools/remote/mod.rs MAX_SOURCE_CHARS).
+MAX_SOURCE_CHARS = 128
+SOURCE_PREFIX = "plugin:"
 
 
 class Plugin:
@@ -43,12 +47,12 @@ class Plugin:
         port: int = 0,
         timing: WatchTiming | None = None,
     ) -> None:
-        """Raises ``ValueError`` for an empty name and for a ``host`` that is not
-        loopback (``0.0.0.0`` would take calls from the network)."""
-        if not name:
-            raise ValueError("a plugin needs a name")
+        """Raises ``ValueError`` for a name toolgate would refuse in ``source`` (empty,
+        too long, NUL) and for a ``host`` that is not loopback (``0.0.0.0`` would
+        take calls from the network)."""
+        _check_name(name)
         self.name = name
-        self.source = f"plugin:{name}"
+        self.source = f"{SOURCE_PREFIX}{name}"
         self.toolgate_url = toolgate_url
         self._tools: dict[str, Tool] = {}
         self._callbacks = CallbackServer(self._tools, host, port)
@@ -148,7 +152,8 @@ class Plugin:
             try:
                 await self._registrar.register_all()
             except Exception as exc:  # toolgate unreachable or failing: the watcher retries
-                _log.warning("first registration failed (%s: %s); will retry", type(exc).__name__, exc)
+                # Not a warning: the watcher's first poll, at once, logs the outage's one.
+                _log.debug("first registration failed (%s: %s); will retry", type(exc).__name__, exc)
             self._watcher = asyncio.create_task(self._registrar.watch(), name=f"toolgate-plugin-{self.name}")
         except BaseException:
             await self._shut_down()
@@ -210,6 +215,8 @@ class Plugin:
         stopping = asyncio.Event()
 
         def signalled() -> None:
+            # Said here: a start it cancels clears the tools before this returns.
+            _log.info("signalled; stopping")
             stopping.set()
             if self._starting is not None:
                 self._starting.cancel()
@@ -220,6 +227,18 @@ class Plugin:
             if not stopping.is_set():
                 await self.start()
             await stopping.wait()
-            _log.info("signalled; stopping")
         finally:
             await self.stop()
+
+
+def _check_name(name: str) -> None:
+    """Refuses a name whose ``source`` toolgate would refuse at every registration."""
+    if not name:
+        raise ValueError("a plugin needs a name")
+    longest = MAX_SOURCE_CHARS - len(SOURCE_PREFIX)
+    if len(name) > longest:
+        raise ValueError(f"a plugin name may have at most {longest} characters (source limit), not {len(name)}")
+    try:
+        check_text(name, "a plugin name")
+    except SchemaError as exc:
+        raise ValueError(str(exc)) from None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,20 @@ class WatchTiming:
     backoff_first_seconds: float = 0.25
     backoff_max_seconds: float = 2.0
     refused_retry_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        """Refuses timings that could not work (a zero listing period divides by
+        zero at every poll, a zero poll spins), here rather than at run time."""
+        for name in ("poll_seconds", "backoff_first_seconds", "backoff_max_seconds", "refused_retry_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"WatchTiming.{name} must be a finite number of seconds greater than 0, not {value!r}")
+        if isinstance(self.listing_every_polls, bool) or not isinstance(self.listing_every_polls, int):
+            raise ValueError(f"WatchTiming.listing_every_polls must be an integer, not {self.listing_every_polls!r}")
+        if self.listing_every_polls < 1:
+            raise ValueError(f"WatchTiming.listing_every_polls must be at least 1, not {self.listing_every_polls}")
+        if self.backoff_max_seconds < self.backoff_first_seconds:
+            raise ValueError("WatchTiming.backoff_max_seconds must not be less than backoff_first_seconds")
 
 
 @dataclass
@@ -172,7 +187,7 @@ class Registrar:
         holders = await self._client.holders()
         self._recheck = False
         plans = {tool.name: self._plan(tool, holders) for tool in self._tools.values() if tool.name not in self._refused}
-        _report_lacking(plans)
+        _report_lacking(plans, set(holders))
         unplaced = set()
         for name, (roles, missing) in plans.items():
             placed = bool(roles) and name not in self._taken
@@ -267,10 +282,17 @@ class Registrar:
         self._unplaced_reported = lonely
 
 
-def _report_lacking(plans: dict[str, tuple[list[str], list[str]]]) -> None:
+def _report_lacking(plans: dict[str, tuple[list[str], list[str]]], roles_now: set[str]) -> None:
     """One line for the tools gone from every role (an eviction), one for those
-    lacking from some (characters created since)."""
-    gone = sorted(name for name, (roles, missing) in plans.items() if missing and len(missing) == len(roles))
+    lacking from some (characters created since).
+
+    A tool of one role that toolgate no longer has (its character deleted) is not
+    said to be evicted: offering it again gets a refusal, which is logged as such."""
+    gone = sorted(
+        name
+        for name, (roles, missing) in plans.items()
+        if missing and len(missing) == len(roles) and set(roles) <= roles_now
+    )
     if gone:
         _log.warning("tools %s are no longer registered (evicted?); registering again", gone)
     new_roles = {name: missing for name, (roles, missing) in plans.items() if missing and len(missing) < len(roles)}

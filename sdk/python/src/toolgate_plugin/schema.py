@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import types
 import typing
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,14 @@ import pydantic
 
 from .context import CallContext
 
-__all__ = ["SchemaError", "arguments_model", "check_registrable", "context_parameter", "inline_schema"]
+__all__ = [
+    "SchemaError",
+    "arguments_model",
+    "check_registrable",
+    "check_text",
+    "context_parameter",
+    "inline_schema",
+]
 
 # toolgate refuses a parameter schema nested deeper than this (src/schema.rs MAX_SCHEMA_DEPTH),
 # counting the top object as level 1 and a scalar inside it as level 2.
@@ -39,13 +47,14 @@ def arguments_model(fn: Callable[..., Any], model_name: str) -> type[pydantic.Ba
     Every parameter needs a type hint (``Annotated[T, pydantic.Field(...)]`` adds a
     description); a parameter without a default is required. Unknown arguments
     are refused, matching ``additionalProperties: false`` in the schema. A
-    ``CallContext`` parameter is left out: toolgate fills it, not the model.
+    ``CallContext`` parameter is left out: toolgate fills it, not the model (and
+    ``CallContext`` anywhere else is refused by its own pydantic hook).
     """
     hints = _type_hints(fn, model_name)
     fields: dict[str, Any] = {}
     for parameter in inspect.signature(fn).parameters.values():
         _check_parameter(parameter, hints, model_name)
-        if hints[parameter.name] is CallContext:
+        if is_context(hints[parameter.name]):
             continue
         default = ... if parameter.default is inspect.Parameter.empty else parameter.default
         fields[parameter.name] = (hints[parameter.name], default)
@@ -70,10 +79,27 @@ def arguments_model(fn: Callable[..., Any], model_name: str) -> type[pydantic.Ba
 def context_parameter(fn: Callable[..., Any], model_name: str) -> str | None:
     """The name of ``fn``'s ``CallContext`` parameter, if it has one (at most one)."""
     hints = _type_hints(fn, model_name)
-    names = [name for name in inspect.signature(fn).parameters if hints.get(name) is CallContext]
+    names = [name for name in inspect.signature(fn).parameters if name in hints and is_context(hints[name])]
     if len(names) > 1:
         raise SchemaError(f"{model_name}: only one parameter may be a CallContext, got {names}")
     return names[0] if names else None
+
+
+def is_context(hint: Any) -> bool:
+    """Whether a parameter of type ``hint`` gets the call's ``CallContext``: the class
+    itself, optionally ``| None`` / ``Optional`` and ``Annotated``.
+
+    Every spelling of "a CallContext" must be recognised: one that is not would
+    become a schema property, and the model would fill the idempotency key."""
+    hint = _unannotated(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = {_unannotated(option) for option in typing.get_args(hint)}
+        return options == {CallContext, type(None)}
+    return hint is CallContext
+
+
+def _unannotated(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
 
 
 def _type_hints(fn: Callable[..., Any], model_name: str) -> dict[str, Any]:
@@ -110,8 +136,11 @@ def check_registrable(schema: dict[str, Any], model_name: str) -> None:
 
     A non-finite number (a default of ``float("inf")``) has no JSON spelling, so the
     registration request could not be written; toolgate refuses schemas nested
-    deeper than ``MAX_SCHEMA_DEPTH``.
+    deeper than ``MAX_SCHEMA_DEPTH``, and NUL in any string (a ``Literal`` value, a
+    description, a default).
     """
+    for text in _strings(schema):
+        check_text(text, f"{model_name}: a string of the schema ({text[:40]!r})")
     try:
         json.dumps(schema, allow_nan=False)
     except ValueError as exc:
@@ -121,6 +150,33 @@ def check_registrable(schema: dict[str, Any], model_name: str) -> None:
     depth = _depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
         raise SchemaError(f"{model_name}: the schema nests {depth} levels deep; toolgate's limit is {MAX_SCHEMA_DEPTH}")
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuses text toolgate cannot take: NUL (its database cannot store it, so it
+    refuses U+0000 in any string of a request) or a lone surrogate (no UTF-8 at all)."""
+    if "\x00" in text:
+        raise SchemaError(f"{what} contains NUL (U+0000), which toolgate refuses")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise SchemaError(f"{what} is not valid Unicode (a lone surrogate): it has no UTF-8 form") from None
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string of a JSON value, object keys included."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            found.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _depth(value: Any) -> int:

@@ -4,7 +4,9 @@ A call never raises out of here: whatever the function does, the answer is a
 callback-contract body (``{"output": ..., "is_error": false}`` or
 ``{"error": ..., "is_error": true}``), and the traceback goes to the log only.
 That holds for ``SystemExit`` and ``KeyboardInterrupt`` raised by a function too
-(argparse exits on bad input): only ``asyncio.CancelledError`` keeps its meaning.
+(argparse exits on bad input), and for a ``CancelledError`` of the function's
+own: only the cancellation of the call itself (the server shutting down) ends
+it without an answer.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import math
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,7 +26,7 @@ import pydantic
 import pydantic_core
 
 from .context import CallContext
-from .schema import SchemaError, arguments_model, check_registrable, context_parameter, inline_schema
+from .schema import SchemaError, arguments_model, check_registrable, check_text, context_parameter, inline_schema
 
 __all__ = [
     "AsyncCapability",
@@ -99,6 +103,8 @@ class Tool:
     _threads: threading.BoundedSemaphore = field(
         repr=False, default_factory=lambda: threading.BoundedSemaphore(MAX_THREADS_PER_TOOL)
     )
+    _running: dict[str, _Running] = field(repr=False, default_factory=dict)
+    """The calls running now, by idempotency key (see ``answer``)."""
 
     @classmethod
     def from_function(cls, function: Callable[..., Any], options: ToolOptions) -> Tool:
@@ -112,6 +118,7 @@ class Tool:
         description = options.description
         if description is None:
             description = inspect.getdoc(function) or ""
+        check_text(description, f"{name}: the description")
         if len(description.encode()) > MAX_DESCRIPTION_BYTES:
             raise SchemaError(f"{name}: the description must be at most {MAX_DESCRIPTION_BYTES} bytes (UTF-8)")
         arguments = arguments_model(function, f"{name}_arguments")
@@ -149,37 +156,100 @@ class Tool:
         return body
 
     async def answer(self, arguments: Any, context: CallContext | None = None) -> dict[str, Any]:
-        """Runs one call and returns its callback-contract body."""
+        """Runs one call and returns its callback-contract body.
+
+        toolgate may hand a call over again (same idempotency key) while its first
+        delivery still runs here: a restart of toolgate while a deferred job runs.
+        That delivery does not run the function a second time: it waits for the
+        running one and answers its outcome (when its arguments are the same: a
+        request that merely reuses a key is run on its own). Deliveries after the
+        first one ended do reach the function, which remembers the keys it applied."""
         context = context or CallContext()
+        key = context.idempotency_key
+        running = self._running.get(key) if key is not None else None
+        if running is not None and running.arguments == arguments:
+            _log.info(
+                "tool %s: attempt %s of %s came while an earlier delivery still runs; it gets that one's answer",
+                self.name,
+                context.attempt,
+                key,
+            )
+            return await running.joined()
+        if key is None or running is not None:
+            return await self._answer(arguments, context)
+        call = asyncio.ensure_future(self._answer(arguments, context))
+        self._running[key] = _Running(arguments, call)
+        try:
+            return await call
+        finally:
+            del self._running[key]
+
+    async def _answer(self, arguments: Any, context: CallContext) -> dict[str, Any]:
         try:
             kwargs = self._kwargs(arguments, context)
-        except pydantic.ValidationError as exc:
-            # The log gets field paths and rule names, never values nor the keys
-            # of a mapping: arguments come from the conversation.
-            _log.info("tool %s: call %r had invalid arguments: %s", self.name, context.call_id, self._log_summary(exc))
-            return _error(f"invalid arguments: {_summary(exc)}")
-        except pydantic_core.PydanticSerializationError:  # only from a caller in Python
-            return _error("invalid arguments: they are not JSON")
+        except _Invalid as exc:
+            return _error(f"invalid arguments: {exc}")
+        return await self._outcome(kwargs, context.call_id)
+
+    async def _outcome(self, kwargs: dict[str, Any], call_id: Any) -> dict[str, Any]:
+        """Runs the function within its timeout; whatever it does becomes an answer.
+
+        The function runs in a task of its own, so that a ``CancelledError`` it
+        raises itself (a task it cancelled, ``raise CancelledError``) is told apart
+        from the cancellation of this call: only the latter propagates."""
         progress = _Progress()
+        run = asyncio.ensure_future(self._run(kwargs, progress))
         try:
-            output = await asyncio.wait_for(self._run(kwargs, progress), self.options.timeout_seconds)
-        except asyncio.TimeoutError:
-            return self._timed_out(context.call_id, progress)
+            done, _ = await asyncio.wait({run}, timeout=self.options.timeout_seconds)
+        except asyncio.CancelledError:  # this call is cancelled (the server shuts down)
+            _abandon(run)
+            raise
+        if not done:
+            _abandon(run)
+            return self._timed_out(call_id, progress)
+        try:
+            return {"output": run.result(), "is_error": False}
+        except asyncio.CancelledError as exc:  # the function's own: nothing cancelled the call
+            _log.error("tool %s: call %r raised CancelledError of its own", self.name, call_id, exc_info=exc)
+            return _error(_describe(exc))
         except _NotJson as exc:
-            _log.error("tool %s: call %r returned a value that is not JSON: %s", self.name, context.call_id, exc.reason)
-            return _error(f"{self.name} returned a {exc.type_name}, which is not JSON")
+            _log.error("tool %s: call %r returned a value that is not JSON: %s", self.name, call_id, exc.reason)
+            return _error(f"{self.name} returned {exc.what}")
         except _Raised as exc:
-            _log.error("tool %s: call %r raised", self.name, context.call_id, exc_info=exc.error)
+            _log.error("tool %s: call %r raised", self.name, call_id, exc_info=exc.error)
             return _error(_describe(exc.error))
-        return {"output": output, "is_error": False}
 
     def _kwargs(self, arguments: Any, context: CallContext) -> dict[str, Any]:
         """The function's keyword arguments, validated in strict mode from JSON.
 
         Strict: what the schema says is what passes (no "7" for an integer, no
         "yes" for a boolean), also for a call that did not come through toolgate's
-        own schema check."""
-        validated = self.arguments.model_validate_json(pydantic_core.to_json(arguments), strict=True)
+        own schema check. Raises ``_Invalid`` with the model's message, having
+        logged what the log may hold: field paths and rule names, never values nor
+        the keys of a mapping (arguments come from the conversation)."""
+        non_finite = _non_finite(arguments)
+        if non_finite is not None:
+            path, number = non_finite
+            where = self._log_path(path)
+            _log.info("tool %s: call %r had invalid arguments: %s (finite_number)", self.name, context.call_id, where)
+            raise _Invalid(f"{_path(path)}: {number} is no JSON number (one out of range, such as 1e400, reads as inf)")
+        try:
+            validated = self.arguments.model_validate_json(pydantic_core.to_json(arguments), strict=True)
+        except pydantic.ValidationError as exc:
+            _log.info("tool %s: call %r had invalid arguments: %s", self.name, context.call_id, self._log_summary(exc))
+            raise _Invalid(_summary(exc)) from None
+        except pydantic_core.PydanticSerializationError:  # only from a caller in Python
+            raise _Invalid("they are not JSON") from None
+        except Exception as exc:  # a validator raising what pydantic does not take for a refusal
+            _log.error(
+                "tool %s: call %r: a validator of its arguments raised %s (a refusal is a ValueError); "
+                "where, without the arguments:\n%s",
+                self.name,
+                context.call_id,
+                type(exc).__name__,
+                "".join(traceback.format_tb(exc.__traceback__)).rstrip(),
+            )
+            raise _Invalid(f"checking them raised {_describe(exc)}") from None
         # From __dict__, not getattr: a field may shadow a BaseModel attribute (json, copy).
         kwargs = {name: validated.__dict__[name] for name in type(validated).model_fields}
         if self.context_parameter is not None:
@@ -187,12 +257,15 @@ class Tool:
         return kwargs
 
     def _log_summary(self, error: pydantic.ValidationError) -> str:
-        known = _property_names(self.parameters)
         parts = []
         for item in error.errors(include_url=False, include_input=False, include_context=False):
-            path = [_loggable(part, known) for part in item["loc"]]
-            parts.append(f"{'.'.join(path) or 'arguments'} ({item['type']})")
+            parts.append(f"{self._log_path(item['loc'])} ({item['type']})")
         return "; ".join(parts)
+
+    def _log_path(self, path: tuple[str | int, ...]) -> str:
+        """``path`` as the log may show it: indices and schema property names only."""
+        known = _property_names(self.parameters)
+        return ".".join(_loggable(part, known) for part in path) or "arguments"
 
     def _timed_out(self, call_id: Any, progress: _Progress) -> dict[str, Any]:
         timeout = self.options.timeout_seconds
@@ -210,10 +283,11 @@ class Tool:
 
         Whatever it raises, ``BaseException``s included: a ``SystemExit`` leaving
         a task would be re-raised by asyncio out of the event loop and end the
-        plugin. Serialising is part of the call, since a generator runs only then."""
+        plugin. Serialising is part of the call, since a generator runs only then.
+        A ``CancelledError`` stays one (see ``_outcome``)."""
         try:
             return await self._call(kwargs, progress)
-        except (asyncio.CancelledError, _NotJson):
+        except (asyncio.CancelledError, _NotJson, _Raised):
             raise
         except BaseException as exc:
             raise _Raised(exc) from None
@@ -235,6 +309,25 @@ class _Progress:
     started: bool = False
 
 
+@dataclass
+class _Running:
+    """A call running now under an idempotency key: later deliveries of it join it."""
+
+    arguments: Any
+    answer: asyncio.Future[dict[str, Any]]
+
+    async def joined(self) -> dict[str, Any]:
+        """The running call's answer; waiting is cancelled with the caller, the call is not."""
+        await asyncio.wait({self.answer})
+        if self.answer.cancelled():
+            return _error("the earlier delivery of this call, which this one waited for, was cancelled")
+        return self.answer.result()
+
+
+class _Invalid(Exception):
+    """Arguments the function cannot be called with; the text is for the model."""
+
+
 class _Raised(Exception):
     """What a tool raised, carried as an ``Exception`` (see ``Tool._run``)."""
 
@@ -244,11 +337,13 @@ class _Raised(Exception):
 
 
 class _NotJson(Exception):
-    """A tool's return value that pydantic cannot serialise."""
+    """A tool's return value that cannot be written as JSON.
 
-    def __init__(self, type_name: str, reason: str) -> None:
+    ``what`` completes "<tool> returned ..." for the model; ``reason`` is for the log."""
+
+    def __init__(self, what: str, reason: str) -> None:
         super().__init__(reason)
-        self.type_name = type_name
+        self.what = what
         self.reason = reason
 
 
@@ -267,6 +362,9 @@ def _check_options(name: str, options: ToolOptions) -> None:
         raise SchemaError(f"tool name must be 1-{MAX_NAME_CHARS} characters: {name!r}")
     if name in _UNROUTABLE_NAMES:
         raise SchemaError(f"tool name {name!r} cannot be a callback URL's path segment")
+    check_text(name, f"tool name {name!r}")
+    if options.role is not None:
+        check_text(options.role, f"{name}: role {options.role!r}")
     if not 0 < options.timeout_seconds <= MAX_TIMEOUT_SECONDS:
         raise SchemaError(f"{name}: timeout_seconds must be greater than 0 and at most {MAX_TIMEOUT_SECONDS}")
     if options.default_delivery_mode == "async_job" and options.async_capability != "deferred_ok":
@@ -278,16 +376,25 @@ def _error(message: str) -> dict[str, Any]:
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    """``Type: text``, or the type alone; also for an exception whose ``__str__`` fails."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "(its message could not be read)"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _summary(error: pydantic.ValidationError) -> str:
     """For the model: paths and messages, so it can fix its call."""
     parts = []
     for item in error.errors(include_url=False, include_input=False):
-        where = ".".join(str(part) for part in item["loc"]) or "arguments"
-        parts.append(f"{where}: {item['msg']}")
+        parts.append(f"{_path(item['loc'])}: {item['msg']}")
     return "; ".join(parts)
+
+
+def _path(path: tuple[str | int, ...]) -> str:
+    """For the model: where in the arguments, as pydantic's messages say it."""
+    return ".".join(str(part) for part in path) or "arguments"
 
 
 def _loggable(part: str | int, known: frozenset[str]) -> str:
@@ -314,10 +421,41 @@ def _property_names(schema: Any) -> frozenset[str]:
 
 
 def _jsonable(value: Any) -> Any:
+    """``value`` as JSON data, refusing what JSON cannot hold: an unknown type, and
+    inf or nan (a tool error rather than ``null``, which would change the data
+    unseen; pydantic would write ``Infinity``, which is no JSON)."""
     try:
-        return pydantic_core.to_jsonable_python(value)
+        data = pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as exc:
-        raise _NotJson(type(value).__name__, str(exc)) from None
+        raise _NotJson(f"a {type(value).__name__}, which is not JSON", str(exc)) from None
+    non_finite = _non_finite(data)
+    if non_finite is not None:
+        path, number = non_finite
+        where = f" at {_path(path)}" if path else ""
+        raise _NotJson(f"{number}{where}, a number JSON cannot hold (it has no inf or nan)", "inf or nan in the result")
+    return data
+
+
+def _non_finite(data: Any) -> tuple[tuple[str | int, ...], float] | None:
+    """The first inf or nan in JSON data, with its path; ``None`` when there is none."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return path, value
+        elif isinstance(value, dict):
+            stack.extend((item, (*path, key)) for key, item in value.items())
+        elif isinstance(value, list):
+            stack.extend((item, (*path, index)) for index, item in enumerate(value))
+    return None
+
+
+def _abandon(run: asyncio.Future[Any]) -> None:
+    """Cancels a call's run that nobody waits for any more; whatever it ends with
+    later is taken, so asyncio does not report it as never retrieved."""
+    run.cancel()
+    run.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def _serialised_call(function: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -368,8 +506,13 @@ async def _in_daemon_thread(
         error: BaseException | None = None
         try:
             result = context.run(_serialised_call, function, kwargs)
-        except BaseException as exc:  # handed to the awaiting side, not lost
+        except _NotJson as exc:
             error = exc
+        except BaseException as exc:  # handed to the awaiting side, not lost
+            # Wrapped: a future refuses a StopIteration (the loop's callback would
+            # fail and the call hang until its timeout), and a CancelledError
+            # raised by the function is no cancellation of the call.
+            error = _Raised(exc)
         finally:
             slots.release()
         try:
