@@ -525,12 +525,26 @@ fn tool_names(key: &str, slot: &str, items: &[Value]) -> Result<Vec<String>> {
             }
             _ => {
                 return Err(Error::validation(format!(
-                    "`{field}` must hold tool names (strings of 1-{MAX_LISTED_NAME_BYTES} bytes), got {item}"
+                    "`{field}` must hold tool names (strings of 1-{MAX_LISTED_NAME_BYTES} bytes), got {}",
+                    described(item)
                 )));
             }
         }
     }
     Ok(names)
+}
+
+/// A refused list item as a refusal names it: short values whole, a long
+/// string by its length only (a refusal must not echo a huge body back).
+fn described(item: &Value) -> String {
+    match item {
+        Value::String(text) if text.len() > MAX_LISTED_NAME_BYTES => {
+            format!("a string of {} bytes", text.len())
+        }
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+        other => other.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -785,6 +799,16 @@ mod tests {
         }
         assert!(ToolPermissions::replaced(&json!({"slot_deny_list": {"narrator": null}})).is_err());
         assert!(ToolPermissions::replaced(&json!({})).is_ok());
+        // A huge refused name is described, not echoed.
+        let huge = "y".repeat(200_000);
+        let err = current
+            .patched(&json!({"slot_deny_list": {"narrator": [huge]}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.len() < 200 && err.contains("a string of 200000 bytes"),
+            "{err}"
+        );
     }
 
     #[test]

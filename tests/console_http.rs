@@ -394,7 +394,9 @@ async fn saving_the_permission_form_unchanged_keeps_every_permission() {
                 "approval_required": ["hostile tool"],
                 "approval_timeout_seconds": 3600,
                 "slot_deny_list": {"narrator": ["web search", "a,b"]},
-                "slot_allow_list": {"memory": ["note taker"]},
+                // Names a textarea of one name per line cannot show: the
+                // form keeps these lists as they are.
+                "slot_allow_list": {"memory": ["note taker"], "director": ["web\nsearch", " padded "]},
             }),
         )
         .await;
@@ -408,10 +410,18 @@ async fn saving_the_permission_form_unchanged_keeps_every_permission() {
         .iter()
         .flat_map(|slot| [format!("allow_{slot}"), format!("deny_{slot}")])
         .map(|name| {
-            let text = common::console::textarea_text(&html, &name);
-            (name, text)
+            if html.contains(&format!("name=\"keep_{name}\"")) {
+                (format!("keep_{name}"), "on".to_owned())
+            } else {
+                let text = common::console::textarea_text(&html, &name);
+                (name, text)
+            }
         })
         .collect();
+    assert!(
+        texts.iter().any(|(name, _)| name == "keep_allow_director"),
+        "the list the form cannot show is kept: {texts:?}"
+    );
     let mut fields: Vec<(&str, &str)> = vec![
         ("permissions_version", &version),
         ("enabled", "on"),

@@ -400,3 +400,23 @@ async fn failed_sign_ins_are_throttled_per_address_until_the_window_ends() {
         "the form is shown again: {html}"
     );
 }
+
+#[tokio::test]
+async fn concurrent_failed_sign_ins_are_judged_at_most_the_limit() {
+    let server = spawn_app().await;
+    let token = login_token(&server).await;
+    // All at once: the check and the count are one step, so no attempt slips
+    // past a check made before the others were counted.
+    let answers =
+        futures::future::join_all((0..40).map(|_| post_login(&server, &token, "tg_wrong_key")))
+            .await;
+    let judged = answers
+        .iter()
+        .filter(|answer| answer.status() == StatusCode::UNAUTHORIZED)
+        .count();
+    let throttled = answers
+        .iter()
+        .filter(|answer| answer.status() == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((judged, throttled), (10, 30));
+}

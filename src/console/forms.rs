@@ -131,6 +131,17 @@ pub fn names(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether a stored list reads back unchanged from a textarea of one name
+/// per line. The API takes names holding line breaks or edge spaces, which
+/// such a textarea would split or trim: the form leaves those lists alone
+/// (its `keep_allow_<slot>` / `keep_deny_<slot>` fields) instead of
+/// rewriting them.
+pub fn fits_one_per_line(names: &[String]) -> bool {
+    names
+        .iter()
+        .all(|name| !name.contains(['\n', '\r']) && name.trim() == name)
+}
+
 /// The name of the permission form's hidden field holding
 /// [`permissions_version`] of the permissions it was drawn from.
 pub const PERMISSIONS_VERSION: &str = "permissions_version";
@@ -162,15 +173,20 @@ pub fn permissions_body(fields: &Fields) -> Result<Value> {
     let mut deny = Map::new();
     for slot in Slot::ALL {
         let slot_name = slot.as_str();
-        let listed = fields.checked(&format!("restrict_{slot_name}")).then(|| {
-            json!(names(
-                fields.get(&format!("allow_{slot_name}")).unwrap_or("")
-            ))
-        });
-        allow.insert(slot_name.to_owned(), listed.unwrap_or(Value::Null));
-        let denied = names(fields.get(&format!("deny_{slot_name}")).unwrap_or(""));
-        let denied = (!denied.is_empty()).then(|| json!(denied));
-        deny.insert(slot_name.to_owned(), denied.unwrap_or(Value::Null));
+        // A list the form could not show is left out: the PATCH keeps it.
+        if !fields.checked(&format!("keep_allow_{slot_name}")) {
+            let listed = fields.checked(&format!("restrict_{slot_name}")).then(|| {
+                json!(names(
+                    fields.get(&format!("allow_{slot_name}")).unwrap_or("")
+                ))
+            });
+            allow.insert(slot_name.to_owned(), listed.unwrap_or(Value::Null));
+        }
+        if !fields.checked(&format!("keep_deny_{slot_name}")) {
+            let denied = names(fields.get(&format!("deny_{slot_name}")).unwrap_or(""));
+            let denied = (!denied.is_empty()).then(|| json!(denied));
+            deny.insert(slot_name.to_owned(), denied.unwrap_or(Value::Null));
+        }
     }
     Ok(json!({
         "enabled": fields.checked("enabled"),
@@ -272,5 +288,17 @@ mod tests {
         assert_eq!(body["slot_deny_list"]["memory"], Value::Null);
         assert!(body.get("approval_required").is_none());
         assert!(body.get("approval_timeout_seconds").is_none());
+        // A list the form could not show is kept as stored.
+        let fields = Fields::parse(
+            b"max_calls_per_turn=7&max_steps_per_generation=3&keep_allow_memory=on&keep_deny_narrator=on&deny_narrator=x",
+        )
+        .unwrap();
+        let body = permissions_body(&fields).unwrap();
+        assert!(body["slot_allow_list"].get("memory").is_none(), "{body}");
+        assert!(body["slot_deny_list"].get("narrator").is_none(), "{body}");
+        assert!(fits_one_per_line(&["web search".into(), "a,b".into()]));
+        for odd in ["web\nsearch", "cr\ronly", " padded", "padded "] {
+            assert!(!fits_one_per_line(&[odd.to_owned()]), "{odd:?}");
+        }
     }
 }

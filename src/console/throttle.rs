@@ -40,9 +40,38 @@ impl SignInThrottle {
         (window.failures >= MAX_FAILURES && now < ends).then(|| ends - now)
     }
 
-    /// Counts a failed sign-in of `address`.
-    pub fn failed(&self, address: IpAddr, now: Instant) {
+    /// Takes one attempt of `address`, counted as a failure until
+    /// [`refund`](Self::refund)ed, or says how long it must wait. The check
+    /// and the count are one step: concurrent attempts cannot all pass a
+    /// check made before any of them was counted.
+    pub fn reserve(&self, address: IpAddr, now: Instant) -> Option<Duration> {
         let mut windows = self.windows.lock().expect("sign-in throttle lock");
+        if let Some(window) = windows.get(&address) {
+            let ends = window.started + WINDOW;
+            if window.failures >= MAX_FAILURES && now < ends {
+                return Some(ends - now);
+            }
+        }
+        Self::count(&mut windows, address, now);
+        None
+    }
+
+    /// Gives back a reserved attempt that signed in.
+    pub fn refund(&self, address: IpAddr) {
+        let mut windows = self.windows.lock().expect("sign-in throttle lock");
+        if let Some(window) = windows.get_mut(&address) {
+            window.failures = window.failures.saturating_sub(1);
+        }
+    }
+
+    /// Counts a failed sign-in of `address`.
+    #[cfg(test)]
+    fn failed(&self, address: IpAddr, now: Instant) {
+        let mut windows = self.windows.lock().expect("sign-in throttle lock");
+        Self::count(&mut windows, address, now);
+    }
+
+    fn count(windows: &mut HashMap<IpAddr, Window>, address: IpAddr, now: Instant) {
         if windows.len() >= MAX_TRACKED && !windows.contains_key(&address) {
             windows.retain(|_, window| now < window.started + WINDOW);
             if windows.len() >= MAX_TRACKED
@@ -93,6 +122,24 @@ mod tests {
             None,
             "a new window"
         );
+    }
+
+    #[test]
+    fn a_reservation_counts_until_refunded() {
+        let throttle = SignInThrottle::default();
+        let now = Instant::now();
+        // Concurrent attempts: each reservation counts at once.
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(throttle.reserve(HOME, now), None);
+        }
+        assert_eq!(throttle.reserve(HOME, now), Some(WINDOW));
+        throttle.refund(HOME);
+        assert_eq!(
+            throttle.reserve(HOME, now),
+            None,
+            "a success gave its slot back"
+        );
+        assert_eq!(throttle.refused_for(HOME, now), Some(WINDOW));
     }
 
     #[test]

@@ -130,7 +130,9 @@ pub async fn login(
     let secure = over_tls(request.headers(), request.uri());
     let peer = peer_address(&request);
     let now = std::time::Instant::now();
-    if let Some(wait) = peer.and_then(|peer| console.throttle.refused_for(peer, now)) {
+    // Every attempt counts as failed until it signs in: checked and counted
+    // in one step, before the form is read.
+    if let Some(wait) = peer.and_then(|peer| console.throttle.reserve(peer, now)) {
         return Ok(throttled(&console, wait));
     }
     // The browser's cookie is about to be replaced: the sign-in it names
@@ -145,15 +147,15 @@ pub async fn login(
     };
     let Some(account) = account else {
         tracing::info!("console sign-in refused: unknown API key");
-        if let Some(peer) = peer {
-            console.throttle.failed(peer, now);
-        }
         let csrf = console.csrf.issue(LOGIN_BINDING);
         return Ok(html(
             StatusCode::UNAUTHORIZED,
             login_page(&csrf, Some("That API key is not valid.")),
         ));
     };
+    if let Some(peer) = peer {
+        console.throttle.refund(peer);
+    }
     tracing::info!(account = %account.id, "console sign-in");
     if let Some(replaced) = replaced {
         console.sessions.end(&replaced.key);

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::catalog::catalog_table;
 use super::journal::{journal_head, journal_row};
 use super::{Nav, csrf_input, layout, or_dash, pager_of, time};
-use crate::console::forms::{PERMISSIONS_VERSION, permissions_version};
+use crate::console::forms::{PERMISSIONS_VERSION, fits_one_per_line, permissions_version};
 use crate::domain::tool::Slot;
 use crate::journal::ExecutionRecord;
 use crate::permissions::ToolPermissions;
@@ -37,18 +37,42 @@ fn lines(names: Option<&Vec<String>>) -> String {
     names.map(|names| names.join("\n")).unwrap_or_default()
 }
 
+/// Whether a list can be edited here (see [`fits_one_per_line`]).
+fn editable(names: Option<&Vec<String>>) -> bool {
+    names.is_none_or(|names| fits_one_per_line(names))
+}
+
+/// Said beside a list the form shows but leaves alone.
+const KEPT: &str =
+    "holds names with line breaks or edge spaces: kept as stored; change it through the API";
+
 fn slot_rows(permissions: &ToolPermissions) -> Markup {
     html! {
         @for slot in Slot::ALL {
             @let name = slot.as_str();
             @let allow = permissions.slot_allow_list.get(&slot);
+            @let deny = permissions.slot_deny_list.get(&slot);
             tr {
                 th { (name) }
                 td {
-                    label { input type="checkbox" name={ "restrict_" (name) } checked[allow.is_some()]; " only" }
-                    textarea name={ "allow_" (name) } rows="2" { (lines(allow)) }
+                    @if editable(allow) {
+                        label { input type="checkbox" name={ "restrict_" (name) } checked[allow.is_some()]; " only" }
+                        textarea name={ "allow_" (name) } rows="2" { (lines(allow)) }
+                    } @else {
+                        input type="hidden" name={ "keep_allow_" (name) } value="on";
+                        textarea rows="2" disabled { (lines(allow)) }
+                        span.muted { (KEPT) }
+                    }
                 }
-                td { textarea name={ "deny_" (name) } id={ "deny_" (name) } rows="2" { (lines(permissions.slot_deny_list.get(&slot))) } }
+                td {
+                    @if editable(deny) {
+                        textarea name={ "deny_" (name) } id={ "deny_" (name) } rows="2" { (lines(deny)) }
+                    } @else {
+                        input type="hidden" name={ "keep_deny_" (name) } value="on";
+                        textarea rows="2" disabled { (lines(deny)) }
+                        span.muted { (KEPT) }
+                    }
+                }
             }
         }
     }
