@@ -46,6 +46,17 @@ async fn instance(database: &TestDatabase, env: &[(&str, &str)]) -> TestServer {
     .await
 }
 
+/// Two instances on `database` with one secrets key: MCP secrets sealed by
+/// one open on the other.
+async fn two_instances_sharing_a_key(database: &TestDatabase) -> (TestServer, TestServer) {
+    let key = "ab".repeat(32);
+    let env = [("TOOLGATE_SECRETS_KEY", key.as_str())];
+    (
+        instance(database, &env).await,
+        instance(database, &env).await,
+    )
+}
+
 async fn pool(database: &TestDatabase) -> sqlx::PgPool {
     sqlx::PgPool::connect(&database.url)
         .await
@@ -524,10 +535,7 @@ async fn loopback_registrations_stay_with_their_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_other() {
     let database = shared_database().await;
-    // MCP secrets are sealed with the secrets key: instances share one.
-    let key = "ab".repeat(32);
-    let a = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
-    let b = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let (a, b) = two_instances_sharing_a_key(&database).await;
     let session = a.create_session().await;
     let server_id =
         common::mcp::create_server(&a, common::mcp::stdio_body("lore", json!({}))).await;
@@ -563,9 +571,7 @@ async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_disabled_or_deleted_while_an_instance_was_not_listening_is_detached_there() {
     let database = shared_database().await;
-    let key = "ab".repeat(32);
-    let a = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
-    let b = instance(&database, &[("TOOLGATE_SECRETS_KEY", &key)]).await;
+    let (a, b) = two_instances_sharing_a_key(&database).await;
     let session = a.create_session().await;
     // Each instance runs its own child of each server; a child's `sleep
     // <marker>` runs while its instance keeps the server attached.

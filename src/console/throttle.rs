@@ -33,7 +33,8 @@ pub struct SignInThrottle {
 
 impl SignInThrottle {
     /// None when `address` may try to sign in now; else how long it must wait.
-    pub fn refused_for(&self, address: IpAddr, now: Instant) -> Option<Duration> {
+    #[cfg(test)]
+    fn refused_for(&self, address: IpAddr, now: Instant) -> Option<Duration> {
         let windows = self.windows.lock().expect("sign-in throttle lock");
         let window = windows.get(&address)?;
         let ends = window.started + WINDOW;

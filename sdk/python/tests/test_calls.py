@@ -340,11 +340,8 @@ async def test_a_job_handed_over_after_its_delivery_ended_comes_with_the_same_ke
 
     await plugin.start()
     try:
-        await wait_for("the job tool", DEADLINE_SECONDS, lambda: all_listed(api, plugin))
-        session = await api.session()
-        receipt = await api.call(session, "append_row", {"row": "order 1"})
+        receipt = await _first_hand_over(api, plugin, seen, "order 1")
         assert receipt["status"] == "queued", receipt
-        await wait_for("the first hand-over", DEADLINE_SECONDS, lambda: _at_least(seen, 1))
         toolgate.kill()  # the worker is lost with its process
         lost.set()  # the first delivery ends, its answer lost
         running = plugin.tools["append_row"]._running
@@ -370,10 +367,7 @@ async def test_a_hand_over_while_the_first_delivery_runs_gets_its_answer(
 
     await plugin.start()
     try:
-        await wait_for("the job tool", DEADLINE_SECONDS, lambda: all_listed(api, plugin))
-        session = await api.session()
-        receipt = await api.call(session, "append_row", {"row": "order 2"})
-        await wait_for("the first hand-over", DEADLINE_SECONDS, lambda: _at_least(seen, 1))
+        receipt = await _first_hand_over(api, plugin, seen, "order 2")
         toolgate.kill()  # while the first delivery still runs
         toolgate.start()
         key = receipt["execution_id"]
@@ -390,6 +384,16 @@ async def test_a_hand_over_while_the_first_delivery_runs_gets_its_answer(
         assert effects == ["order 2"]
     finally:
         await plugin.stop()
+
+
+async def _first_hand_over(api: Api, plugin: Plugin, seen: list[CallContext], row: str) -> dict[str, Any]:
+    """Calls the started plugin's ``append_row`` as a job; answers the receipt once
+    toolgate handed the job to the plugin."""
+    await wait_for("the job tool", DEADLINE_SECONDS, lambda: all_listed(api, plugin))
+    session = await api.session()
+    receipt = await api.call(session, "append_row", {"row": row})
+    await wait_for("the first hand-over", DEADLINE_SECONDS, lambda: _at_least(seen, 1))
+    return receipt
 
 
 def readme_example(plugin: Plugin, sheet: list[str], seen: list[CallContext], done: asyncio.Event) -> None:
