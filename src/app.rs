@@ -13,7 +13,7 @@ use crate::listener::{self, ConnectionLimits};
 use crate::runtime::ToolRuntime;
 use crate::secrets::{KeySource, SecretsKey};
 use crate::state::AppState;
-use crate::store::Store;
+use crate::store::{SecretsKeyMismatch, Store};
 
 /// A server that is bound to its address and ready to serve.
 pub struct App {
@@ -37,17 +37,28 @@ impl App {
         // take them all (the connection cap is fitted under this limit).
         let open_files = listener::raise_open_file_limit();
         let limits = ConnectionLimits::new(&settings, open_files);
-        let (secrets, key_source) = SecretsKey::load(
+        let mut secrets = SecretsKey::load(
             settings.secrets_key.as_ref().map(|k| k.expose()),
             &settings.data_dir,
         )?;
-        log_key_source(&key_source);
         let store = Store::open_with_secrets(
             settings.database_url.as_deref(),
             &settings.data_dir,
-            secrets,
+            secrets.key.clone(),
         )
         .await?;
+        // Only now: a database this binary refuses (a newer schema) leaves
+        // the data directory without a key that was never used.
+        secrets.save()?;
+        log_key_source(&secrets.source);
+        if let Err(err) = store.check_secrets_key().await {
+            if err.is::<SecretsKeyMismatch>() {
+                secrets.discard_generated();
+            }
+            // Deregisters: a refused instance must not look alive to the others.
+            store.close().await;
+            return Err(err);
+        }
         let bootstrap = bootstrap::ensure_defaults(&store, &settings).await?;
         let recovered = store
             .recover_interrupted_at_start()

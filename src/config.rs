@@ -36,6 +36,11 @@ pub enum Command {
     /// version against this binary's, runtime jobs, calls a stopped process
     /// left open. Exits 1 when toolgate could not run on it.
     Doctor(DoctorArgs),
+    /// Drop every stored MCP secret (stdio env, http headers) and the
+    /// database's secrets key check, for a secrets key that is lost: the
+    /// servers that had secrets are kept without them, disabled. Refused while
+    /// an instance runs on the database. The next start's key takes over.
+    ForgetSecrets(ForgetSecretsArgs),
 }
 
 /// Where the database is, as `serve` finds it (flag, environment, file).
@@ -74,6 +79,17 @@ pub struct DoctorArgs {
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `toolgate forget-secrets`.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ForgetSecretsArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Confirms that the stored secrets are to be dropped (they cannot be
+    /// recovered without the key that sealed them).
+    #[arg(long, required = true)]
+    pub yes: bool,
 }
 
 /// Log line format.

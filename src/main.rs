@@ -59,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
             served
         }
         Command::Migrate(args) => toolgate::operator::migrate(args).await,
+        Command::ForgetSecrets(args) => toolgate::operator::forget_secrets(args).await,
         Command::Doctor(args) => {
             if toolgate::operator::doctor(args).await? {
                 Ok(())

@@ -1,9 +1,11 @@
-//! `toolgate migrate` and `toolgate doctor`: what an operator runs against
-//! the database outside the server.
+//! `toolgate migrate`, `toolgate doctor` and `toolgate forget-secrets`: what
+//! an operator runs against the database outside the server.
 
 use serde_json::json;
 
-use crate::config::{DatabaseArgs, DoctorArgs};
+use crate::config::{DatabaseArgs, DoctorArgs, ForgetSecretsArgs};
+use crate::secrets::SecretsKey;
+use crate::store::Store;
 use crate::store::schema::{self, Checkup, Location};
 
 /// Creates the database if missing and applies this binary's migrations.
@@ -28,6 +30,31 @@ pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
         println!(
             "toolgate migrate: {} is at schema version {version}; applied {applied:?}",
             location.describe()
+        );
+    }
+    Ok(())
+}
+
+/// Drops the stored secrets and the key check, and says which servers lost
+/// their secrets (now disabled).
+pub async fn forget_secrets(args: ForgetSecretsArgs) -> anyhow::Result<()> {
+    let (data_dir, database_url) = args.database.resolve()?;
+    // Opening the store takes the data directory's lock (a server running on
+    // it refuses this) and brings the schema up to date; the key it is given
+    // seals nothing and is not kept.
+    let (unused_key, _) = SecretsKey::generate()?;
+    let store = Store::open_with_secrets(database_url.as_deref(), &data_dir, unused_key).await?;
+    let forgotten = store.forget_secrets().await;
+    store.close().await;
+    let forgotten = forgotten?;
+    println!(
+        "toolgate forget-secrets: dropped the secrets key check and the secrets of {} MCP server(s); the next start's key takes over",
+        forgotten.len()
+    );
+    for server in &forgotten {
+        println!(
+            "  disabled, without its secrets: {} (account {}, name {:?}); set its env or headers again, then enable it",
+            server.id, server.account_id, server.name
         );
     }
     Ok(())

@@ -893,29 +893,123 @@ async fn secrets_survive_a_restart_with_the_generated_key() {
 
 const OTHER_KEY: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 
+/// The start refused for its key, saying why and how out, never the key.
+fn assert_refused_for_its_key(output: &std::process::Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("does not open the secrets stored in the database"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("toolgate forget-secrets"), "{stderr}");
+    assert!(!stderr.contains(OTHER_KEY), "the key was echoed: {stderr}");
+}
+
+fn forget_secrets(server: &TestServer, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["forget-secrets"];
+    all.extend_from_slice(args);
+    common::toolgate_command(&all, &server.data_dir, Some(&server.database_url()))
+}
+
 #[tokio::test]
-async fn a_changed_key_leaves_servers_readable_and_their_secrets_recoverable() {
+async fn another_key_is_refused_until_the_old_one_returns_or_the_secrets_are_forgotten() {
+    let mut server = spawn_app().await;
+    let key_file = server.data_dir.join("secrets-key");
+    let sealed = create(&server, secret_stdio_body("sealed")).await;
+    let plain = create(&server, stdio_body("plain")).await;
+    let path = |server: &Value| format!("/mcp/servers/{}", id_of(server));
+    server.stop().await;
+
+    // Another key would seal what this database's key cannot open.
+    let refused = server
+        .start_refused(vec![("TOOLGATE_SECRETS_KEY".into(), OTHER_KEY.into())])
+        .await;
+    assert_refused_for_its_key(&refused);
+    // So would a key generated because the key file is gone; the refused
+    // start leaves no key file behind to be taken for the database's.
+    let kept_aside = server.data_dir.join("secrets-key.kept");
+    std::fs::rename(&key_file, &kept_aside).unwrap();
+    assert_refused_for_its_key(&server.start_refused(Vec::new()).await);
+    assert!(!key_file.exists(), "a refused start left a generated key");
+    std::fs::rename(&kept_aside, &key_file).unwrap();
+
+    // The old key back: the secrets open.
+    server.restart().await;
+    let back = data(&server.get(&path(&sealed)).await, StatusCode::OK, "get");
+    assert_eq!(back["secrets_error"], Value::Null);
+    assert_eq!(back["stdio"]["env_masked"], sealed["stdio"]["env_masked"]);
+    // Forgetting is refused while a server runs on the database...
+    let busy = forget_secrets(&server, &["--yes"]);
+    assert!(!busy.status.success(), "{busy:?}");
+    server.stop().await;
+    // ...and without its confirmation.
+    let unconfirmed = forget_secrets(&server, &[]);
+    assert!(!unconfirmed.status.success(), "{unconfirmed:?}");
+    assert!(
+        String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"),
+        "{unconfirmed:?}"
+    );
+    let forgot = forget_secrets(&server, &["--yes"]);
+    assert!(forgot.status.success(), "{forgot:?}");
+    let said = String::from_utf8_lossy(&forgot.stdout);
+    assert!(said.contains("secrets of 1 MCP server(s)"), "{said}");
+    assert!(said.contains(&id_of(&sealed)), "{said}");
+    assert!(!said.contains(&id_of(&plain)), "{said}");
+
+    // The new key takes over: the server that had secrets is kept without
+    // them and disabled; the other is as it was.
+    let other_key = vec![("TOOLGATE_SECRETS_KEY".to_owned(), OTHER_KEY.to_owned())];
+    server.restart_with_env(other_key.clone()).await;
+    let forgotten = data(&server.get(&path(&sealed)).await, StatusCode::OK, "get");
+    assert_eq!(forgotten["enabled"], false);
+    assert_eq!(forgotten["secrets_error"], Value::Null);
+    assert_eq!(forgotten["stdio"]["env_masked"], json!({}));
+    assert_eq!(forgotten["stdio"]["args"], sealed["stdio"]["args"]);
+    let untouched = data(&server.get(&path(&plain)).await, StatusCode::OK, "get");
+    assert_eq!(untouched["enabled"], plain["enabled"]);
+    let resealed = data(
+        &server
+            .patch(&path(&sealed), json!({"stdio": {"env": {"NEW": "v"}}}))
+            .await,
+        StatusCode::OK,
+        "new env",
+    );
+    assert_eq!(resealed["stdio"]["env_masked"], json!({"NEW": "****"}));
+    server.restart_with_env(other_key).await;
+    let reopened = data(&server.get(&path(&sealed)).await, StatusCode::OK, "get");
+    assert_eq!(reopened["secrets_error"], Value::Null);
+    assert_eq!(reopened["stdio"]["env_masked"], json!({"NEW": "****"}));
+    // The old key is now the one refused.
+    server.stop().await;
+    assert_refused_for_its_key(&server.start_refused(Vec::new()).await);
+}
+
+#[tokio::test]
+async fn a_secret_the_key_cannot_open_is_kept_sealed_until_replaced() {
     let mut server = spawn_app().await;
     let kept = create(&server, secret_stdio_body("kept")).await;
     let rewritten = create(&server, secret_http_body("rewritten")).await;
     let plain = create(&server, stdio_body("plain")).await;
+    server.stop().await;
+    // A sealed value copied onto another row does not open there (sealing
+    // binds it to its server's id): what a hand-edited or damaged row gives.
     server
-        .restart_with_env(vec![("TOOLGATE_SECRETS_KEY".into(), OTHER_KEY.into())])
+        .execute_sql(
+            "UPDATE mcp_servers SET secrets = \
+             (SELECT secrets FROM mcp_servers WHERE name = 'rewritten') \
+             WHERE name = 'kept'",
+        )
         .await;
-    let list = data(&server.get("/mcp/servers").await, StatusCode::OK, "list");
-    assert_eq!(list.as_array().unwrap().len(), 3);
+    server.restart().await;
     let path = |server: &Value| format!("/mcp/servers/{}", id_of(server));
     let unreadable = data(&server.get(&path(&kept)).await, StatusCode::OK, "get");
     let error = unreadable["secrets_error"].as_str().expect("secrets_error");
     assert!(error.contains("secrets key"), "{error}");
     assert_eq!(unreadable["stdio"]["env_masked"], json!({}));
     assert_eq!(unreadable["stdio"]["args"], kept["stdio"]["args"]);
-    let clean = data(&server.get(&path(&plain)).await, StatusCode::OK, "get");
-    assert_eq!(
-        clean["secrets_error"],
-        Value::Null,
-        "nothing sealed, nothing lost"
-    );
+    for readable in [&rewritten, &plain] {
+        let clean = data(&server.get(&path(readable)).await, StatusCode::OK, "get");
+        assert_eq!(clean["secrets_error"], Value::Null, "{clean}");
+    }
     // Writes that leave the secrets alone keep them sealed as they were...
     let toggled = data(
         &server
@@ -935,29 +1029,21 @@ async fn a_changed_key_leaves_servers_readable_and_their_secrets_recoverable() {
         )
         .await;
     assert!(data(&renamed, StatusCode::OK, "rename")["secrets_error"].is_string());
-    // ...and new ones replace them under the new key.
+    server.restart().await;
+    let still = data(&server.get(&path(&kept)).await, StatusCode::OK, "get");
+    assert!(still["secrets_error"].is_string(), "{still}");
+    assert_eq!(still["name"], "kept2");
+    assert_eq!(still["enabled"], false);
+    // ...and new ones replace them.
     let replaced = data(
         &server
-            .patch(
-                &path(&rewritten),
-                json!({"http": {"headers": {"X-New": "v"}}}),
-            )
+            .patch(&path(&kept), json!({"stdio": {"env": {"X_NEW": "v"}}}))
             .await,
         StatusCode::OK,
-        "new headers",
+        "new env",
     );
     assert_eq!(replaced["secrets_error"], Value::Null);
-    assert_eq!(replaced["http"]["headers_masked"], json!({"X-New": "****"}));
-
-    // Back on the original key, the untouched secrets open again.
-    server.restart_with_env(Vec::new()).await;
-    let restored = data(&server.get(&path(&kept)).await, StatusCode::OK, "get");
-    assert_eq!(restored["secrets_error"], Value::Null);
-    assert_eq!(restored["stdio"]["env_masked"], kept["stdio"]["env_masked"]);
-    assert_eq!(restored["name"], "kept2");
-    assert_eq!(restored["enabled"], false);
-    let under_other_key = data(&server.get(&path(&rewritten)).await, StatusCode::OK, "get");
-    assert!(under_other_key["secrets_error"].is_string());
+    assert_eq!(replaced["stdio"]["env_masked"], json!({"X_NEW": "****"}));
 }
 
 #[tokio::test]

@@ -35,26 +35,25 @@ async fn shared_database() -> TestDatabase {
     TestDatabase::fresh(&server)
 }
 
-/// One toolgate instance on `database`.
+/// The secrets key every instance of a test shares, as the README asks:
+/// an instance with another key is refused at start.
+const SHARED_SECRETS_KEY: &str = "abababababababababababababababababababababababababababababababab";
+
+/// One toolgate instance on `database`, with the shared secrets key.
 async fn instance(database: &TestDatabase, env: &[(&str, &str)]) -> TestServer {
-    let mut all = vec![("TOOLGATE_DATABASE_URL".to_owned(), database.url.clone())];
+    let mut all = vec![
+        ("TOOLGATE_DATABASE_URL".to_owned(), database.url.clone()),
+        (
+            "TOOLGATE_SECRETS_KEY".to_owned(),
+            SHARED_SECRETS_KEY.to_owned(),
+        ),
+    ];
     all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     spawn_with(SpawnOptions {
         env: all,
         ..Default::default()
     })
     .await
-}
-
-/// Two instances on `database` with one secrets key: MCP secrets sealed by
-/// one open on the other.
-async fn two_instances_sharing_a_key(database: &TestDatabase) -> (TestServer, TestServer) {
-    let key = "ab".repeat(32);
-    let env = [("TOOLGATE_SECRETS_KEY", key.as_str())];
-    (
-        instance(database, &env).await,
-        instance(database, &env).await,
-    )
 }
 
 async fn pool(database: &TestDatabase) -> sqlx::PgPool {
@@ -535,7 +534,10 @@ async fn loopback_registrations_stay_with_their_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_other() {
     let database = shared_database().await;
-    let (a, b) = two_instances_sharing_a_key(&database).await;
+    let (a, b) = (
+        instance(&database, &[]).await,
+        instance(&database, &[]).await,
+    );
     let session = a.create_session().await;
     let server_id =
         common::mcp::create_server(&a, common::mcp::stdio_body("lore", json!({}))).await;
@@ -571,7 +573,10 @@ async fn an_mcp_server_created_on_one_instance_is_attached_and_detached_on_the_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_disabled_or_deleted_while_an_instance_was_not_listening_is_detached_there() {
     let database = shared_database().await;
-    let (a, b) = two_instances_sharing_a_key(&database).await;
+    let (a, b) = (
+        instance(&database, &[]).await,
+        instance(&database, &[]).await,
+    );
     let session = a.create_session().await;
     // Each instance runs its own child of each server; a child's `sleep
     // <marker>` runs while its instance keeps the server attached.
@@ -898,4 +903,125 @@ async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
         async move { found }
     })
     .await;
+}
+
+/// A `toolgate serve` on `database` from its own data directory: its child
+/// once it listens, or its output once it exits without listening.
+async fn serve_or_refusal(
+    database: &TestDatabase,
+    data_dir: &std::path::Path,
+    secrets_key: Option<&str>,
+) -> Result<tokio::process::Child, std::process::Output> {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolgate"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env("TOOLGATE_DATABASE_URL", &database.url)
+        .env("TOOLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
+        .env_remove("TOOLGATE_SECRETS_KEY")
+        .env_remove("TOOLGATE_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(key) = secrets_key {
+        command.env("TOOLGATE_SECRETS_KEY", key);
+    }
+    let mut child = command.spawn().expect("spawn toolgate");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if line.starts_with("toolgate listening on") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("neither listening nor refused within 60 s");
+    if listening {
+        return Ok(child);
+    }
+    Err(
+        tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("a refused start did not exit")
+            .expect("wait"),
+    )
+}
+
+fn assert_refused_for_its_key(output: &std::process::Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("does not open the secrets stored in the database"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn an_instance_with_another_secrets_key_is_refused_and_nothing_is_forgotten_under_a_live_one()
+{
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let server_id = common::mcp::create_server(
+        &a,
+        json!({"name": "keyed", "transport": "stdio",
+               "stdio": {"command": "toolgate-test-no-such-mcp-server", "env": {"TOKEN": "s3cret"}}}),
+    )
+    .await;
+    let temp = tempfile::tempdir().unwrap();
+    let b_dir = temp.path().join("b");
+    // Started without the shared key, B would generate its own and seal
+    // what A cannot open: refused, and its generated key is not left behind.
+    let refused = serve_or_refusal(&database, &b_dir, None)
+        .await
+        .expect_err("an instance with its own key started");
+    assert_refused_for_its_key(&refused);
+    assert!(!b_dir.join("secrets-key").exists());
+    let refused = serve_or_refusal(&database, &b_dir, Some(&"cd".repeat(32)))
+        .await
+        .expect_err("an instance with another key started");
+    assert_refused_for_its_key(&refused);
+    // Forgetting the secrets from B's directory is refused while A runs.
+    let forget =
+        common::toolgate_command(&["forget-secrets", "--yes"], &b_dir, Some(&database.url));
+    assert!(!forget.status.success(), "{forget:?}");
+    let said = String::from_utf8_lossy(&forget.stderr);
+    assert!(said.contains("running on this database"), "{said}");
+    let kept = a.get(&format!("/mcp/servers/{server_id}")).await;
+    assert_eq!(kept.body["data"]["secrets_error"], Value::Null, "{kept:?}");
+    assert_eq!(
+        kept.body["data"]["stdio"]["env_masked"],
+        json!({"TOKEN": "****"})
+    );
+    assert_eq!(kept.body["data"]["enabled"], true);
+    // With the shared key, B starts.
+    let b = serve_or_refusal(&database, &b_dir, Some(SHARED_SECRETS_KEY)).await;
+    assert!(
+        b.is_ok(),
+        "B with the shared key was refused: {:?}",
+        b.err()
+    );
+}
+
+#[tokio::test]
+async fn two_instances_with_different_keys_starting_at_once_on_a_new_database_start_one() {
+    for round in 0..3 {
+        let database = shared_database().await;
+        let temp = tempfile::tempdir().unwrap();
+        let (dir_one, dir_two) = (temp.path().join("one"), temp.path().join("two"));
+        let (key_one, key_two) = ("01".repeat(32), "02".repeat(32));
+        let (one, two) = tokio::join!(
+            serve_or_refusal(&database, &dir_one, Some(&key_one)),
+            serve_or_refusal(&database, &dir_two, Some(&key_two)),
+        );
+        match (one, two) {
+            (Ok(_), Err(refused)) | (Err(refused), Ok(_)) => assert_refused_for_its_key(&refused),
+            (one, two) => panic!(
+                "round {round}: not exactly one started: {:?} / {:?}",
+                one.map(|_| "listening"),
+                two.map(|_| "listening")
+            ),
+        }
+    }
 }

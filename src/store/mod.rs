@@ -31,6 +31,7 @@ pub mod run_effects;
 pub mod run_generation;
 mod runs;
 pub mod schema;
+mod secrets_key_check;
 mod session_metadata;
 mod sessions;
 mod state_names;
@@ -55,6 +56,7 @@ pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
 pub use run_generation::GenerationState;
 pub use runs::{BlockingExecution, ReplayParent, Run};
+pub use secrets_key_check::{ForgottenServer, SecretsKeyMismatch};
 pub use sessions::Session;
 
 use crate::secrets::SecretsKey;
@@ -91,8 +93,10 @@ impl Store {
     /// date, with the data directory's own secrets key (generated there on
     /// first use; see [`SecretsKey::load`]).
     pub async fn open(database_url: Option<&str>, data_dir: &Path) -> anyhow::Result<Self> {
-        let (secrets, _) = SecretsKey::load(None, data_dir)?;
-        Self::open_with_secrets(database_url, data_dir, secrets).await
+        let mut secrets = SecretsKey::load(None, data_dir)?;
+        let store = Self::open_with_secrets(database_url, data_dir, secrets.key.clone()).await?;
+        secrets.save()?;
+        Ok(store)
     }
 
     /// Opens the database like [`open`](Self::open), sealing stored secrets

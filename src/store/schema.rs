@@ -168,10 +168,17 @@ async fn connect_postgres(
             .await
             .with_context(|| format!("reaching the database server of {described}"))?
     {
-        sqlx::Postgres::create_database(url)
-            .await
-            .with_context(|| format!("creating the database {described}"))?;
-        tracing::info!(database = %described, "created the PostgreSQL database");
+        match sqlx::Postgres::create_database(url).await {
+            Ok(()) => tracing::info!(database = %described, "created the PostgreSQL database"),
+            // Another instance starting at the same moment created it first
+            // (PostgreSQL then fails the second CREATE DATABASE).
+            Err(_) if sqlx::Postgres::database_exists(url).await.unwrap_or(false) => {}
+            Err(err) => {
+                return Err(
+                    anyhow::Error::new(err).context(format!("creating the database {described}"))
+                );
+            }
+        }
     }
     let mut options = PgConnectOptions::from_str(url).context("invalid PostgreSQL URL")?;
     if options.get_application_name().is_none() {

@@ -429,6 +429,49 @@ impl TestServer {
         self.restart().await;
     }
 
+    /// Runs `toolgate serve` on this stopped server's data directory and
+    /// database with `env`, for a start that must be refused: its output,
+    /// once it has exited (it fails the test if it listens).
+    pub async fn start_refused(&self, env: Vec<(String, String)>) -> std::process::Output {
+        assert!(self.child.is_none(), "stop the server first");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&self.data_dir)
+            .env_remove("TOOLGATE_SECRETS_KEY")
+            .env_remove("TOOLGATE_CONFIG")
+            .env("TOOLGATE_DATABASE_URL", self.database_url())
+            .env("TOOLGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .envs(env)
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+            .await
+            .expect("a refused start did not exit within 60 s")
+            .expect("run toolgate");
+        assert!(
+            !output.status.success()
+                && !String::from_utf8_lossy(&output.stdout).contains("listening"),
+            "the start was not refused: {output:?}"
+        );
+        output
+    }
+
+    /// Runs one SQL statement on the server's database (PostgreSQL or the
+    /// data directory's SQLite file), as an operator's tool would.
+    pub async fn execute_sql(&self, sql: &'static str) {
+        if self.on_postgres() {
+            let pool = sqlx::PgPool::connect(&self.database_url()).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.database_url())
+                .await
+                .unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
+    }
+
     /// Starts the server again on the same data directory (a new port).
     pub async fn restart(&mut self) {
         if self.child.is_some() {
