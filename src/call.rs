@@ -71,6 +71,20 @@ pub struct ToolCall {
     pub step: Option<u32>,
 }
 
+/// The longest tool name a client's call may give, in bytes (a model's call
+/// in the generation loop is journalled whatever it names: the model asked).
+pub const MAX_CALLED_NAME_BYTES: usize = 256;
+
+impl ToolCall {
+    /// Why a client may not call a tool by `name`, if it may not: the refusal
+    /// both client doors (`POST /sessions/{id}/tool-calls` and MCP's
+    /// `tools/call`) answer before anything is journalled.
+    pub fn name_problem(name: &str) -> Option<String> {
+        (name.is_empty() || name.len() > MAX_CALLED_NAME_BYTES)
+            .then(|| format!("name must be 1-{MAX_CALLED_NAME_BYTES} bytes"))
+    }
+}
+
 /// What the model sees, plus the outcome status.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct ToolCallResult {

@@ -324,20 +324,14 @@ async fn a_call_whose_client_hung_up_is_finished_in_the_journal() {
     assert_eq!(callbacks.abandoned.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test]
-async fn sigterm_waits_for_a_call_whose_client_hung_up() {
-    let mut server = spawn_app().await;
-    let callbacks = start_callbacks().await;
-    let session = server.create_session().await;
-    let execution_id = start_and_abandon_a_held_call(&server, &callbacks, &session).await;
-
+/// Sends SIGTERM and waits for the listener to close (shutdown has begun);
+/// the process must then still be there, waiting for the started `call`.
+async fn assert_stays_for_a_started_call_after_sigterm(server: &TestServer, call: &str) {
     let pid = server.pid();
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
         .arg(pid.to_string())
         .status();
-    // The listener closes when shutdown begins; the process must then stay
-    // until the started call has finished.
     let addr = server.addr;
     common::wait_until(
         Duration::from_secs(10),
@@ -347,8 +341,18 @@ async fn sigterm_waits_for_a_call_whose_client_hung_up() {
     .await;
     assert!(
         process_alive(pid),
-        "the server exited while a started call was still running"
+        "the server exited while {call} was still running"
     );
+}
+
+#[tokio::test]
+async fn sigterm_waits_for_a_call_whose_client_hung_up() {
+    let mut server = spawn_app().await;
+    let callbacks = start_callbacks().await;
+    let session = server.create_session().await;
+    let execution_id = start_and_abandon_a_held_call(&server, &callbacks, &session).await;
+
+    assert_stays_for_a_started_call_after_sigterm(&server, "a call whose client hung up").await;
     assert_eq!(callbacks.abandoned.load(Ordering::SeqCst), 0);
     callbacks.release();
     let status = server.stop().await;
@@ -360,6 +364,49 @@ async fn sigterm_waits_for_a_call_whose_client_hung_up() {
     let row = execution(&server, &execution_id).await;
     assert_eq!(row["status"], "success", "{row}");
     assert_eq!(row["lifecycle_state"], "finished", "{row}");
+    assert_eq!(row["result"], "released", "{row}");
+}
+
+#[tokio::test]
+async fn sigterm_waits_for_a_call_made_through_the_mcp_endpoint() {
+    let mut server = spawn_app().await;
+    let callbacks = start_callbacks().await;
+    let session = server.create_session().await;
+    register(
+        &server,
+        json!({"name": "slow_write", "callback_url": callbacks.url("/hold"), "timeout_seconds": 60}),
+    )
+    .await;
+    let mcp_session = common::mcp::open_mcp_session(&server, &session).await;
+    let call = {
+        let server_url = server.url(&format!("/mcp/sessions/{session}"));
+        let token = server.token.clone();
+        tokio::spawn(async move {
+            let _ = reqwest::Client::new()
+                .post(server_url)
+                .bearer_auth(token)
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json")
+                .header("mcp-session-id", mcp_session)
+                .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_write","arguments":{"n":1}}}"#)
+                .send()
+                .await
+                .map(|response| response.text());
+        })
+    };
+    callbacks.wait_held(1).await;
+    let row = only_row(&server, &session).await;
+    let execution_id = row["id"].as_str().unwrap().to_owned();
+    // rmcp's own task for the request is neither dropped nor awaited at
+    // shutdown: the process must stay for the call all the same.
+    assert_stays_for_a_started_call_after_sigterm(&server, "an MCP call").await;
+    callbacks.release();
+    let status = server.stop().await;
+    assert!(status.success(), "{status:?}");
+    call.abort();
+    server.restart().await;
+    let row = execution(&server, &execution_id).await;
+    assert_eq!(row["status"], "success", "{row}");
     assert_eq!(row["result"], "released", "{row}");
 }
 

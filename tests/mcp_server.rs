@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::callbacks::CountingCallbacks;
+use common::mcp::{initialize_body, mcp_post, open_mcp_session, post_raw, rpc_answer};
 use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -327,40 +328,6 @@ async fn a_registration_sends_tools_list_changed_to_the_connected_client() {
 }
 
 /// An MCP `initialize` request, as a client's first POST.
-fn initialize_body() -> Value {
-    json!({
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "raw-test", "version": "0"},
-        },
-    })
-}
-
-fn mcp_post(server: &TestServer, session: &str, key: Option<&str>) -> reqwest::RequestBuilder {
-    let request = reqwest::Client::new()
-        .post(server.url(&format!("/mcp/sessions/{session}")))
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json");
-    match key {
-        Some(key) => request.bearer_auth(key),
-        None => request,
-    }
-}
-
-/// The JSON-RPC message of an SSE or JSON answer.
-async fn rpc_answer(response: reqwest::Response) -> Value {
-    let text = response.text().await.unwrap();
-    text.lines()
-        .filter_map(|line| line.strip_prefix("data:"))
-        .map(str::trim)
-        .filter(|data| !data.is_empty())
-        .find_map(|data| serde_json::from_str::<Value>(data).ok())
-        .or_else(|| serde_json::from_str(&text).ok())
-        .unwrap_or_else(|| panic!("no JSON-RPC message in {text:?}"))
-}
-
 #[tokio::test]
 async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_scope() {
     let server = spawn_app().await;
@@ -492,43 +459,6 @@ async fn the_door_is_checked_before_any_mcp_exchange_and_a_session_keeps_its_sco
 }
 
 /// Posts `body` as it is (not JSON-encoded) to an open MCP session.
-async fn post_raw(
-    server: &TestServer,
-    session: &str,
-    mcp_session: &str,
-    body: &str,
-) -> reqwest::Response {
-    mcp_post(server, session, Some(&server.token))
-        .header("mcp-session-id", mcp_session)
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap()
-}
-
-/// Opens an MCP session on `session` and says it is initialised; returns its id.
-async fn open_mcp_session(server: &TestServer, session: &str) -> String {
-    let opened = mcp_post(server, session, Some(&server.token))
-        .json(&initialize_body())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(opened.status(), StatusCode::OK);
-    let id = opened.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let initialized = post_raw(
-        server,
-        session,
-        &id,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-    )
-    .await;
-    assert!(initialized.status().is_success(), "{initialized:?}");
-    id
-}
-
 #[tokio::test]
 async fn a_malformed_message_gets_its_json_rpc_error_not_a_415() {
     let server = spawn_app().await;
@@ -620,18 +550,29 @@ async fn an_initialize_whose_body_trickles_holds_up_no_other_session() {
     })
     .await;
     let session = server.create_session().await;
-    let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     let body = initialize_body().to_string();
-    let head = format!(
-        "POST /mcp/sessions/{session} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
-         accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{}",
-        server.addr,
-        server.token,
-        body.len(),
-        &body[..10]
-    );
-    stalled.write_all(head.as_bytes()).await.unwrap();
+    // Media types are case-insensitive (rmcp reads `Application/JSON` as
+    // JSON), and a body of another type must not be read under the lock
+    // either.
+    let mut stalled = Vec::new();
+    for content_type in [
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "text/plain",
+    ] {
+        let mut connection = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let head = format!(
+            "POST /mcp/sessions/{session} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+             accept: application/json, text/event-stream\r\ncontent-type: {content_type}\r\n\
+             content-length: {}\r\n\r\n{}",
+            server.addr,
+            server.token,
+            body.len(),
+            &body[..10]
+        );
+        connection.write_all(head.as_bytes()).await.unwrap();
+        stalled.push(connection);
+    }
     // Opens one after another while the first body never ends: each must be
     // answered (before the fix the stalled open held the endpoint's lock
     // while rmcp waited for its body, and every later open waited too).
@@ -648,4 +589,85 @@ async fn an_initialize_whose_body_trickles_holds_up_no_other_session() {
         assert_eq!(opened.status(), StatusCode::OK);
     }
     drop(stalled);
+}
+
+#[tokio::test]
+async fn a_tool_name_past_the_limit_is_refused_before_the_journal() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let mcp_session = open_mcp_session(&server, &session).await;
+    for (id, name) in [
+        (10, String::new()),
+        (11, "n".repeat(257)),
+        (12, "n".repeat(500_000)),
+    ] {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                          "params": {"name": name, "arguments": {}}});
+        let answer =
+            rpc_answer(post_raw(&server, &session, &mcp_session, &body.to_string()).await).await;
+        assert_eq!(answer["error"]["code"], -32602, "{id}: {answer:.200}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("1-256 bytes"), "{message:.200}");
+        assert!(message.len() < 200, "the name was echoed");
+    }
+    let rows = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await;
+    assert_eq!(rows.body["meta"]["total"], 0, "{rows:?}");
+    // The limit itself is callable (and refused only as an unknown tool).
+    let body = json!({"jsonrpc": "2.0", "id": 13, "method": "tools/call",
+                      "params": {"name": "n".repeat(256), "arguments": {}}});
+    let answer =
+        rpc_answer(post_raw(&server, &session, &mcp_session, &body.to_string()).await).await;
+    assert_eq!(answer["result"]["isError"], true, "{answer:.300}");
+}
+
+#[tokio::test]
+async fn mcp_sessions_of_a_deleted_chat_session_can_be_ended_and_free_their_place() {
+    let server = spawn_app().await;
+    let doomed = server.create_session().await;
+    let mut opened = Vec::new();
+    for _ in 0..64 {
+        opened.push(open_mcp_session(&server, &doomed).await);
+    }
+    let other = server.create_session().await;
+    let full = mcp_post(&server, &other, Some(&server.token))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(full.status(), StatusCode::CONFLICT, "the cap holds");
+    let deleted = server.delete(&format!("/sessions/{doomed}")).await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    // Its client can still end one...
+    let ended = reqwest::Client::new()
+        .delete(server.url(&format!("/mcp/sessions/{doomed}")))
+        .bearer_auth(&server.token)
+        .header("mcp-session-id", &opened[0])
+        .send()
+        .await
+        .unwrap();
+    assert!(ended.status().is_success(), "{ended:?}");
+    // ...another account cannot...
+    let stranger = server.create_account("stranger").await;
+    let refused = reqwest::Client::new()
+        .delete(server.url(&format!("/mcp/sessions/{doomed}")))
+        .bearer_auth(&stranger)
+        .header("mcp-session-id", &opened[1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    // ...and the rest no longer hold the account's places.
+    for _ in 0..64 {
+        open_mcp_session(&server, &other).await;
+    }
+    let gone = post_raw(
+        &server,
+        &doomed,
+        &opened[2],
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#,
+    )
+    .await;
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
 }

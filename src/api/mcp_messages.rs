@@ -53,28 +53,39 @@ const STANDARD_REQUESTS: [&str; 13] = [
 
 /// The request, its body read and found to be an MCP message rmcp can take;
 /// or the JSON-RPC (or size, or deadline) error that answers it.
+///
+/// Every body is read here, whatever its method and content type: the
+/// endpoint holds a lock while rmcp answers an `initialize`, and rmcp reading
+/// a slow body under it would hold up every account's MCP traffic.
 pub async fn checked(request: Request, state: &AppState) -> Result<Request, Response> {
-    // Streams (GET) and ends (DELETE) carry no message; a body that is not
-    // declared JSON gets rmcp's 415, which is the right answer for it.
-    if request.method() != Method::POST || !declares_json(&request) {
-        return Ok(request);
-    }
     let (parts, body) = request.into_parts();
     let bytes = body_bytes(Request::from_parts(parts.clone(), body), state)
         .await
         .map_err(IntoResponse::into_response)?;
+    let request = Request::from_parts(parts, Body::from(bytes.clone()));
+    // A body rmcp will not read as a message gets rmcp's own 415 (or, for
+    // streams and ends, no reading at all).
+    if request.method() != Method::POST || !declares_json(&request) {
+        return Ok(request);
+    }
     if let Some(refusal) = refusal(&bytes) {
         return Err(refusal);
     }
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+    Ok(request)
 }
 
+/// Whether the body is declared JSON as rmcp judges it: the media type's
+/// essence, compared without regard to case (media types are
+/// case-insensitive, and a client may write `Application/JSON`).
 fn declares_json(request: &Request) -> bool {
     request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.trim_start().starts_with("application/json"))
+        .is_some_and(|value| {
+            let essence = value.split_once(';').map_or(value, |(essence, _)| essence);
+            essence.trim().eq_ignore_ascii_case("application/json")
+        })
 }
 
 /// The answer to a body that is no MCP message rmcp can take, if it is not.

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tower::ServiceExt;
@@ -90,6 +91,21 @@ async fn serve(
     request: Request,
     endpoint: Endpoint,
 ) -> ApiResult<Response> {
+    let named = request
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|value| value.to_str().unwrap_or_default().to_owned());
+    // An MCP session's end needs only its own scope: its chat session may
+    // have been deleted since, and the client must still be able to free
+    // its place under the caps.
+    if request.method() == axum::http::Method::DELETE
+        && let Some(id) = &named
+        && let Some(owner) = endpoint.owner(id).await
+        && owner.account_id == account.id
+        && owner.session_id == session_id
+    {
+        return serve_session(&endpoint, request, owner, id.clone()).await;
+    }
     // Before any MCP exchange: another account's session is as absent as a
     // missing one.
     let session = state
@@ -106,10 +122,6 @@ async fn serve(
         session_id: session.id,
         slot,
     };
-    let named = request
-        .headers()
-        .get(SESSION_HEADER)
-        .map(|value| value.to_str().unwrap_or_default().to_owned());
     // Read and checked here, before any lock of the endpoint is taken: a
     // client sending its body slowly holds up nobody else.
     let request = match mcp_messages::checked(request, &state).await {
@@ -118,7 +130,14 @@ async fn serve(
     };
     match named {
         Some(id) => serve_session(&endpoint, request, scope, id).await,
-        None => open_session(&endpoint, request, scope).await,
+        None => open_session(&endpoint, &state, request, scope).await,
+    }
+}
+
+impl Endpoint {
+    /// The scope the MCP session `id` was opened in, if it is open.
+    async fn owner(&self, id: &str) -> Option<McpScope> {
+        self.owners.lock().await.get(id).cloned()
     }
 }
 
@@ -129,7 +148,7 @@ async fn serve_session(
     scope: McpScope,
     id: String,
 ) -> ApiResult<Response> {
-    let owner = endpoint.owners.lock().await.get(&id).cloned();
+    let owner = endpoint.owner(&id).await;
     // Messages are the slot's calls, so they must name the session's slot;
     // its event stream (slot-blind list_changed) and its end need only be
     // the same account's same chat session.
@@ -158,6 +177,7 @@ async fn serve_session(
 /// cannot pass the caps together (the body was read before).
 async fn open_session(
     endpoint: &Endpoint,
+    state: &AppState,
     mut request: Request,
     scope: McpScope,
 ) -> ApiResult<Response> {
@@ -167,11 +187,19 @@ async fn open_session(
         let live = endpoint.sessions.sessions.read().await;
         owners.retain(|id, _| live.contains_key(id.as_str()));
     }
-    let of_account = owners
-        .values()
-        .filter(|owner| owner.account_id == scope.account_id)
-        .count();
-    if owners.len() >= MAX_MCP_SESSIONS || of_account >= MAX_MCP_SESSIONS_PER_ACCOUNT {
+    let of_account = |owners: &HashMap<String, McpScope>| {
+        owners
+            .values()
+            .filter(|owner| owner.account_id == scope.account_id)
+            .count()
+    };
+    let full = |owners: &HashMap<String, McpScope>| {
+        owners.len() >= MAX_MCP_SESSIONS || of_account(owners) >= MAX_MCP_SESSIONS_PER_ACCOUNT
+    };
+    if full(&owners) {
+        close_orphans(endpoint, state, &mut owners).await?;
+    }
+    if full(&owners) {
         return Err(crate::error::Error::refused(
             crate::error::ErrorCode::LimitExceeded,
             format!(
@@ -190,4 +218,40 @@ async fn open_session(
         owners.insert(id.to_owned(), scope);
     }
     Ok(response.into_response())
+}
+
+/// Closes the MCP sessions whose chat session was deleted since they were
+/// opened: nothing can use them, and they would hold their place under the
+/// caps until they idle out. Run only when a cap is reached, so at most one
+/// lookup per distinct chat session then.
+async fn close_orphans(
+    endpoint: &Endpoint,
+    state: &AppState,
+    owners: &mut HashMap<String, McpScope>,
+) -> ApiResult<()> {
+    let mut gone = std::collections::HashSet::new();
+    let mut checked = std::collections::HashSet::new();
+    for owner in owners.values() {
+        let chat = (owner.account_id.as_str(), owner.session_id.as_str());
+        if !checked.insert(chat) {
+            continue;
+        }
+        match state.runtime.store.session(chat.0, chat.1).await {
+            Ok(_) => {}
+            Err(crate::error::Error::NotFound(_)) => {
+                gone.insert((chat.0.to_owned(), chat.1.to_owned()));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let orphans: Vec<String> = owners
+        .iter()
+        .filter(|(_, owner)| gone.contains(&(owner.account_id.clone(), owner.session_id.clone())))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in orphans {
+        owners.remove(&id);
+        let _ = endpoint.sessions.close_session(&id.as_str().into()).await;
+    }
+    Ok(())
 }

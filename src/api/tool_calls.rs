@@ -52,8 +52,8 @@ async fn create_tool_call(
     Path(session_id): Path<String>,
     Json(body): Json<ToolCallBody>,
 ) -> ApiResult<axum::Json<Data<crate::call::ToolCallResult>>> {
-    if body.name.is_empty() || body.name.len() > 256 {
-        return Err(ApiError::validation("name must be 1-256 bytes"));
+    if let Some(problem) = ToolCall::name_problem(&body.name) {
+        return Err(ApiError::validation(problem));
     }
     let caller_slot = match body.caller_slot.as_deref() {
         None => Slot::Narrator,

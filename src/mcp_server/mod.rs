@@ -182,6 +182,9 @@ impl ServerHandler for SessionMcpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let scope = self.scope(&context)?;
+        if let Some(problem) = ToolCall::name_problem(&request.name) {
+            return Err(McpError::invalid_params(problem, None));
+        }
         let call = ToolCall {
             name: request.name.to_string(),
             arguments: CallArguments::from_json(request.arguments.map(serde_json::Value::Object)),
@@ -191,12 +194,19 @@ impl ServerHandler for SessionMcpServer {
             run_id: None,
             step: None,
         };
-        // The call path finishes and journals a started call even if this
-        // request is cancelled or its client goes away.
+        // rmcp runs each request in a task of its own that shutdown neither
+        // drops nor waits for: the call runs in one shutdown waits for, so a
+        // stop cannot cut it short between its journal rows.
+        let runtime = self.runtime.clone();
         let result = self
             .runtime
-            .call(&scope.account_id, &scope.session_id, call)
+            .run_to_the_end(async move {
+                runtime
+                    .call(&scope.account_id, &scope.session_id, call)
+                    .await
+            })
             .await
+            .map_err(|err| McpError::internal_error(format!("the tool call failed: {err}"), None))?
             .map_err(convert::mcp_error)?;
         Ok(convert::call_result(&result).into())
     }

@@ -180,6 +180,15 @@ impl ToolRuntime {
         self.started_work.wait().await;
     }
 
+    /// `work` in a task of its own that shutdown waits for, awaited here:
+    /// for callers whose own task shutdown neither drops nor awaits.
+    pub async fn run_to_the_end<F>(&self, work: F) -> Result<F::Output, tokio::task::JoinError>
+    where
+        F: Future<Output: Send + 'static> + Send + 'static,
+    {
+        self.started_work.spawn(work).await
+    }
+
     /// `work`, run where it is awaited; dropped unfinished (its client hung
     /// up), it runs to its end in a task that shutdown waits for. `what`
     /// names it in the log line of that hand-off.

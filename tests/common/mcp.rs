@@ -207,3 +207,79 @@ pub fn processes_running(args: &[&str]) -> Vec<u32> {
         })
         .collect()
 }
+
+// The MCP endpoint (`/mcp/sessions/{id}`) spoken as plain HTTP.
+
+/// An `initialize` request body.
+pub fn initialize_body() -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw-test", "version": "0"},
+        },
+    })
+}
+
+/// A POST to the chat session's MCP endpoint, as MCP clients send it.
+pub fn mcp_post(server: &TestServer, session: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+    let request = reqwest::Client::new()
+        .post(server.url(&format!("/mcp/sessions/{session}")))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json");
+    match key {
+        Some(key) => request.bearer_auth(key),
+        None => request,
+    }
+}
+
+/// The JSON-RPC message of an SSE or JSON answer.
+pub async fn rpc_answer(response: reqwest::Response) -> Value {
+    let text = response.text().await.unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|data| !data.is_empty())
+        .find_map(|data| serde_json::from_str::<Value>(data).ok())
+        .or_else(|| serde_json::from_str(&text).ok())
+        .unwrap_or_else(|| panic!("no JSON-RPC message in {text:?}"))
+}
+
+/// `body` posted as a message of the MCP session `mcp_session`.
+pub async fn post_raw(
+    server: &TestServer,
+    session: &str,
+    mcp_session: &str,
+    body: &str,
+) -> reqwest::Response {
+    mcp_post(server, session, Some(&server.token))
+        .header("mcp-session-id", mcp_session)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Opens an MCP session on `session` and says it is initialised; returns its id.
+pub async fn open_mcp_session(server: &TestServer, session: &str) -> String {
+    let opened = mcp_post(server, session, Some(&server.token))
+        .json(&initialize_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), StatusCode::OK);
+    let id = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let initialized = post_raw(
+        server,
+        session,
+        &id,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert!(initialized.status().is_success(), "{initialized:?}");
+    id
+}
