@@ -842,3 +842,58 @@ async fn deleting_a_session_stops_its_generation() {
     stand_in.wait_for_abandoned(1).await;
     assert_eq!(stand_in.requests().len(), 1, "no step after the delete");
 }
+
+#[tokio::test]
+async fn an_event_stream_that_falls_behind_skips_tokens_but_gets_the_runs_end() {
+    // Many small deltas: more token events than the stream's queue and the
+    // kernel's socket buffers together hold (about 14 MB of events).
+    let mut chunks: Vec<Value> = (0..90_000)
+        .map(|i| json!({"choices": [{"index": 0, "delta": {"content": format!("{}", i % 10)}}]}))
+        .collect();
+    chunks.push(common::model::finish("stop"));
+    let stand_in = StandIn::start(vec![Answer::Stream(chunks)]).await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    // A subscriber whose socket takes little and that reads nothing yet.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(server.addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stalled
+        .write_all(
+            format!(
+                "GET /sessions/{session}/events HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+                 accept: text/event-stream\r\n\r\n",
+                server.addr, server.token
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = [0u8; 64];
+    let n = stalled.read(&mut head).await.unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
+    // A subscriber that reads, as fast as this test's client can.
+    let mut reading = Events::open(&server, &session).await;
+    turn(&server, &session, "talk a lot").await;
+    let seen = until_run_ends(&mut reading).await;
+    assert_eq!(kinds(&seen).last(), Some(&"run_finished"));
+    let text = seen.last().unwrap().1["content"].as_str().unwrap().len();
+    assert_eq!(text, 90_000, "run_finished carries the whole text");
+    // The stalled one, read now, has the run's end too (tokens were left
+    // out for it, not the events that say what happened).
+    let mut read = Vec::new();
+    let mut buffer = vec![0u8; 65536];
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let n = stalled.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the stalled stream ended without the run's end");
+            read.extend_from_slice(&buffer[..n]);
+            if read.windows(19).any(|w| w == b"event: run_finished") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "the stalled stream never got run_finished");
+}

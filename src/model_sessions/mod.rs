@@ -34,6 +34,10 @@ pub use verdicts::{Offer, OfferKey};
 
 /// Events a model session's stream may hold before the session counts as stuck.
 const EVENT_BUFFER: usize = 1024;
+/// Places of that queue a `token` event may not take: a client reading slower
+/// than the model streams loses tokens (`run_finished` repeats the whole
+/// text), never the events that say what happened.
+const KEPT_FOR_OTHER_EVENTS: usize = 64;
 
 /// One event for a model session's subscriber.
 #[derive(Debug, Clone)]
@@ -50,6 +54,12 @@ impl ModelSessionEvent {
             kind,
             data: EventData::serialized(data),
         }
+    }
+
+    /// Whether a stream that has fallen behind may go without this event: a
+    /// `token`'s text arrives again, whole, in the run's `run_finished`.
+    fn may_be_skipped(&self) -> bool {
+        self.kind == "token"
     }
 }
 
@@ -248,6 +258,8 @@ impl Drop for HeldEvents {
 /// Why an event could not be queued.
 enum Delivery {
     Queued,
+    /// A token left out for a stream that has fallen behind.
+    Skipped,
     Gone,
     Stuck,
 }
@@ -297,6 +309,9 @@ impl ModelSession {
     }
 
     fn deliver(&self, event: ModelSessionEvent) -> Delivery {
+        if event.may_be_skipped() && self.events.capacity() <= KEPT_FOR_OTHER_EVENTS {
+            return Delivery::Skipped;
+        }
         match self.events.try_send(event) {
             Ok(()) => Delivery::Queued,
             Err(refused) => refused.into(),
@@ -900,7 +915,7 @@ impl ModelSessionHub {
             };
             drop(accepted);
             match model_session.deliver_later(event, held) {
-                Delivery::Queued => {}
+                Delivery::Queued | Delivery::Skipped => {}
                 Delivery::Gone => {
                     self.remove(&model_session.session.character_id, &model_session.id);
                     continue;
@@ -976,12 +991,30 @@ impl ModelSessionHub {
             .filter(|model_session| concerned(&model_session.session, model_session.observer))
             .cloned()
             .collect();
-        targets
-            .iter()
-            .filter(|model_session| {
-                matches!(model_session.deliver(event.clone()), Delivery::Queued)
-            })
-            .count()
+        let mut taken = 0;
+        for model_session in &targets {
+            match model_session.deliver(event.clone()) {
+                Delivery::Queued => taken += 1,
+                Delivery::Skipped => {}
+                Delivery::Gone => {
+                    self.remove(&model_session.session.character_id, &model_session.id)
+                }
+                Delivery::Stuck => {
+                    // Even the places tokens may not take are full: going
+                    // on would leave a stream that silently misses what
+                    // follows, a run's end among it; closed, its client
+                    // reconnects and reads afresh.
+                    tracing::warn!(
+                        model_session = %model_session.id,
+                        session_id = ?model_session.session.id,
+                        event = event.kind,
+                        "an event stream is not being read and was closed"
+                    );
+                    self.remove(&model_session.session.character_id, &model_session.id);
+                }
+            }
+        }
+        taken
     }
 
     fn remove(&self, character_id: &str, id: &str) {
@@ -1273,6 +1306,41 @@ mod tests {
             hub.live().by_character.is_empty(),
             "the stuck session was closed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_falls_behind_skips_tokens_and_is_closed_when_other_events_find_it_full()
+    {
+        let hub = Arc::new(ModelSessionHub::default());
+        let mut unread = open(&hub).await.unwrap();
+        let session_id = session().id;
+        let token = || ModelSessionEvent::new("token", &serde_json::json!({"text": "x"}));
+        let tool_call = || ModelSessionEvent::new("tool_call_started", &serde_json::json!({}));
+        // `ready` took one place; tokens take the others but the last 64.
+        let tokens = EVENT_BUFFER - 1 - KEPT_FOR_OTHER_EVENTS;
+        for _ in 0..tokens {
+            assert_eq!(hub.publish_to_session(&session_id, token()), 1);
+        }
+        assert_eq!(hub.publish_to_session(&session_id, token()), 0, "skipped");
+        for _ in 0..KEPT_FOR_OTHER_EVENTS {
+            assert_eq!(hub.publish_to_session(&session_id, tool_call()), 1);
+        }
+        assert_eq!(hub.publish_to_session(&session_id, token()), 0, "skipped");
+        assert!(
+            !hub.live().by_character.is_empty(),
+            "a skipped token closes nothing"
+        );
+        assert_eq!(hub.publish_to_session(&session_id, tool_call()), 0);
+        assert!(
+            hub.live().by_character.is_empty(),
+            "the stuck stream was left open, missing events"
+        );
+        // What was queued is still read, then the stream ends.
+        let mut read = 0;
+        while unread.events.recv().await.is_some() {
+            read += 1;
+        }
+        assert_eq!(read, EVENT_BUFFER);
     }
 
     /// Empty catalogs whose second offer waits until `second` is notified.
