@@ -897,3 +897,31 @@ async fn an_event_stream_that_falls_behind_skips_tokens_but_gets_the_runs_end() 
     .await;
     assert!(found.is_ok(), "the stalled stream never got run_finished");
 }
+
+#[tokio::test]
+async fn a_turn_whose_conversation_outgrows_the_request_limit_fails_instead_of_growing() {
+    // Every step answers with one call whose arguments are near the answer
+    // limit (4 MiB): the conversation resent at each step passes 16 MiB at
+    // the sixth request.
+    let arguments = json!({"x": "a".repeat(3_600_000)}).to_string();
+    let stand_in = StandIn::start(Vec::new()).await;
+    stand_in.repeat(Answer::Stream(vec![
+        common::model::tool_chunk(0, Some(("call_big", "no_such_tool")), &arguments),
+        common::model::finish("tool_calls"),
+    ]));
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    turn(&server, &session, "go").await;
+    let seen = until_run_ends(&mut events).await;
+    let (kind, data) = seen.last().unwrap();
+    assert_eq!(kind, "run_failed", "{data}");
+    let error = data.to_string();
+    assert!(error.contains("was not sent"), "{error:.500}");
+    assert_eq!(stand_in.requests().len(), 5, "the sixth request was sent");
+    // The session generates again.
+    stand_in.repeat(text_answer(&["fine"]));
+    turn(&server, &session, "again").await;
+    let seen = until_run_ends(&mut events).await;
+    assert_eq!(kinds(&seen).last(), Some(&"run_finished"));
+}

@@ -699,3 +699,22 @@ async fn bounded<T>(work: impl std::future::Future<Output = T>) -> T {
         .await
         .expect("the request did not end by itself")
 }
+
+#[tokio::test]
+async fn a_request_over_the_size_limit_is_refused_without_being_sent() {
+    let standin = standin(vec![]).await;
+    let tuning = Tuning {
+        max_request_bytes: 4096,
+        ..Tuning::default()
+    };
+    let llm = LlmClient::with_tuning(config(&standin.base_url, None), tuning).unwrap();
+    let long = ChatRequest {
+        messages: vec![json!({"role": "user", "content": "x".repeat(5000)})],
+        ..ChatRequest::default()
+    };
+    let error = run(&llm, &long).await.0.expect_err("over the limit");
+    assert_eq!(error.status, None);
+    assert!(error.message.contains("was not sent"), "{error}");
+    assert!(error.message.contains("4096"), "{error}");
+    assert!(standin.received.lock().unwrap().is_empty(), "it was sent");
+}

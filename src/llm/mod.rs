@@ -105,6 +105,11 @@ pub struct Tuning {
     /// Text plus tool names and arguments of one answer.
     pub max_answer_bytes: usize,
     pub max_tool_calls: usize,
+    /// The largest request body sent: a turn resends its whole conversation
+    /// at every step, so without it a model answering every step at the
+    /// answer limit (or a long history) grows each request, and the memory
+    /// that builds it, without bound.
+    pub max_request_bytes: usize,
 }
 
 impl Default for Tuning {
@@ -123,6 +128,8 @@ impl Default for Tuning {
             retry_after_cap: Duration::from_secs(10),
             max_answer_bytes: 4 * 1024 * 1024,
             max_tool_calls: 128,
+            // Far past any model's context window in text.
+            max_request_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -221,8 +228,18 @@ impl LlmClient {
         request: &ChatRequest,
         on_token: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatAnswer, LlmError> {
-        let body = wire::request_body(request, self.model());
         let tuning = &self.inner.tuning;
+        let body = wire::request_body(request, self.model());
+        if body.len() > tuning.max_request_bytes {
+            return Err(LlmError {
+                status: None,
+                message: format!(
+                    "the request was not sent: its body is {} bytes, over the {} a request may have (the session's history and this turn's answers and tool results grew too long)",
+                    body.len(),
+                    tuning.max_request_bytes
+                ),
+            });
+        }
         let mut retries = 0;
         loop {
             let mut emitted = false;
@@ -260,7 +277,7 @@ impl LlmClient {
 
     async fn attempt(
         &self,
-        body: &serde_json::Value,
+        body: &bytes::Bytes,
         on_token: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatAnswer, Failure> {
         let inner = &*self.inner;
@@ -271,7 +288,8 @@ impl LlmClient {
                 reqwest::header::ACCEPT,
                 "text/event-stream, application/json",
             )
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
         if let Some(key) = &inner.config.api_key {
             request = request.bearer_auth(key);
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::failure::Failure;
 use super::types::distinct_call_ids;
@@ -16,23 +16,34 @@ const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// Most of a body without a JSON message quoted in an error.
 const SNIPPET_CHARS: usize = 300;
 
-/// The JSON body sent for `request`, always asking for a stream.
-pub(super) fn request_body(request: &ChatRequest, default_model: &str) -> Value {
-    let mut body = Map::new();
-    let model = request.model.as_deref().unwrap_or(default_model);
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(request.messages.clone()));
-    if let Some(tools) = request.tools.as_ref().filter(|tools| !tools.is_empty()) {
-        body.insert("tools".into(), Value::Array(tools.clone()));
+/// The JSON body sent for `request`, always asking for a stream: serialized
+/// once from the request as it is (retries resend the same bytes).
+pub(super) fn request_body(request: &ChatRequest, default_model: &str) -> bytes::Bytes {
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        model: &'a str,
+        messages: &'a [Value],
+        // Not sent when empty: some servers refuse an empty array.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tools: Option<&'a [Value]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tool_choice: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        temperature: Option<f64>,
+        stream: bool,
     }
-    if let Some(choice) = &request.tool_choice {
-        body.insert("tool_choice".into(), choice.clone());
-    }
-    if let Some(temperature) = request.temperature {
-        body.insert("temperature".into(), json!(temperature));
-    }
-    body.insert("stream".into(), Value::Bool(true));
-    Value::Object(body)
+    let body = Body {
+        model: request.model.as_deref().unwrap_or(default_model),
+        messages: &request.messages,
+        tools: request.tools.as_deref().filter(|tools| !tools.is_empty()),
+        tool_choice: request.tool_choice.as_ref(),
+        temperature: request.temperature,
+        stream: true,
+    };
+    // Values and plain fields only: serializing cannot fail.
+    serde_json::to_vec(&body)
+        .expect("a chat request serializes")
+        .into()
 }
 
 /// Reads at most `limit` bytes of the body; None when it is longer.

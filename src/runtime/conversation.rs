@@ -95,9 +95,11 @@ impl ToolRuntime {
                 Some(self.offered_tools(&ctx.session, slot).await?)
             };
             let step = ctx.next_step();
+            // Lent to the request and taken back below: a conversation may
+            // be megabytes, and is not copied per step.
             let request = ChatRequest {
                 model: ctx.overrides.model.clone(),
-                messages: messages.clone(),
+                messages: std::mem::take(messages),
                 tool_choice: first_tool_choice(ctx, slot, tools.as_deref()),
                 tools,
                 temperature: ctx.overrides.temperature,
@@ -111,12 +113,14 @@ impl ToolRuntime {
             // next one: a provider may take minutes (or stall) on this one.
             let completed = tokio::select! {
                 biased;
-                stopped = self.stopped(ctx) => return Ok(Err(stopped)),
-                completed = ctx.llm.complete(&request, &mut on_token) => completed,
+                stopped = self.stopped(ctx) => Err(stopped),
+                completed = ctx.llm.complete(&request, &mut on_token) => Ok(completed),
             };
+            *messages = request.messages;
             let answer = match completed {
-                Ok(answer) => answer,
-                Err(error) => {
+                Err(stopped) => return Ok(Err(stopped)),
+                Ok(Ok(answer)) => answer,
+                Ok(Err(error)) => {
                     let status = error.status;
                     return Ok(Err(ModelFailure {
                         message: error.to_string(),

@@ -64,6 +64,8 @@ impl StandIn {
         }));
         let app = axum::Router::new()
             .route("/v1/chat/completions", axum::routing::post(complete))
+            // A real endpoint takes requests of megabytes (long conversations).
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(script.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
