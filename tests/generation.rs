@@ -925,3 +925,56 @@ async fn a_turn_whose_conversation_outgrows_the_request_limit_fails_instead_of_g
     let seen = until_run_ends(&mut events).await;
     assert_eq!(kinds(&seen).last(), Some(&"run_finished"));
 }
+
+#[tokio::test]
+async fn regenerating_an_earlier_floor_leaves_the_later_floors_reply_in_the_history() {
+    let stand_in = StandIn::start(vec![
+        text_answer(&["R1"]),
+        text_answer(&["R2"]),
+        text_answer(&["R1-bis"]),
+        text_answer(&["R3"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let first = turn(&server, &session, "U1").await;
+    until_run_ends(&mut events).await;
+    let second = turn(&server, &session, "U2").await;
+    until_run_ends(&mut events).await;
+    // U2's reply is finished, not yet committed, when U1 is regenerated.
+    let floor_one = first["floor_id"].as_str().unwrap();
+    let again = server
+        .post(&format!("/floors/{floor_one}/regenerate"), json!({}))
+        .await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{again:?}");
+    until_run_ends(&mut events).await;
+    turn(&server, &session, "U3").await;
+    until_run_ends(&mut events).await;
+    // The next floor accepted both: U1's new reply and U2's.
+    let floor_two = server
+        .get(&format!("/floors/{}", second["floor_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        floor_two.body["data"]["active_page_id"], second["page_id"],
+        "{floor_two:?}"
+    );
+    let floor_one = server.get(&format!("/floors/{floor_one}")).await;
+    assert_eq!(
+        floor_one.body["data"]["active_page_id"], again.body["data"]["page_id"],
+        "{floor_one:?}"
+    );
+    let u3_request = &stand_in.requests()[3];
+    let contents: Vec<&str> = u3_request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|message| message["content"].as_str())
+        .collect();
+    let history: Vec<&str> = contents
+        .iter()
+        .copied()
+        .filter(|text| ["U1", "R1", "R1-bis", "U2", "R2", "U3"].contains(text))
+        .collect();
+    assert_eq!(history, ["U1", "R1-bis", "U2", "R2", "U3"], "{contents:?}");
+}

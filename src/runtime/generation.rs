@@ -154,27 +154,28 @@ impl ToolRuntime {
         Ok(Some(claim))
     }
 
-    /// Commits the session's finished generation (its page becomes the floor's
-    /// reply, the floor's other open runs are discarded) before a new floor is
-    /// appended. Read from the store, so it holds across a restart.
+    /// Commits the session's finished generations (each floor's newest: its
+    /// page becomes the floor's reply, the floor's other open runs are
+    /// discarded) before a new floor is appended. Read from the store, so it
+    /// holds across a restart.
     pub async fn commit_finished_turn(&self, account_id: &str, session_id: &str) -> Result<()> {
-        let Some(run) = self
+        for run in self
             .store
-            .latest_finished_run(account_id, session_id)
+            .finished_runs_to_commit(account_id, session_id)
             .await?
-        else {
-            return Ok(());
-        };
-        let committed = match self.commit_run(account_id, &run.id, None).await {
-            Ok(committed) => committed,
-            // Committed or discarded by a client in the meantime: nothing to do.
-            Err(Error::Refused {
-                code: ErrorCode::RunNotOpen,
-                ..
-            }) => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        self.discard_other_runs(account_id, &committed).await
+        {
+            let committed = match self.commit_run(account_id, &run.id, None).await {
+                Ok(committed) => committed,
+                // Committed or discarded by a client in the meantime.
+                Err(Error::Refused {
+                    code: ErrorCode::RunNotOpen,
+                    ..
+                }) => continue,
+                Err(error) => return Err(error),
+            };
+            self.discard_other_runs(account_id, &committed).await?;
+        }
+        Ok(())
     }
 
     /// Discards the open runs of `chosen`'s floor other than `chosen`. A run

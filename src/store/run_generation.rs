@@ -31,6 +31,11 @@ impl GenerationState {
     }
 }
 
+/// The most floors one new floor commits: the generation loop leaves one
+/// finished run per floor it answered, and only regenerating an earlier floor
+/// leaves more than one floor open.
+const MAX_FLOORS_COMMITTED_AT_ONCE: i64 = 64;
+
 impl Store {
     /// Records how the loop ended `run_id`, if the run is still generating:
     /// one that another instance already ended (it took this one for dead
@@ -47,25 +52,33 @@ impl Store {
         Ok(())
     }
 
-    /// The session's newest run the loop finished and nobody committed or
-    /// discarded yet: what its next floor commits.
-    pub async fn latest_finished_run(
+    /// For each floor of the session, its newest run the loop finished and
+    /// nobody committed or discarded yet, oldest floor first: what the
+    /// session's next floor commits. A floor regenerated after a later floor
+    /// was answered leaves two such floors, and both replies stand.
+    pub async fn finished_runs_to_commit(
         &self,
         account_id: &str,
         session_id: &str,
-    ) -> Result<Option<Run>> {
-        let id = sql!(self.conn().await?, c => query_scalar::<String>(
-            "SELECT id FROM floor_runs WHERE session_id = ? AND account_id = ? \
-             AND generation = 'finished' AND state = 'open' ORDER BY created_at DESC, id DESC LIMIT 1",
+    ) -> Result<Vec<Run>> {
+        let ids = sql!(self.conn().await?, c => query_scalar::<String>(
+            "SELECT r.id FROM floor_runs r WHERE r.session_id = ? AND r.account_id = ? \
+             AND r.generation = 'finished' AND r.state = 'open' AND NOT EXISTS ( \
+               SELECT 1 FROM floor_runs n WHERE n.floor_id = r.floor_id \
+               AND n.generation = 'finished' AND n.state = 'open' \
+               AND (n.created_at > r.created_at OR (n.created_at = r.created_at AND n.id > r.id))) \
+             ORDER BY r.created_at, r.id LIMIT ?",
         )
         .bind(session_id)
         .bind(account_id)
-        .fetch_optional(c)
+        .bind(MAX_FLOORS_COMMITTED_AT_ONCE)
+        .fetch_all(c)
         .await?);
-        match id {
-            Some(id) => self.run(account_id, &id).await.map(Some),
-            None => Ok(None),
+        let mut runs = Vec::with_capacity(ids.len());
+        for id in ids {
+            runs.push(self.run(account_id, &id).await?);
         }
+        Ok(runs)
     }
 
     /// Runs the loop was driving when the previous process stopped (no
