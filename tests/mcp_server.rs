@@ -671,3 +671,80 @@ async fn mcp_sessions_of_a_deleted_chat_session_can_be_ended_and_free_their_plac
     .await;
     assert_eq!(gone.status(), StatusCode::NOT_FOUND);
 }
+
+/// A callback server whose tool answers once `release` is set; `arrived` is
+/// notified as each call arrives.
+async fn held_callback() -> (
+    String,
+    tokio::sync::watch::Sender<bool>,
+    std::sync::Arc<tokio::sync::Notify>,
+) {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let seen = arrived.clone();
+    let app = axum::Router::new().route(
+        "/hold",
+        axum::routing::post(move || {
+            let (mut released, seen) = (released.clone(), seen.clone());
+            async move {
+                seen.notify_one();
+                let _ = released.wait_for(|released| *released).await;
+                axum::Json(json!({"result": "released"}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hold", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, release, arrived)
+}
+
+#[tokio::test]
+async fn a_request_id_still_in_flight_is_refused_not_given_the_others_answer() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let (url, release, arrived) = held_callback().await;
+    register(&server, "held", &url, json!({})).await;
+    let mcp_session = open_mcp_session(&server, &session).await;
+    let call = |id: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": "held", "arguments": {"city": "x"}}})
+        .to_string()
+    };
+    let first = {
+        let post = mcp_post(&server, &session, Some(&server.token))
+            .header("mcp-session-id", &mcp_session)
+            .body(call(json!(1)))
+            .send();
+        tokio::spawn(async move { rpc_answer(post.await.unwrap()).await })
+    };
+    // Sent once the first is in flight: the sending itself is awaited in the task.
+    tokio::time::timeout(Duration::from_secs(20), arrived.notified())
+        .await
+        .expect("the first call did not reach its callback");
+    let again = post_raw(&server, &session, &mcp_session, &call(json!(1))).await;
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    let refused = rpc_answer(again).await;
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert_eq!(refused["id"], 1);
+    // The string "1" is another id.
+    let other = {
+        let post = mcp_post(&server, &session, Some(&server.token))
+            .header("mcp-session-id", &mcp_session)
+            .body(call(json!("1")))
+            .send();
+        tokio::spawn(async move { rpc_answer(post.await.unwrap()).await })
+    };
+    tokio::time::timeout(Duration::from_secs(20), arrived.notified())
+        .await
+        .expect("the call with id \"1\" did not reach its callback");
+    release.send_replace(true);
+    let answered = first.await.unwrap();
+    assert_eq!(answered["id"], 1, "{answered}");
+    assert_eq!(answered["result"]["isError"], false, "{answered}");
+    let answered = other.await.unwrap();
+    assert_eq!(answered["id"], "1", "{answered}");
+    // Answered, the id is free again.
+    let reused = rpc_answer(post_raw(&server, &session, &mcp_session, &call(json!(1))).await).await;
+    assert_eq!(reused["result"]["isError"], false, "{reused}");
+}

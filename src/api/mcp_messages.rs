@@ -57,7 +57,7 @@ const STANDARD_REQUESTS: [&str; 13] = [
 /// Every body is read here, whatever its method and content type: the
 /// endpoint holds a lock while rmcp answers an `initialize`, and rmcp reading
 /// a slow body under it would hold up every account's MCP traffic.
-pub async fn checked(request: Request, state: &AppState) -> Result<Request, Response> {
+pub async fn checked(request: Request, state: &AppState) -> Result<Checked, Response> {
     let (parts, body) = request.into_parts();
     let bytes = body_bytes(Request::from_parts(parts.clone(), body), state)
         .await
@@ -66,12 +66,34 @@ pub async fn checked(request: Request, state: &AppState) -> Result<Request, Resp
     // A body rmcp will not read as a message gets rmcp's own 415 (or, for
     // streams and ends, no reading at all).
     if request.method() != Method::POST || !declares_json(&request) {
-        return Ok(request);
+        return Ok(Checked {
+            request,
+            request_id: None,
+        });
     }
-    if let Some(refusal) = refusal(&bytes) {
-        return Err(refusal);
-    }
-    Ok(request)
+    let request_id = message_id(&bytes).map_err(|refusal| *refusal)?;
+    Ok(Checked {
+        request,
+        request_id,
+    })
+}
+
+/// A request read and checked, and the JSON-RPC id it asks to be answered
+/// under (a request's; notifications and responses have none to answer).
+pub struct Checked {
+    pub request: Request,
+    pub request_id: Option<NumberOrString>,
+}
+
+/// The answer to a request whose id another request of the same MCP session
+/// still in flight uses: rmcp routes answers by id, so the two would get each
+/// other's result (or one none at all).
+pub fn id_in_flight(id: NumberOrString) -> Response {
+    let error = ErrorData::invalid_request(
+        "this id is already used by a request of this MCP session that is still in flight: give every request its own id",
+        None,
+    );
+    answer(StatusCode::CONFLICT, Some(id), error)
 }
 
 /// Whether the body is declared JSON as rmcp judges it: the media type's
@@ -88,21 +110,22 @@ fn declares_json(request: &Request) -> bool {
         })
 }
 
-/// The answer to a body that is no MCP message rmcp can take, if it is not.
-fn refusal(bytes: &Bytes) -> Option<Response> {
+/// The id of a message rmcp can take (a request's; None for a notification
+/// or a response), or the answer to a body that is no such message.
+fn message_id(bytes: &Bytes) -> Result<Option<NumberOrString>, Box<Response>> {
     let message = match serde_json::from_slice::<ClientJsonRpcMessage>(bytes) {
         Ok(message) => message,
-        Err(_) => return Some(unreadable(bytes)),
+        Err(_) => return Err(Box::new(unreadable(bytes))),
     };
     let JsonRpcMessage::Request(request) = message else {
-        return None;
+        return Ok(None);
     };
     let ClientRequest::CustomRequest(custom) = &request.request else {
-        return None;
+        return Ok(Some(request.id));
     };
     if !STANDARD_REQUESTS.contains(&custom.method.as_str()) {
         // Truly unknown: rmcp's "method not found" is the right answer.
-        return None;
+        return Ok(Some(request.id));
     }
     let error = ErrorData::invalid_params(
         format!(
@@ -112,7 +135,7 @@ fn refusal(bytes: &Bytes) -> Option<Response> {
         ),
         None,
     );
-    Some(answer(StatusCode::OK, Some(request.id), error))
+    Err(Box::new(answer(StatusCode::OK, Some(request.id), error)))
 }
 
 /// Why `params` do not fit `method`, as serde says it for the two requests
@@ -173,7 +196,7 @@ mod tests {
     use super::*;
 
     fn code_of(bytes: &str) -> Option<(StatusCode, i32)> {
-        let response = refusal(&Bytes::from(bytes.to_owned()))?;
+        let response = *message_id(&Bytes::from(bytes.to_owned())).err()?;
         let status = response.status();
         let body = futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
             .expect("body");

@@ -3,13 +3,14 @@
 //! the session looked up in that account (404) before any MCP exchange; the
 //! slot comes from `X-Toolgate-Slot` (default `narrator`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use futures::StreamExt;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -48,6 +49,24 @@ struct Endpoint {
     service: McpService,
     sessions: Arc<LocalSessionManager>,
     owners: Arc<tokio::sync::Mutex<HashMap<String, McpScope>>>,
+    /// (MCP session, JSON-RPC id) of the requests being answered now.
+    in_flight: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
+}
+
+/// A request id taken for the time its answer streams: given back when the
+/// answer's body ends or is dropped (its client gone).
+struct InFlight {
+    taken: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
+    key: (String, String),
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.taken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
 }
 
 /// The route, with one MCP service (and its MCP sessions) for the server.
@@ -70,6 +89,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         ),
         sessions,
         owners: Arc::default(),
+        in_flight: Arc::default(),
     };
     Router::new().route(
         "/mcp/sessions/{id}",
@@ -104,7 +124,7 @@ async fn serve(
         && owner.account_id == account.id
         && owner.session_id == session_id
     {
-        return serve_session(&endpoint, request, owner, id.clone()).await;
+        return serve_session(&endpoint, request, owner, id.clone(), None).await;
     }
     // Before any MCP exchange: another account's session is as absent as a
     // missing one.
@@ -124,13 +144,13 @@ async fn serve(
     };
     // Read and checked here, before any lock of the endpoint is taken: a
     // client sending its body slowly holds up nobody else.
-    let request = match mcp_messages::checked(request, &state).await {
-        Ok(request) => request,
+    let checked = match mcp_messages::checked(request, &state).await {
+        Ok(checked) => checked,
         Err(answer) => return Ok(answer),
     };
     match named {
-        Some(id) => serve_session(&endpoint, request, scope, id).await,
-        None => open_session(&endpoint, &state, request, scope).await,
+        Some(id) => serve_session(&endpoint, checked.request, scope, id, checked.request_id).await,
+        None => open_session(&endpoint, &state, checked.request, scope).await,
     }
 }
 
@@ -147,6 +167,7 @@ async fn serve_session(
     mut request: Request,
     scope: McpScope,
     id: String,
+    request_id: Option<rmcp::model::NumberOrString>,
 ) -> ApiResult<Response> {
     let owner = endpoint.owner(&id).await;
     // Messages are the slot's calls, so they must name the session's slot;
@@ -164,12 +185,51 @@ async fn serve_session(
         return Err(crate::error::Error::not_found("MCP session").into());
     };
     let ends = request.method() == axum::http::Method::DELETE;
+    let in_flight = match request_id {
+        Some(request_id) => match endpoint.take_request_id(&id, &request_id) {
+            Some(taken) => Some(taken),
+            None => return Ok(mcp_messages::id_in_flight(request_id)),
+        },
+        None => None,
+    };
     request.extensions_mut().insert(owner);
     let Ok(response) = endpoint.service.clone().oneshot(request).await;
     if ends && response.status().is_success() {
         endpoint.owners.lock().await.remove(&id);
     }
-    Ok(response.into_response())
+    let response = response.into_response();
+    Ok(match in_flight {
+        // Held by the answer's body: an answer streams after this returns.
+        Some(taken) => response.map(|body| {
+            axum::body::Body::from_stream(body.into_data_stream().map(move |chunk| {
+                let _held = &taken;
+                chunk
+            }))
+        }),
+        None => response,
+    })
+}
+
+impl Endpoint {
+    /// Takes `request_id` for the MCP session `session` while its answer is
+    /// given; None when a request of the session still in flight has it.
+    fn take_request_id(
+        &self,
+        session: &str,
+        request_id: &rmcp::model::NumberOrString,
+    ) -> Option<InFlight> {
+        // Serialized, so that the number 1 and the string "1" stay two ids.
+        let id = serde_json::to_string(request_id).unwrap_or_default();
+        let key = (session.to_owned(), id);
+        let mut taken = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if !taken.insert(key.clone()) {
+            return None;
+        }
+        Some(InFlight {
+            taken: self.in_flight.clone(),
+            key,
+        })
+    }
 }
 
 /// A request without a session (an `initialize`), within the session caps.
