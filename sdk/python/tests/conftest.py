@@ -39,10 +39,12 @@ def toolgate_binary() -> Path:
 class Toolgate:
     """One toolgate server process; ``kill`` and ``start`` again keep port and data."""
 
-    def __init__(self, binary: Path, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, binary: Path, data_dir: Path, log_path: Path, args: tuple[str, ...] = ()) -> None:
         self.binary = binary
         self.data_dir = data_dir
         self.log_path = log_path
+        self.args = args
+        """More ``serve`` flags (an operator's settings, such as a lower limit)."""
         self.listen = "127.0.0.1:0"
         self.process: subprocess.Popen[str] | None = None
         self.url = ""
@@ -53,7 +55,7 @@ class Toolgate:
         env.update(TOOLGATE_ADMIN_TOKEN=ADMIN_TOKEN, RUST_LOG="info,sqlx=warn")
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
-                [str(self.binary), "serve", "--listen", self.listen, "--data-dir", str(self.data_dir)],
+                [str(self.binary), "serve", "--listen", self.listen, "--data-dir", str(self.data_dir), *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -108,8 +110,11 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def toolgate(tmp_path: Path) -> Iterator[Toolgate]:
-    server = Toolgate(toolgate_binary(), tmp_path / "data", tmp_path / "toolgate.log")
+def toolgate(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Toolgate]:
+    """A toolgate with its defaults; a test parametrized with ``indirect=["toolgate"]``
+    gives it more ``serve`` flags."""
+    args = tuple(getattr(request, "param", ()))
+    server = Toolgate(toolgate_binary(), tmp_path / "data", tmp_path / "toolgate.log", args)
     server.start()
     try:
         yield server

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import httpx
 import pydantic
@@ -29,6 +29,20 @@ CITIES = {"sh": "Shanghai"}
 
 contexts: list[CallContext] = []
 release = threading.Event()
+
+
+class Crate(pydantic.BaseModel):
+    count: int
+
+
+class Box(pydantic.BaseModel):
+    kind: Literal["box"] = "box"
+    size: int
+
+
+class Bag(pydantic.BaseModel):
+    kind: Literal["bag"] = "bag"
+    size: float
 
 
 class Unprintable(Exception):
@@ -68,6 +82,13 @@ def make_plugin(toolgate: Toolgate) -> Plugin:
     @plugin.tool()
     def typed(n: int, flag: bool = False, scores: dict[int, str] | None = None) -> dict[str, Any]:
         return {"n": n, "flag": flag}
+
+    @plugin.tool()
+    def integers(
+        n: int, more: list[int] | None = None, maybe: int | None = None, crate: Crate | None = None
+    ) -> dict[str, Any]:
+        values = [n, *(more or []), maybe, crate.count if crate else None]
+        return {"values": values, "types": [type(value).__name__ for value in values]}
 
     @plugin.tool(timeout_seconds=10)
     def blocking(seconds: float) -> float:
@@ -200,6 +221,68 @@ async def test_direct_calls_are_validated_strictly_and_logged_without_data(
     logged = " ".join(record.getMessage() for record in caplog.records)
     assert "scores.*.[key] (int_parsing)" in logged
     assert "alice" not in logged
+
+
+async def test_an_integral_float_for_an_int_is_taken_as_the_schema_takes_it(plugin: Plugin, api: Api) -> None:
+    # JSON Schema (toolgate's check) reads 7.0 as an integer: the call reaches the
+    # function, with ints, also inside a list, an Optional and a nested model.
+    session = await api.session()
+    result = await api.call(session, "integers", {"n": 7.0, "more": [1.0, 2], "maybe": -3.0, "crate": {"count": 4.0}})
+    assert result["is_error"] is False, result
+    assert result["output"] == {"values": [7, 1, 2, -3, 4], "types": ["int"] * 5}
+    assert all(type(value) is int for value in result["output"]["values"])
+    # A float parameter keeps its float.
+    result = await api.call(session, "number", {"v": 7.0})
+    assert result["output"] == 7.0 and type(result["output"]) is float, result
+
+    # What the schema does not take as an integer stays refused (toolgate refuses
+    # these itself, so they are sent to the callback directly).
+    url = await callback_url(api, plugin, "integers")
+    async with httpx.AsyncClient() as client:
+        for n in [7.5, True, "7", [7.0]]:
+            answer = (await client.post(url, json={"arguments": {"n": n}})).json()
+            assert answer["is_error"] is True, (n, answer)
+            assert answer["error"].startswith("invalid arguments: n: "), (n, answer)
+
+
+async def test_integral_floats_become_ints_only_where_the_schema_wants_an_integer() -> None:
+    plugin = Plugin("integers")
+
+    @plugin.tool()
+    def kinds(
+        exact: int = 0,
+        either: int | float = 0,
+        anything: Any = None,
+        table: dict[str, int] | None = None,
+        pair: tuple[int, float] = (0, 0.0),
+        item: Annotated[Box | Bag, pydantic.Field(discriminator="kind")] = Box(size=0),
+    ) -> dict[str, Any]:
+        table_kinds = [type(value).__name__ for value in (table or {}).values()]
+        return {
+            "exact": type(exact).__name__,
+            "either": type(either).__name__,
+            "anything": type(anything).__name__,
+            "table": table_kinds,
+            "pair": [type(value).__name__ for value in pair],
+            "item": type(item.size).__name__,
+        }
+
+    tool = plugin.tools["kinds"]
+    wholes = {"exact": 1e300, "either": 7.0, "anything": 7.0, "table": {"a": 7.0}, "pair": [7.0, 7.0]}
+    answer = await tool.answer({**wholes, "item": {"kind": "box", "size": 7.0}})
+    assert answer["output"] == {
+        "exact": "int",
+        "either": "float",  # pydantic takes 7.0 as the float, as it is
+        "anything": "float",
+        "table": ["int"],
+        "pair": ["int", "float"],
+        "item": "int",
+    }, answer
+    answer = await tool.answer({"item": {"kind": "bag", "size": 7.0}})
+    assert answer["output"]["item"] == "float", answer
+    for exact in [7.5, -0.5, True]:
+        answer = await tool.answer({"exact": exact})
+        assert answer["is_error"] is True and answer["error"].startswith("invalid arguments: exact: "), answer
 
 
 async def test_deep_json_is_a_clear_400_not_a_500(plugin: Plugin, api: Api) -> None:

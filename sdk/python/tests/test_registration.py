@@ -4,16 +4,19 @@ or a character deleted) means no spam."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 import socket
+import threading
 from typing import Annotated, Any
 
 import anyio
 import pytest
 from pydantic import Field
 
-from conftest import Api, Toolgate, wait_for
-from toolgate_plugin import Plugin, WatchTiming
+from conftest import Api, Toolgate, serving, wait_for
+from toolgate_plugin import Plugin, SchemaError, WatchTiming
 
 pytestmark = pytest.mark.anyio
 
@@ -36,11 +39,62 @@ async def holders(api: Api, role: str, name: str) -> list[str]:
     return [tool["source"] for tool in listing["tools_by_role"][role] if tool["name"] == name]
 
 
-def too_big(text: Annotated[str, Field(description="x" * 300_000)]) -> str:
-    """Parameters over toolgate's default --max-tool-schema-bytes (256 KiB): a 422."""
+# An operator's lower --max-tool-schema-bytes: the plugin cannot know it at declaration.
+LOWERED_LIMIT = ("--max-tool-schema-bytes", "4096")
+# toolgate's default --max-tool-schema-bytes, which the plugin checks at declaration.
+SCHEMA_LIMIT = 256 * 1024
+
+
+def too_big(text: Annotated[str, Field(description="x" * 5_000)]) -> str:
+    """Parameters over the lowered --max-tool-schema-bytes (4 KiB): a 422."""
     return text
 
 
+def sized(pad: int) -> Any:
+    """A tool whose parameters and description take ``pad`` bytes more than with
+    no pad: non-ASCII, escapes and a float in exponent form (``1.5e-7``, not
+    Python's ``1.5e-07``) make the count differ from a naive one."""
+
+    def padded(text: str = "\u00e9", ratio: float = 1.5e-7) -> str:
+        """Sized \u00fc."""
+        return text
+
+    padded.__annotations__["text"] = Annotated[str, Field(description="\u00e9\u4e2d\n\"/\x7f" + "x" * pad)]
+    return padded
+
+
+async def toolgates_count(api: Api, parameters: dict[str, Any], description: str) -> int:
+    """The size toolgate gives a tool in its refusal (it must be over the limit)."""
+    body = {"name": "probe", "description": description, "parameters": parameters}
+    body["callback_url"] = "http://127.0.0.1:9/x"
+    response = await api.http.post(f"{api.server.url}/api/tools/register", json=body)
+    assert response.status_code == 422, response.text
+    match = re.search(r"take (\d+) bytes", response.json()["error"]["message"])
+    assert match is not None, response.text
+    return int(match.group(1))
+
+
+async def test_a_tool_over_toolgates_size_limit_is_refused_at_declaration(toolgate: Toolgate, api: Api) -> None:
+    probe = Plugin("sizes")
+    probe.tool()(sized(0))
+    tool = probe.tools["padded"]
+    # toolgate's own count, by its refusal of the same tool padded past its limit.
+    parameters = copy.deepcopy(tool.parameters)
+    parameters["properties"]["text"]["description"] += "x" * SCHEMA_LIMIT
+    unpadded = await toolgates_count(api, parameters, tool.description) - SCHEMA_LIMIT
+    fitting = SCHEMA_LIMIT - unpadded
+
+    plugin = Plugin("sizes", toolgate_url=toolgate.url)
+    with pytest.raises(SchemaError, match=rf"^over: .*{SCHEMA_LIMIT + 1} bytes.*limit is {SCHEMA_LIMIT} bytes"):
+        plugin.tool(name="over")(sized(fitting + 1))
+    assert "over" not in plugin.tools
+    # Exactly at the limit: declared, and toolgate takes it.
+    plugin.tool(name="fits")(sized(fitting))
+    async with serving(plugin, api, DEADLINE_SECONDS, threading.Event()):
+        assert set(await api.listed(plugin.source)) == {"fits"}
+
+
+@pytest.mark.parametrize("toolgate", [LOWERED_LIMIT], indirect=True)
 async def test_a_refused_tool_is_reported_once_and_holds_up_no_other(
     toolgate: Toolgate, api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import re
 import types
 import typing
 import warnings
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pydantic
+import pydantic_core
 
 from .context import CallContext
 
@@ -24,14 +27,22 @@ __all__ = [
     "SchemaError",
     "arguments_model",
     "check_registrable",
+    "check_size",
     "check_text",
     "context_parameter",
     "inline_schema",
+    "integers_as_schema_reads",
 ]
 
 # toolgate refuses a parameter schema nested deeper than this (src/schema.rs MAX_SCHEMA_DEPTH),
 # counting the top object as level 1 and a scalar inside it as level 2.
 MAX_SCHEMA_DEPTH = 64
+# toolgate refuses a runtime tool whose parameters (compact JSON) and description take
+# more bytes than this: its default --max-tool-schema-bytes (src/config.rs
+# DEFAULT_MAX_TOOL_SCHEMA_BYTES, measured in src/tools/remote/mod.rs validate_within).
+MAX_TOOL_SCHEMA_BYTES = 256 * 1024
+# Integers toolgate reads as such; it reads a longer one as a float (serde_json's u64 and i64).
+_EXACT_INTEGERS = range(-(2**63), 2**64)
 # Names pydantic keeps for its own methods: a field named so is refused or breaks
 # the model (``model_config`` is even dropped silently, as configuration).
 _PROTECTED_PREFIXES = ("model_validate", "model_dump")
@@ -152,6 +163,44 @@ def check_registrable(schema: dict[str, Any], model_name: str) -> None:
         raise SchemaError(f"{model_name}: the schema nests {depth} levels deep; toolgate's limit is {MAX_SCHEMA_DEPTH}")
 
 
+def check_size(parameters: dict[str, Any], description: str, name: str) -> None:
+    """Refuses a tool over toolgate's default size limit, counted as toolgate counts.
+
+    Here rather than left to toolgate, which refuses the registration: the plugin
+    would only log that and offer the tool again every 30 s, to no end. An
+    operator's lower ``--max-tool-schema-bytes`` is still toolgate's to refuse."""
+    size = registered_size(parameters, description)
+    if size > MAX_TOOL_SCHEMA_BYTES:
+        raise SchemaError(
+            f"{name}: the parameters schema and description take {size} bytes (compact JSON, UTF-8); "
+            f"toolgate's limit is {MAX_TOOL_SCHEMA_BYTES} bytes (--max-tool-schema-bytes, 256 KiB by default)"
+        )
+
+
+def registered_size(parameters: dict[str, Any], description: str) -> int:
+    """The bytes toolgate counts against ``--max-tool-schema-bytes``: the parameters as
+    serde_json writes them plus the description, in UTF-8.
+
+    pydantic writes JSON as serde_json does (compact, no escaping of non-ASCII,
+    ``1.5e-7`` and ``0.00001`` where Python's json has ``1.5e-07`` and ``1e-05``),
+    once integers toolgate reads as floats are floats (``10**30`` is ``1e+30`` there)."""
+    return len(pydantic_core.to_json(_as_toolgate_reads(parameters))) + len(description.encode())
+
+
+def _as_toolgate_reads(value: Any) -> Any:
+    """``value`` with each integer past 64 bits a float, as toolgate reads it."""
+    if isinstance(value, dict):
+        return {key: _as_toolgate_reads(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_toolgate_reads(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _EXACT_INTEGERS:
+        try:
+            return float(value)
+        except OverflowError:  # no float either: toolgate cannot read it at all
+            return value
+    return value
+
+
 def check_text(text: str, what: str) -> None:
     """Refuses text toolgate cannot take: NUL (its database cannot store it, so it
     refuses U+0000 in any string of a request) or a lone surrogate (no UTF-8 at all)."""
@@ -188,6 +237,154 @@ def _depth(value: Any) -> int:
     else:
         return 1
     return 1 + max((_depth(child) for child in children), default=0)
+
+
+def integers_as_schema_reads(value: Any, schema: Any) -> Any:
+    """``value`` with each whole float (``7.0``) an ``int`` where ``schema`` wants an
+    integer there and no other number.
+
+    JSON Schema, which toolgate checks a call's arguments against, counts ``7.0``
+    as an integer; pydantic's strict mode refuses it for an ``int``. Without this,
+    the plugin would refuse calls the schema it declared allows. What the schema
+    does not count as an integer stays as it is for the model to refuse (``7.5``,
+    ``true``, ``"7"``), and so does a float where the schema also takes any number
+    (``int | float``, ``Any``): pydantic hands that over as the float."""
+    return _as_ints(value, _alternatives(schema))
+
+
+def _as_ints(value: Any, alternatives: list[dict[str, Any]]) -> Any:
+    """``value`` converted under ``alternatives``, the schemas one of which it must match.
+
+    Descends only along subschemas, so no deeper than the schema itself
+    (``MAX_SCHEMA_DEPTH``), however deep the arguments."""
+    if not alternatives or any(_takes_anything(alternative) for alternative in alternatives):
+        return value
+    if isinstance(value, float):
+        whole = math.isfinite(value) and value.is_integer()
+        return int(value) if whole and _integer_only(value, alternatives) else value
+    if isinstance(value, list):
+        return [_as_ints(item, _item_alternatives(alternatives, index)) for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        candidates = [alternative for alternative in alternatives if _may_match_object(alternative, value)]
+        return {key: _as_ints(item, _property_alternatives(candidates, key)) for key, item in value.items()}
+    return value
+
+
+def _alternatives(schema: Any) -> list[dict[str, Any]]:
+    """The schemas one of which a value must match: unions (``anyOf``, ``oneOf``)
+    flattened. ``allOf`` counts as one too: exact for pydantic's one-element
+    wrapper, and for more it can only leave a float that could have been an int."""
+    if schema is True:
+        return [{}]
+    if not isinstance(schema, dict):
+        return []  # false: nothing matches
+    branches = [*schema.get("anyOf", ()), *schema.get("oneOf", ()), *schema.get("allOf", ())]
+    if branches:
+        return [alternative for branch in branches for alternative in _alternatives(branch)]
+    return [schema]
+
+
+def _takes_anything(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` restricts neither the type nor the value (``Any``, ``{}``)."""
+    return not any(key in schema for key in ("type", "enum", "const"))
+
+
+def _types(schema: dict[str, Any]) -> set[str]:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    return {item for item in kind if isinstance(item, str)} if isinstance(kind, list) else set()
+
+
+def _integer_only(number: float, alternatives: list[dict[str, Any]]) -> bool:
+    """Whether some alternative takes whole ``number`` as an integer and none as a float."""
+    kinds = {_number_kind(number, alternative) for alternative in alternatives}
+    return "integer" in kinds and "number" not in kinds
+
+
+def _number_kind(number: float, schema: dict[str, Any]) -> str | None:
+    """``"number"`` if ``schema`` takes ``number`` as a float, ``"integer"`` if as an
+    integer only, else ``None``; an untyped ``enum`` (``Literal[1, "a"]``) by its members."""
+    types = _types(schema)
+    if "number" in types:
+        return "number"
+    if "integer" in types:
+        return "integer"
+    if types:
+        return None
+    members = schema["enum"] if isinstance(schema.get("enum"), list) else [schema.get("const")]
+    equal = [member for member in members if _is_number(member) and member == number]
+    if any(isinstance(member, float) for member in equal):
+        return "number"
+    return "integer" if equal else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _item_alternatives(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """The schemas of item ``index`` of an array: ``prefixItems`` (a tuple), then ``items``."""
+    found: list[dict[str, Any]] = []
+    for alternative in alternatives:
+        if "array" not in _types(alternative):
+            continue
+        prefix = alternative.get("prefixItems")
+        if isinstance(prefix, list) and index < len(prefix):
+            found.extend(_alternatives(prefix[index]))
+        else:
+            found.extend(_alternatives(alternative.get("items", True)))
+    return found
+
+
+def _may_match_object(schema: dict[str, Any], value: dict[str, Any]) -> bool:
+    """Whether object ``value`` may match ``schema``: its required keys are there and
+    no ``const`` or ``enum`` of a property rules it out (the tag of a tagged union)."""
+    if "object" not in _types(schema):
+        return False
+    if any(key not in value for key in schema.get("required", ()) if isinstance(key, str)):
+        return False
+    properties = schema.get("properties")
+    for key, sub in properties.items() if isinstance(properties, dict) else ():
+        if key not in value or not isinstance(sub, dict):
+            continue
+        if "const" in sub and value[key] != sub["const"]:
+            return False
+        if isinstance(sub.get("enum"), list) and value[key] not in sub["enum"]:
+            return False
+    return True
+
+
+def _property_alternatives(alternatives: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The schemas of an object's ``key``: its property, else the patterns it matches,
+    else ``additionalProperties``."""
+    found: list[dict[str, Any]] = []
+    for alternative in alternatives:
+        properties = alternative.get("properties")
+        if isinstance(properties, dict) and key in properties:
+            found.extend(_alternatives(properties[key]))
+            continue
+        matching = _pattern_schemas(alternative.get("patternProperties"), key)
+        if matching:
+            found.extend(alternative for sub in matching for alternative in _alternatives(sub))
+        else:
+            found.extend(_alternatives(alternative.get("additionalProperties", True)))
+    return found
+
+
+def _pattern_schemas(patterns: Any, key: str) -> list[Any]:
+    """The ``patternProperties`` schemas for ``key``; a pattern Python cannot read
+    counts as matching with any value, which leaves the key's value as it is."""
+    if not isinstance(patterns, dict):
+        return []
+    found: list[Any] = []
+    for pattern, sub in patterns.items():
+        try:
+            if re.search(pattern, key):
+                found.append(sub)
+        except re.error:
+            found.append(True)
+    return found
 
 
 # Keywords whose value is a map of names to subschemas: their keys are names,

@@ -26,7 +26,16 @@ import pydantic
 import pydantic_core
 
 from .context import CallContext
-from .schema import SchemaError, arguments_model, check_registrable, check_text, context_parameter, inline_schema
+from .schema import (
+    SchemaError,
+    arguments_model,
+    check_registrable,
+    check_size,
+    check_text,
+    context_parameter,
+    inline_schema,
+    integers_as_schema_reads,
+)
 
 __all__ = [
     "AsyncCapability",
@@ -110,8 +119,9 @@ class Tool:
     def from_function(cls, function: Callable[..., Any], options: ToolOptions) -> Tool:
         """Derives name, description and schema; refuses what toolgate would.
 
-        Limits an operator can change (``--max-tool-schema-bytes``) are left to
-        toolgate: the plugin logs its refusal, naming the tool."""
+        The size is checked against toolgate's default ``--max-tool-schema-bytes``:
+        an operator's lower limit is left to toolgate, whose refusal the plugin
+        logs, naming the tool."""
         _check_callable(function)
         name = options.name or function.__name__
         _check_options(name, options)
@@ -124,6 +134,7 @@ class Tool:
         arguments = arguments_model(function, f"{name}_arguments")
         parameters = inline_schema(arguments)
         check_registrable(parameters, name)
+        check_size(parameters, description, name)
         return cls(
             name=name,
             description=description,
@@ -224,7 +235,8 @@ class Tool:
 
         Strict: what the schema says is what passes (no "7" for an integer, no
         "yes" for a boolean), also for a call that did not come through toolgate's
-        own schema check. Raises ``_Invalid`` with the model's message, having
+        own schema check; as in the schema, ``7.0`` is an integer (an ``int`` for the
+        function). Raises ``_Invalid`` with the model's message, having
         logged what the log may hold: field paths and rule names, never values nor
         the keys of a mapping (arguments come from the conversation)."""
         non_finite = _non_finite(arguments)
@@ -233,6 +245,7 @@ class Tool:
             where = self._log_path(path)
             _log.info("tool %s: call %r had invalid arguments: %s (finite_number)", self.name, context.call_id, where)
             raise _Invalid(f"{_path(path)}: {number} is no JSON number (one out of range, such as 1e400, reads as inf)")
+        arguments = integers_as_schema_reads(arguments, self.parameters)
         try:
             validated = self.arguments.model_validate_json(pydantic_core.to_json(arguments), strict=True)
         except pydantic.ValidationError as exc:
