@@ -748,3 +748,55 @@ async fn a_request_id_still_in_flight_is_refused_not_given_the_others_answer() {
     let reused = rpc_answer(post_raw(&server, &session, &mcp_session, &call(json!(1))).await).await;
     assert_eq!(reused["result"]["isError"], false, "{reused}");
 }
+
+#[tokio::test]
+async fn a_request_id_stays_taken_while_its_call_runs_after_the_client_went_away() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let (url, release, arrived) = held_callback().await;
+    register(&server, "held", &url, json!({})).await;
+    let mcp_session = open_mcp_session(&server, &session).await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "held", "arguments": {"city": "x"}}})
+    .to_string();
+    // Sent on a connection of its own, dropped once the call has reached
+    // its callback: rmcp goes on with the call and will answer id 7.
+    let mut gone = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let head = format!(
+        "POST /mcp/sessions/{session} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n\
+         mcp-session-id: {mcp_session}\r\ncontent-length: {}\r\n\r\n{call}",
+        server.addr,
+        server.token,
+        call.len()
+    );
+    gone.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), arrived.notified())
+        .await
+        .expect("the call did not reach its callback");
+    drop(gone);
+    // The id is still the running call's: another request may not take it.
+    let server_ref = &server;
+    let (session_ref, mcp_ref, call_ref) = (&session, &mcp_session, &call);
+    for _ in 0..5 {
+        let again = post_raw(server_ref, session_ref, mcp_ref, call_ref).await;
+        assert_eq!(
+            again.status(),
+            StatusCode::CONFLICT,
+            "id 7 was given to a new request while its call still ran"
+        );
+    }
+    // Once the call is over, the id is free again.
+    release.send_replace(true);
+    common::wait_until(
+        Duration::from_secs(20),
+        "id 7 to be free again",
+        || async move {
+            post_raw(server_ref, session_ref, mcp_ref, call_ref)
+                .await
+                .status()
+                == StatusCode::OK
+        },
+    )
+    .await;
+}

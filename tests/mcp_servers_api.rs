@@ -1522,3 +1522,40 @@ async fn only_the_admin_runs_stdio_servers_unless_every_account_may() {
         .await;
     assert_eq!(connect.status, StatusCode::FORBIDDEN, "{connect:?}");
 }
+
+#[tokio::test]
+async fn a_damaged_key_check_is_written_again_when_the_key_opens_the_stored_secrets() {
+    let mut server = spawn_app().await;
+    let sealed = create(&server, secret_stdio_body("sealed")).await;
+    server.stop().await;
+    server
+        .execute_sql("UPDATE secrets_key_check SET sealed = (SELECT secrets FROM mcp_servers WHERE name = 'sealed')")
+        .await;
+    // The right key still opens the stored secrets: the check was damaged.
+    server.restart().await;
+    let read = data(
+        &server
+            .get(&format!("/mcp/servers/{}", id_of(&sealed)))
+            .await,
+        StatusCode::OK,
+        "get",
+    );
+    assert_eq!(read["secrets_error"], Value::Null);
+    server
+        .log_containing("secrets key check did not open")
+        .await;
+    // Written again: another key is still refused.
+    server.stop().await;
+    let refused = server
+        .start_refused(vec![("TOOLGATE_SECRETS_KEY".into(), OTHER_KEY.into())])
+        .await;
+    assert_refused_for_its_key(&refused);
+    // Without a stored secret to judge by, a check that does not open is refused.
+    server
+        .execute_sql("UPDATE secrets_key_check SET sealed = (SELECT secrets FROM mcp_servers WHERE name = 'sealed')")
+        .await;
+    server
+        .execute_sql("DELETE FROM mcp_servers WHERE name = 'sealed'")
+        .await;
+    assert_refused_for_its_key(&server.start_refused(Vec::new()).await);
+}

@@ -905,10 +905,10 @@ async fn a_database_outage_is_logged_with_its_cause_and_so_is_its_end() {
     .await;
 }
 
-/// A `toolgate serve` on `database` from its own data directory: its child
+/// A `toolgate serve` on the database at `database_url` from its own data directory: its child
 /// once it listens, or its output once it exits without listening.
 async fn serve_or_refusal(
-    database: &TestDatabase,
+    database_url: &str,
     data_dir: &std::path::Path,
     secrets_key: Option<&str>,
 ) -> Result<tokio::process::Child, std::process::Output> {
@@ -917,7 +917,7 @@ async fn serve_or_refusal(
     command
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
-        .env("TOOLGATE_DATABASE_URL", &database.url)
+        .env("TOOLGATE_DATABASE_URL", database_url)
         .env("TOOLGATE_ADMIN_TOKEN", common::ADMIN_TOKEN)
         .env_remove("TOOLGATE_SECRETS_KEY")
         .env_remove("TOOLGATE_CONFIG")
@@ -973,12 +973,12 @@ async fn an_instance_with_another_secrets_key_is_refused_and_nothing_is_forgotte
     let b_dir = temp.path().join("b");
     // Started without the shared key, B would generate its own and seal
     // what A cannot open: refused, and its generated key is not left behind.
-    let refused = serve_or_refusal(&database, &b_dir, None)
+    let refused = serve_or_refusal(&database.url, &b_dir, None)
         .await
         .expect_err("an instance with its own key started");
     assert_refused_for_its_key(&refused);
     assert!(!b_dir.join("secrets-key").exists());
-    let refused = serve_or_refusal(&database, &b_dir, Some(&"cd".repeat(32)))
+    let refused = serve_or_refusal(&database.url, &b_dir, Some(&"cd".repeat(32)))
         .await
         .expect_err("an instance with another key started");
     assert_refused_for_its_key(&refused);
@@ -996,7 +996,7 @@ async fn an_instance_with_another_secrets_key_is_refused_and_nothing_is_forgotte
     );
     assert_eq!(kept.body["data"]["enabled"], true);
     // With the shared key, B starts.
-    let b = serve_or_refusal(&database, &b_dir, Some(SHARED_SECRETS_KEY)).await;
+    let b = serve_or_refusal(&database.url, &b_dir, Some(SHARED_SECRETS_KEY)).await;
     assert!(
         b.is_ok(),
         "B with the shared key was refused: {:?}",
@@ -1012,8 +1012,8 @@ async fn two_instances_with_different_keys_starting_at_once_on_a_new_database_st
         let (dir_one, dir_two) = (temp.path().join("one"), temp.path().join("two"));
         let (key_one, key_two) = ("01".repeat(32), "02".repeat(32));
         let (one, two) = tokio::join!(
-            serve_or_refusal(&database, &dir_one, Some(&key_one)),
-            serve_or_refusal(&database, &dir_two, Some(&key_two)),
+            serve_or_refusal(&database.url, &dir_one, Some(&key_one)),
+            serve_or_refusal(&database.url, &dir_two, Some(&key_two)),
         );
         match (one, two) {
             (Ok(_), Err(refused)) | (Err(refused), Ok(_)) => assert_refused_for_its_key(&refused),
@@ -1024,4 +1024,83 @@ async fn two_instances_with_different_keys_starting_at_once_on_a_new_database_st
             ),
         }
     }
+}
+
+/// Waits until a backend of the test database is blocked on a lock while
+/// running a statement like `statement`.
+async fn wait_for_blocked(pool: &sqlx::PgPool, statement: &'static str, what: &str) {
+    common::wait_until(Duration::from_secs(30), what, || async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE $1",
+        )
+        .bind(statement)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_instance_starting_while_secrets_are_forgotten_takes_over_with_its_key_alone() {
+    let database = shared_database().await;
+    let mut first = instance(&database, &[]).await;
+    common::mcp::create_server(
+        &first,
+        json!({"name": "keyed", "transport": "stdio",
+               "stdio": {"command": "toolgate-test-no-such-mcp-server", "env": {"TOKEN": "s3cret"}}}),
+    )
+    .await;
+    first.stop().await;
+    // Holds forget-secrets between its check that no instance is alive and
+    // its commit.
+    let pool = pool(&database).await;
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE mcp_servers IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let temp = tempfile::tempdir().unwrap();
+    let forget = {
+        let (dir, url) = (temp.path().join("operator"), database.url.clone());
+        tokio::task::spawn_blocking(move || {
+            common::toolgate_command(&["forget-secrets", "--yes"], &dir, Some(&url))
+        })
+    };
+    wait_for_blocked(
+        &pool,
+        "UPDATE mcp_servers%",
+        "forget-secrets to reach its update",
+    )
+    .await;
+    // An instance with the old key starts now: its key check must wait for
+    // the forgetting, not pass on the check about to be dropped.
+    let starting = {
+        let (url, dir) = (database.url.clone(), temp.path().join("a"));
+        tokio::spawn(async move { serve_or_refusal(&url, &dir, Some(SHARED_SECRETS_KEY)).await })
+    };
+    wait_for_blocked(
+        &pool,
+        "%pg_advisory_xact_lock%",
+        "the start's key check to wait",
+    )
+    .await;
+    blocker.commit().await.unwrap();
+    let forgot = forget.await.unwrap();
+    assert!(forgot.status.success(), "{forgot:?}");
+    let _running = starting
+        .await
+        .unwrap()
+        .expect("the instance starting with the old key was refused");
+    // That instance's key is the database's now; another is refused.
+    let refused = serve_or_refusal(
+        &database.url,
+        &temp.path().join("c"),
+        Some(&"cd".repeat(32)),
+    )
+    .await
+    .expect_err("an instance with another key started beside it");
+    assert_refused_for_its_key(&refused);
 }

@@ -53,8 +53,15 @@ struct Endpoint {
     in_flight: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
 }
 
-/// A request id taken for the time its answer streams: given back when the
-/// answer's body ends or is dropped (its client gone).
+/// A request id taken for the time rmcp answers it: given back when both the
+/// answer's body and rmcp's handling of the request are over (rmcp goes on
+/// with a request whose client went away, and routes its answer by id).
+#[derive(Clone)]
+struct HeldRequestId {
+    _taken: Arc<InFlight>,
+}
+
+/// The id itself, removed from the taken ones when the last holder drops it.
 struct InFlight {
     taken: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
     key: (String, String),
@@ -193,6 +200,15 @@ async fn serve_session(
         None => None,
     };
     request.extensions_mut().insert(owner);
+    let in_flight = in_flight.map(|taken| {
+        let held = HeldRequestId {
+            _taken: Arc::new(taken),
+        };
+        // rmcp hands the request's parts, extensions included, to the
+        // handler: the id stays taken while the handler runs.
+        request.extensions_mut().insert(held.clone());
+        held
+    });
     let Ok(response) = endpoint.service.clone().oneshot(request).await;
     if ends && response.status().is_success() {
         endpoint.owners.lock().await.remove(&id);

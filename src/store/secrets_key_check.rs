@@ -32,32 +32,53 @@ pub struct SecretsKeyMismatch;
 
 impl Store {
     /// Opens the database's key check with this store's key, writing it
-    /// first when there is none. A key that does not open it, or that opens
-    /// none of the secrets a database from before the check holds, is
-    /// [`SecretsKeyMismatch`]. Two instances starting at once on a new
-    /// database: the first check written stands, and the other is judged by it.
+    /// when there is none. A key that does not open it, or that opens none of
+    /// the secrets a database from before the check holds, is
+    /// [`SecretsKeyMismatch`]. A check that does not open while this key opens
+    /// a stored secret was damaged: it is written again (logged).
+    ///
+    /// One write transaction: two instances starting at once on a new
+    /// database write one check and the other is judged by it, and
+    /// `forget-secrets` cannot drop the check between this read and this
+    /// start's use of its key.
     pub async fn check_secrets_key(&self) -> anyhow::Result<()> {
-        if let Some(stored) = self.stored_key_check().await? {
-            return self.opens_key_check(&stored);
+        let mut tx = self.begin_write().await?;
+        let stored = sql!(tx, c => query_scalar::<Vec<u8>>(
+            "SELECT sealed FROM secrets_key_check WHERE id = 1",
+        )
+        .fetch_optional(c)
+        .await)
+        .context("reading the secrets key check")?;
+        if stored
+            .as_deref()
+            .is_some_and(|sealed| self.opens_key_check(sealed))
+        {
+            return Ok(());
         }
-        let sampled = sql!(self.conn().await?, c => query_as::<(String, Vec<u8>)>(
+        let sampled = sql!(tx, c => query_as::<(String, Vec<u8>)>(
             "SELECT id, secrets FROM mcp_servers WHERE secrets IS NOT NULL ORDER BY id LIMIT ?",
         )
         .bind(SAMPLED_SERVERS)
         .fetch_all(c)
         .await)
         .context("reading stored MCP secrets")?;
-        if !sampled.is_empty()
-            && !sampled
-                .iter()
-                .any(|(id, sealed)| self.secrets.open(id, sealed).is_ok())
-        {
+        let opens_a_secret = sampled
+            .iter()
+            .any(|(id, sealed)| self.secrets.open(id, sealed).is_ok());
+        // Without a secret to judge by, a check that does not open is another
+        // key's: refused, whatever could have damaged it.
+        if !opens_a_secret && (stored.is_some() || !sampled.is_empty()) {
             return Err(SecretsKeyMismatch.into());
         }
+        if stored.is_some() {
+            tracing::warn!(
+                "the database's secrets key check did not open although this key opens stored secrets; it was damaged and is written again"
+            );
+        }
         let sealed = self.secrets.seal(OWNER, PLAINTEXT)?;
-        sql!(self.conn().await?, c => query(
+        sql!(tx, c => query(
             "INSERT INTO secrets_key_check (id, sealed, created_at) VALUES (1, ?, ?) \
-             ON CONFLICT (id) DO NOTHING",
+             ON CONFLICT (id) DO UPDATE SET sealed = excluded.sealed, created_at = excluded.created_at",
         )
         .bind(sealed)
         .bind(now_ms())
@@ -65,27 +86,14 @@ impl Store {
         .await
         .map(drop))
         .context("writing the secrets key check")?;
-        let stored = self
-            .stored_key_check()
-            .await?
-            .context("the secrets key check vanished as it was written")?;
-        self.opens_key_check(&stored)
+        tx.commit().await?;
+        Ok(())
     }
 
-    async fn stored_key_check(&self) -> anyhow::Result<Option<Vec<u8>>> {
-        sql!(self.conn().await?, c => query_scalar::<Vec<u8>>(
-            "SELECT sealed FROM secrets_key_check WHERE id = 1",
-        )
-        .fetch_optional(c)
-        .await)
-        .context("reading the secrets key check")
-    }
-
-    fn opens_key_check(&self, sealed: &[u8]) -> anyhow::Result<()> {
-        match self.secrets.open(OWNER, sealed) {
-            Ok(plain) if plain == PLAINTEXT => Ok(()),
-            _ => Err(SecretsKeyMismatch.into()),
-        }
+    fn opens_key_check(&self, sealed: &[u8]) -> bool {
+        self.secrets
+            .open(OWNER, sealed)
+            .is_ok_and(|plain| plain == PLAINTEXT)
     }
 }
 
