@@ -53,15 +53,10 @@ struct Endpoint {
     in_flight: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
 }
 
-/// A request id taken for the time rmcp answers it: given back when both the
-/// answer's body and rmcp's handling of the request are over (rmcp goes on
-/// with a request whose client went away, and routes its answer by id).
-#[derive(Clone)]
-struct HeldRequestId {
-    _taken: Arc<InFlight>,
-}
-
-/// The id itself, removed from the taken ones when the last holder drops it.
+/// A request id taken for the time rmcp answers it, shared by the answer's
+/// body and the request's parts rmcp hands the handler: removed from the
+/// taken ones when both are over (rmcp goes on with a request whose client
+/// went away, and routes its answer by id).
 struct InFlight {
     taken: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
     key: (String, String),
@@ -200,15 +195,10 @@ async fn serve_session(
         None => None,
     };
     request.extensions_mut().insert(owner);
-    let in_flight = in_flight.map(|taken| {
-        let held = HeldRequestId {
-            _taken: Arc::new(taken),
-        };
-        // rmcp hands the request's parts, extensions included, to the
-        // handler: the id stays taken while the handler runs.
-        request.extensions_mut().insert(held.clone());
-        held
-    });
+    if let Some(taken) = &in_flight {
+        // The id stays taken while the handler runs.
+        request.extensions_mut().insert(taken.clone());
+    }
     let Ok(response) = endpoint.service.clone().oneshot(request).await;
     if ends && response.status().is_success() {
         endpoint.owners.lock().await.remove(&id);
@@ -233,7 +223,7 @@ impl Endpoint {
         &self,
         session: &str,
         request_id: &rmcp::model::NumberOrString,
-    ) -> Option<InFlight> {
+    ) -> Option<Arc<InFlight>> {
         // Serialized, so that the number 1 and the string "1" stay two ids.
         let id = serde_json::to_string(request_id).unwrap_or_default();
         let key = (session.to_owned(), id);
@@ -241,10 +231,10 @@ impl Endpoint {
         if !taken.insert(key.clone()) {
             return None;
         }
-        Some(InFlight {
+        Some(Arc::new(InFlight {
             taken: self.in_flight.clone(),
             key,
-        })
+        }))
     }
 }
 
@@ -305,17 +295,16 @@ async fn close_orphans(
     state: &AppState,
     owners: &mut HashMap<String, McpScope>,
 ) -> ApiResult<()> {
-    let mut gone = std::collections::HashSet::new();
-    let mut checked = std::collections::HashSet::new();
-    for owner in owners.values() {
-        let chat = (owner.account_id.as_str(), owner.session_id.as_str());
-        if !checked.insert(chat) {
-            continue;
-        }
-        match state.runtime.store.session(chat.0, chat.1).await {
+    let chats: HashSet<(&str, &str)> = owners
+        .values()
+        .map(|owner| (owner.account_id.as_str(), owner.session_id.as_str()))
+        .collect();
+    let mut gone = HashSet::new();
+    for (account_id, session_id) in chats {
+        match state.runtime.store.session(account_id, session_id).await {
             Ok(_) => {}
             Err(crate::error::Error::NotFound(_)) => {
-                gone.insert((chat.0.to_owned(), chat.1.to_owned()));
+                gone.insert((account_id.to_owned(), session_id.to_owned()));
             }
             Err(err) => return Err(err.into()),
         }

@@ -38,6 +38,9 @@ const EVENT_BUFFER: usize = 1024;
 /// than the model streams loses tokens (`run_finished` repeats the whole
 /// text), never the events that say what happened.
 const KEPT_FOR_OTHER_EVENTS: usize = 64;
+/// The kind of the generation loop's text deltas, the one kind a stream that
+/// has fallen behind may go without.
+pub const TOKEN_EVENT: &str = "token";
 
 /// One event for a model session's subscriber.
 #[derive(Debug, Clone)]
@@ -59,7 +62,7 @@ impl ModelSessionEvent {
     /// Whether a stream that has fallen behind may go without this event: a
     /// `token`'s text arrives again, whole, in the run's `run_finished`.
     fn may_be_skipped(&self) -> bool {
-        self.kind == "token"
+        self.kind == TOKEN_EVENT
     }
 }
 
@@ -917,13 +920,13 @@ impl ModelSessionHub {
             match model_session.deliver_later(event, held) {
                 Delivery::Queued | Delivery::Skipped => {}
                 Delivery::Gone => {
-                    self.remove(&model_session.session.character_id, &model_session.id);
+                    self.close(model_session);
                     continue;
                 }
                 Delivery::Stuck => {
                     // A subscriber that stopped reading cannot be synchronised;
                     // closing it makes the client reconnect and start fresh.
-                    self.remove(&model_session.session.character_id, &model_session.id);
+                    self.close(model_session);
                     refusals.push(format!(
                         "model session {} was closed: its event stream is not being read",
                         model_session.id
@@ -996,9 +999,7 @@ impl ModelSessionHub {
             match model_session.deliver(event.clone()) {
                 Delivery::Queued => taken += 1,
                 Delivery::Skipped => {}
-                Delivery::Gone => {
-                    self.remove(&model_session.session.character_id, &model_session.id)
-                }
+                Delivery::Gone => self.close(model_session),
                 Delivery::Stuck => {
                     // Even the places tokens may not take are full: going
                     // on would leave a stream that silently misses what
@@ -1010,11 +1011,17 @@ impl ModelSessionHub {
                         event = event.kind,
                         "an event stream is not being read and was closed"
                     );
-                    self.remove(&model_session.session.character_id, &model_session.id);
+                    self.close(model_session);
                 }
             }
         }
         taken
+    }
+
+    /// Takes `model_session` out of the live ones: its stream ends once its
+    /// queued events are read.
+    fn close(&self, model_session: &ModelSession) {
+        self.remove(&model_session.session.character_id, &model_session.id);
     }
 
     fn remove(&self, character_id: &str, id: &str) {
@@ -1314,7 +1321,7 @@ mod tests {
         let hub = Arc::new(ModelSessionHub::default());
         let mut unread = open(&hub).await.unwrap();
         let session_id = session().id;
-        let token = || ModelSessionEvent::new("token", &serde_json::json!({"text": "x"}));
+        let token = || ModelSessionEvent::new(TOKEN_EVENT, &serde_json::json!({"text": "x"}));
         let tool_call = || ModelSessionEvent::new("tool_call_started", &serde_json::json!({}));
         // `ready` took one place; tokens take the others but the last 64.
         let tokens = EVENT_BUFFER - 1 - KEPT_FOR_OTHER_EVENTS;

@@ -106,7 +106,11 @@ impl ToolRuntime {
             };
             let mut on_token = |text: &str| {
                 if slot == Slot::Narrator {
-                    self.emit(ctx.turn, "token", json!({"text": text, "step": step}));
+                    self.emit(
+                        ctx.turn,
+                        crate::model_sessions::TOKEN_EVENT,
+                        json!({"text": text, "step": step}),
+                    );
                 }
             };
             // A cancel or shutdown stops the request in flight, not only the
