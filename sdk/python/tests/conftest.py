@@ -109,6 +109,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(autouse=True)
+def no_size_limit_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK takes its tool size limit from ``TOOLGATE_MAX_TOOL_SCHEMA_BYTES``: one
+    set where the suite runs would change every size check (toolgate itself is
+    started without any ``TOOLGATE_`` variable of the suite's environment)."""
+    monkeypatch.delenv("TOOLGATE_MAX_TOOL_SCHEMA_BYTES", raising=False)
+
+
 @pytest.fixture
 def toolgate(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Toolgate]:
     """A toolgate with its defaults; a test parametrized with ``indirect=["toolgate"]``

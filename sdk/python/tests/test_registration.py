@@ -39,10 +39,14 @@ async def holders(api: Api, role: str, name: str) -> list[str]:
     return [tool["source"] for tool in listing["tools_by_role"][role] if tool["name"] == name]
 
 
-# An operator's lower --max-tool-schema-bytes: the plugin cannot know it at declaration.
+# An operator's lower --max-tool-schema-bytes, which the plugin is not told: toolgate refuses.
 LOWERED_LIMIT = ("--max-tool-schema-bytes", "4096")
 # toolgate's default --max-tool-schema-bytes, which the plugin checks at declaration.
 SCHEMA_LIMIT = 256 * 1024
+# An operator's raised --max-tool-schema-bytes, and a tool between the two limits.
+RAISED_SCHEMA_LIMIT = 512 * 1024
+RAISED_LIMIT = ("--max-tool-schema-bytes", str(RAISED_SCHEMA_LIMIT))
+BETWEEN_LIMITS = 300 * 1024
 
 
 def too_big(text: Annotated[str, Field(description="x" * 5_000)]) -> str:
@@ -92,6 +96,28 @@ async def test_a_tool_over_toolgates_size_limit_is_refused_at_declaration(toolga
     plugin.tool(name="fits")(sized(fitting))
     async with serving(plugin, api, DEADLINE_SECONDS, threading.Event()):
         assert set(await api.listed(plugin.source)) == {"fits"}
+
+
+@pytest.mark.parametrize("toolgate", [RAISED_LIMIT], indirect=True)
+@pytest.mark.parametrize("told_by", ["argument", "environment"])
+async def test_a_plugin_told_of_a_raised_limit_registers_a_tool_over_the_default(
+    toolgate: Toolgate, api: Api, monkeypatch: pytest.MonkeyPatch, told_by: str
+) -> None:
+    with pytest.raises(SchemaError, match=rf"limit is {SCHEMA_LIMIT} bytes"):
+        Plugin("raised", toolgate_url=toolgate.url).tool(name="big")(sized(BETWEEN_LIMITS))
+    if told_by == "argument":
+        plugin = Plugin("raised", toolgate_url=toolgate.url, max_tool_schema_bytes=RAISED_SCHEMA_LIMIT)
+    else:  # as a plugin started in toolgate's environment (conftest starts toolgate with the flag)
+        monkeypatch.setenv("TOOLGATE_MAX_TOOL_SCHEMA_BYTES", str(RAISED_SCHEMA_LIMIT))
+        plugin = Plugin("raised", toolgate_url=toolgate.url)
+    plugin.tool(name="big")(sized(BETWEEN_LIMITS))
+    async with serving(plugin, api, DEADLINE_SECONDS, threading.Event()):
+        listed = await api.listed(plugin.source)
+        assert set(listed) == {"big"}
+        assert listed["big"]["parameters"] == plugin.tools["big"].parameters
+        session = await api.session()
+        result = await api.call(session, "big", {"text": "through"})
+        assert result["output"] == "through", result
 
 
 @pytest.mark.parametrize("toolgate", [LOWERED_LIMIT], indirect=True)

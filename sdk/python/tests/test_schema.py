@@ -6,12 +6,13 @@ import asyncio
 import enum
 import functools
 import json
+import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 import pytest
 from pydantic import BaseModel, Field
 
-from toolgate_plugin import CallContext, Plugin, SchemaError, WatchTiming
+from toolgate_plugin import CallContext, Plugin, SchemaError, Tool, ToolOptions, WatchTiming
 
 
 class Unit(enum.Enum):
@@ -380,3 +381,96 @@ def test_a_plugin_name_toolgate_would_refuse_as_a_source_is_refused() -> None:
 def test_timings_that_cannot_work_are_refused(timing: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         WatchTiming(**timing)
+
+
+# toolgate's default --max-tool-schema-bytes, and a raised one an operator might set.
+DEFAULT_LIMIT = 256 * 1024
+RAISED_LIMIT = 512 * 1024
+LIMIT_ENV = "TOOLGATE_MAX_TOOL_SCHEMA_BYTES"
+
+
+def of_size(pad: int) -> Any:
+    """A tool whose parameters and description take a little over ``pad`` bytes."""
+
+    def padded(text: str) -> str:
+        return text
+
+    padded.__annotations__["text"] = Annotated[str, Field(description="x" * pad)]
+    return padded
+
+
+def test_the_argument_raises_the_size_limit() -> None:
+    big = of_size(300 * 1024)
+    with pytest.raises(SchemaError, match=rf"limit is {DEFAULT_LIMIT} bytes \(toolgate's default"):
+        Plugin("sizes").tool()(big)
+    plugin = Plugin("sizes", max_tool_schema_bytes=RAISED_LIMIT)
+    assert plugin.max_tool_schema_bytes == RAISED_LIMIT
+    plugin.tool()(big)
+    assert "padded" in plugin.tools
+    with pytest.raises(SchemaError, match=rf"limit is {RAISED_LIMIT} bytes \(set by Plugin\(max_tool_schema_bytes"):
+        plugin.tool(name="bigger")(of_size(RAISED_LIMIT))
+
+
+@pytest.mark.parametrize("value", [str(RAISED_LIMIT), f"+{RAISED_LIMIT}"])
+def test_the_environment_raises_the_size_limit(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(LIMIT_ENV, value)
+    plugin = Plugin("sizes")
+    assert plugin.max_tool_schema_bytes == RAISED_LIMIT
+    plugin.tool()(of_size(300 * 1024))
+    assert "padded" in plugin.tools
+    from_env = rf"limit is {RAISED_LIMIT} bytes \(set by the environment variable {LIMIT_ENV}"
+    with pytest.raises(SchemaError, match=from_env):
+        plugin.tool(name="bigger")(of_size(RAISED_LIMIT))
+
+
+def test_the_argument_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    big = of_size(300 * 1024)
+    monkeypatch.setenv(LIMIT_ENV, str(RAISED_LIMIT))
+    lower = Plugin("sizes", max_tool_schema_bytes=DEFAULT_LIMIT)
+    with pytest.raises(SchemaError, match=rf"limit is {DEFAULT_LIMIT} bytes \(set by Plugin\("):
+        lower.tool()(big)
+    monkeypatch.setenv(LIMIT_ENV, "4096")
+    Plugin("sizes", max_tool_schema_bytes=RAISED_LIMIT).tool()(big)
+    # The environment is not read at all then, as toolgate's flag shadows its variable.
+    monkeypatch.setenv(LIMIT_ENV, "lots")
+    assert Plugin("sizes", max_tool_schema_bytes=RAISED_LIMIT).max_tool_schema_bytes == RAISED_LIMIT
+
+
+def test_a_lower_limit_refuses_a_tool_the_default_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = of_size(5_000)
+    Plugin("sizes").tool()(small)
+    with pytest.raises(SchemaError, match=r"^padded: .* bytes .*limit is 4096 bytes \(set by Plugin\("):
+        Plugin("sizes", max_tool_schema_bytes=4096).tool()(small)
+    monkeypatch.setenv(LIMIT_ENV, "4096")
+    with pytest.raises(SchemaError, match=rf"limit is 4096 bytes \(set by the environment variable {LIMIT_ENV}"):
+        Plugin("sizes").tool()(small)
+
+
+def test_a_tool_declared_without_a_plugin_has_the_default_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolgate_plugin.schema import SizeLimit  # here: the module's other tests need not have it
+
+    big = of_size(300 * 1024)
+    # The environment is the plugin's to read: a Tool of its own is checked as toolgate's default says.
+    monkeypatch.setenv(LIMIT_ENV, str(RAISED_LIMIT))
+    with pytest.raises(SchemaError, match=rf"limit is {DEFAULT_LIMIT} bytes"):
+        Tool.from_function(big, ToolOptions())
+    raised = SizeLimit(RAISED_LIMIT, "given")
+    assert Tool.from_function(big, ToolOptions(), size_limit=raised).name == "padded"
+    with pytest.raises(SchemaError, match=r"limit is 4096 bytes \(given\)"):
+        Tool.from_function(of_size(5_000), ToolOptions(), size_limit=SizeLimit(4096, "given"))
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, float(RAISED_LIMIT), str(RAISED_LIMIT), True])
+def test_a_size_limit_argument_that_is_no_positive_integer_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"^Plugin\(max_tool_schema_bytes=\.\.\.\) must be a positive integer"):
+        Plugin("sizes", max_tool_schema_bytes=value)
+
+
+@pytest.mark.parametrize("value", ["0", "", "-5", "lots", " 4096", "4096 ", "4_096", "4096.0", "0x1000", "\u0664"])
+def test_a_size_limit_in_the_environment_that_toolgate_could_not_read_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(LIMIT_ENV, value)
+    message = rf"^the environment variable {LIMIT_ENV} must be a positive integer .*{re.escape(repr(value))}"
+    with pytest.raises(ValueError, match=message):
+        Plugin("sizes")

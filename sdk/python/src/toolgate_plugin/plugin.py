@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import signal
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -13,7 +15,7 @@ import httpx
 from .callbacks import CallbackServer
 from .client import ToolgateClient
 from .registrar import Registrar, WatchTiming
-from .schema import SchemaError, check_text
+from .schema import DEFAULT_SIZE_LIMIT, SchemaError, SizeLimit, check_text
 from .tools import AsyncCapability, DeliveryMode, ReplaySafety, SideEffectLevel, Slot, Tool, ToolOptions
 
 __all__ = ["Plugin"]
@@ -28,6 +30,11 @@ CLEAR_TIMEOUT_SECONDS = 2.0
 # toolgate refuses a source of more characters (src/tools/remote/mod.rs MAX_SOURCE_CHARS).
 MAX_SOURCE_CHARS = 128
 SOURCE_PREFIX = "plugin:"
+# The variable toolgate reads its --max-tool-schema-bytes from: a plugin started in
+# toolgate's environment checks its tools against the limit toolgate applies.
+MAX_TOOL_SCHEMA_BYTES_ENV = "TOOLGATE_MAX_TOOL_SCHEMA_BYTES"
+# What toolgate's flag parser (Rust's usize) takes: ASCII digits, an optional plus sign.
+_RUST_UNSIGNED = re.compile(r"\+?[0-9]+")
 
 
 class Plugin:
@@ -46,11 +53,18 @@ class Plugin:
         host: str = "127.0.0.1",
         port: int = 0,
         timing: WatchTiming | None = None,
+        max_tool_schema_bytes: int | None = None,
     ) -> None:
         """Raises ``ValueError`` for a name toolgate would refuse in ``source`` (empty,
-        too long, NUL) and for a ``host`` that is not loopback (``0.0.0.0`` would
-        take calls from the network)."""
+        too long, NUL), for a ``host`` that is not loopback (``0.0.0.0`` would
+        take calls from the network) and for a size limit that is no positive integer.
+
+        ``max_tool_schema_bytes`` is toolgate's ``--max-tool-schema-bytes``, which
+        each tool is checked against when declared; ``None`` takes it from
+        ``TOOLGATE_MAX_TOOL_SCHEMA_BYTES`` as toolgate does, else toolgate's default
+        (256 KiB)."""
         _check_name(name)
+        self._size_limit = _size_limit(max_tool_schema_bytes)
         self.name = name
         self.source = f"{SOURCE_PREFIX}{name}"
         self.toolgate_url = toolgate_url
@@ -61,6 +75,11 @@ class Plugin:
         self._registrar: Registrar | None = None
         self._starting: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+
+    @property
+    def max_tool_schema_bytes(self) -> int:
+        """The size limit the plugin's tools are checked against (see ``__init__``)."""
+        return self._size_limit.bytes
 
     @property
     def tools(self) -> dict[str, Tool]:
@@ -101,7 +120,7 @@ class Plugin:
         )
 
         def add(fn: F) -> F:
-            tool = Tool.from_function(fn, settings)
+            tool = Tool.from_function(fn, settings, size_limit=self._size_limit)
             if tool.name in self._tools:
                 raise ValueError(f"plugin {self.name} already has a tool named {tool.name!r}")
             if self._registrar is not None or self._starting is not None:
@@ -229,6 +248,25 @@ class Plugin:
             await stopping.wait()
         finally:
             await self.stop()
+
+
+def _size_limit(argument: int | None) -> SizeLimit:
+    """The size limit from the argument, else the environment, else toolgate's default.
+
+    A value that is no positive integer is refused here, naming where it came from,
+    rather than turned into a limit no tool fits or quietly ignored."""
+    if argument is not None:
+        if isinstance(argument, bool) or not isinstance(argument, int) or argument < 1:
+            raise ValueError(f"Plugin(max_tool_schema_bytes=...) must be a positive integer (bytes), not {argument!r}")
+        return SizeLimit(argument, "set by Plugin(max_tool_schema_bytes=...)")
+    raw = os.environ.get(MAX_TOOL_SCHEMA_BYTES_ENV)
+    if raw is None:
+        return DEFAULT_SIZE_LIMIT
+    if not _RUST_UNSIGNED.fullmatch(raw) or int(raw) < 1:
+        raise ValueError(
+            f"the environment variable {MAX_TOOL_SCHEMA_BYTES_ENV} must be a positive integer (bytes), not {raw!r}"
+        )
+    return SizeLimit(int(raw), f"set by the environment variable {MAX_TOOL_SCHEMA_BYTES_ENV}")
 
 
 def _check_name(name: str) -> None:

@@ -16,6 +16,7 @@ import types
 import typing
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
@@ -24,7 +25,9 @@ import pydantic_core
 from .context import CallContext
 
 __all__ = [
+    "DEFAULT_SIZE_LIMIT",
     "SchemaError",
+    "SizeLimit",
     "arguments_model",
     "check_registrable",
     "check_size",
@@ -50,6 +53,23 @@ _PROTECTED_PREFIXES = ("model_validate", "model_dump")
 
 class SchemaError(TypeError):
     """A function whose parameters cannot become a tool schema."""
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """The ``--max-tool-schema-bytes`` a tool is checked against, and where the SDK
+    got it: a refusal names both, so a limit from a forgotten environment
+    variable is found at once."""
+
+    bytes: int
+    origin: str
+
+
+DEFAULT_SIZE_LIMIT = SizeLimit(
+    MAX_TOOL_SCHEMA_BYTES,
+    "toolgate's default --max-tool-schema-bytes; for a toolgate whose limit is raised, "
+    "pass Plugin(max_tool_schema_bytes=...) or set TOOLGATE_MAX_TOOL_SCHEMA_BYTES",
+)
 
 
 def arguments_model(fn: Callable[..., Any], model_name: str) -> type[pydantic.BaseModel]:
@@ -163,17 +183,21 @@ def check_registrable(schema: dict[str, Any], model_name: str) -> None:
         raise SchemaError(f"{model_name}: the schema nests {depth} levels deep; toolgate's limit is {MAX_SCHEMA_DEPTH}")
 
 
-def check_size(parameters: dict[str, Any], description: str, name: str) -> None:
-    """Refuses a tool over toolgate's default size limit, counted as toolgate counts.
+def check_size(parameters: dict[str, Any], description: str, name: str, limit: SizeLimit = DEFAULT_SIZE_LIMIT) -> None:
+    """Refuses a tool over toolgate's size limit as the plugin knows it, counted as
+    toolgate counts.
 
     Here rather than left to toolgate, which refuses the registration: the plugin
-    would only log that and offer the tool again every 30 s, to no end. An
-    operator's lower ``--max-tool-schema-bytes`` is still toolgate's to refuse."""
+    would only log that and offer the tool again every 30 s, to no end. The limit
+    is the plugin's (``Plugin(max_tool_schema_bytes=...)``, else
+    ``TOOLGATE_MAX_TOOL_SCHEMA_BYTES``, else toolgate's default); a toolgate set
+    lower than the plugin was told (its config file, say) still refuses at
+    registration."""
     size = registered_size(parameters, description)
-    if size > MAX_TOOL_SCHEMA_BYTES:
+    if size > limit.bytes:
         raise SchemaError(
             f"{name}: the parameters schema and description take {size} bytes (compact JSON, UTF-8); "
-            f"toolgate's limit is {MAX_TOOL_SCHEMA_BYTES} bytes (--max-tool-schema-bytes, 256 KiB by default)"
+            f"the limit is {limit.bytes} bytes ({limit.origin})"
         )
 
 

@@ -27,7 +27,9 @@ import pydantic_core
 
 from .context import CallContext
 from .schema import (
+    DEFAULT_SIZE_LIMIT,
     SchemaError,
+    SizeLimit,
     arguments_model,
     check_registrable,
     check_size,
@@ -116,12 +118,15 @@ class Tool:
     """The calls running now, by idempotency key (see ``answer``)."""
 
     @classmethod
-    def from_function(cls, function: Callable[..., Any], options: ToolOptions) -> Tool:
+    def from_function(
+        cls, function: Callable[..., Any], options: ToolOptions, *, size_limit: SizeLimit = DEFAULT_SIZE_LIMIT
+    ) -> Tool:
         """Derives name, description and schema; refuses what toolgate would.
 
-        The size is checked against toolgate's default ``--max-tool-schema-bytes``:
-        an operator's lower limit is left to toolgate, whose refusal the plugin
-        logs, naming the tool."""
+        The size is checked against ``size_limit``: a plugin passes its own (see
+        ``Plugin(max_tool_schema_bytes=...)``), a caller without one gets toolgate's
+        default ``--max-tool-schema-bytes``. A toolgate set lower than that still
+        refuses the registration, which the plugin logs, naming the tool."""
         _check_callable(function)
         name = options.name or function.__name__
         _check_options(name, options)
@@ -134,7 +139,7 @@ class Tool:
         arguments = arguments_model(function, f"{name}_arguments")
         parameters = inline_schema(arguments)
         check_registrable(parameters, name)
-        check_size(parameters, description, name)
+        check_size(parameters, description, name, size_limit)
         return cls(
             name=name,
             description=description,
