@@ -61,13 +61,21 @@ impl DatabaseArgs {
     /// The data directory and database URL these arguments resolve to, by
     /// the same precedence as `serve`.
     pub fn resolve(self) -> anyhow::Result<(PathBuf, Option<String>)> {
-        let settings = Settings::resolve(ServeArgs {
+        let settings = self.settings(None)?;
+        Ok((settings.data_dir, settings.database_url))
+    }
+
+    /// The settings `serve` would have with these arguments and
+    /// `secrets_key` (the flag or environment variable), the config file's
+    /// other fields included.
+    pub fn settings(self, secrets_key: Option<String>) -> anyhow::Result<Settings> {
+        Settings::resolve(ServeArgs {
             data_dir: self.data_dir,
             database_url: self.database_url,
             config: self.config,
+            secrets_key,
             ..ServeArgs::default()
-        })?;
-        Ok((settings.data_dir, settings.database_url))
+        })
     }
 }
 
@@ -79,6 +87,9 @@ pub struct DoctorArgs {
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The secrets key `serve` would be given, to check against the database's (default: the config file's `secrets_key`, else <data-dir>/secrets-key); prefer the environment variable.
+    #[arg(long, env = "TOOLGATE_SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<String>,
 }
 
 /// Flags of `toolgate forget-secrets`.

@@ -63,6 +63,7 @@ error_codes! {
     GenerationInProgress => ("generation_in_progress", 409, "The session's previous turn is still generating; wait for run_finished or cancel the run."),
     NotReady => ("not_ready", 503, "The server is up but not ready: its database does not answer or its job worker is not running (the message says which); /readyz answers 200 again once both hold."),
     PermissionsChanged => ("permissions_changed", 409, "The session's permissions changed after the console's form was drawn; nothing was saved: reload the page and save again."),
+    McpSelfConnection => ("mcp_self_connection", 508, "The MCP client is this toolgate deployment itself (an MCP server configured with the deployment's own /mcp/sessions endpoint): its tools would feed its own catalog, so the request is refused."),
     ModelNotConfigured => ("model_not_configured", 503, "No model endpoint is configured (TOOLGATE_LLM_BASE_URL, TOOLGATE_LLM_MODEL); the floor is stored without a run."),
 }
 

@@ -49,7 +49,12 @@ pub struct Unreadable;
 #[derive(Clone)]
 pub struct SecretsKey {
     cipher: Arc<XChaCha20Poly1305>,
+    /// What the key's instances call themselves to their own MCP endpoint.
+    deployment_mark: Arc<str>,
 }
+
+/// What [`SecretsKey::deployment_mark`] is derived for (HMAC's message).
+const DEPLOYMENT_MARK_LABEL: &[u8] = b"toolgate deployment mark 1";
 
 impl fmt::Debug for SecretsKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -76,7 +81,18 @@ impl SecretsKey {
             .map_err(|_| anyhow::anyhow!("the secrets key has the wrong length"))?;
         Ok(Self {
             cipher: Arc::new(cipher),
+            deployment_mark: deployment_mark(&bytes).into(),
         })
+    }
+
+    /// A mark every instance with this key shares, and nothing else: the
+    /// instances of one database (whose key check makes them share the key)
+    /// send it with their MCP client's requests, and their MCP endpoint
+    /// refuses a request that carries it (an MCP server configured with the
+    /// deployment's own endpoint would make a catalog that feeds itself). It
+    /// tells nothing of the key.
+    pub fn deployment_mark(&self) -> &str {
+        &self.deployment_mark
     }
 
     /// A fresh random key, and its hexadecimal text.
@@ -92,27 +108,10 @@ impl SecretsKey {
     /// generated but not yet written: [`LoadedKey::save`] writes it once the
     /// database has accepted the start, so a refused start leaves none behind.
     pub fn load(configured: Option<&str>, data_dir: &Path) -> anyhow::Result<LoadedKey> {
-        if let Some(text) = configured {
-            let key = Self::from_hex(text).with_context(|| {
-                format!(
-                    "the configured secrets key ({KEY_ENV}, --secrets-key or secrets_key) is malformed"
-                )
-            })?;
+        if let Some((key, source)) = Self::find(configured, data_dir)? {
             return Ok(LoadedKey {
                 key,
-                source: KeySource::Configured,
-                unsaved: None,
-                wrote_file: false,
-            });
-        }
-        let path = data_dir.join(KEY_FILE);
-        if let Some(key) = read_key_file(&path)? {
-            return Ok(LoadedKey {
-                key,
-                source: KeySource::File {
-                    path,
-                    generated: false,
-                },
+                source,
                 unsaved: None,
                 wrote_file: false,
             });
@@ -121,12 +120,36 @@ impl SecretsKey {
         Ok(LoadedKey {
             key,
             source: KeySource::File {
-                path,
+                path: data_dir.join(KEY_FILE),
                 generated: true,
             },
             unsaved: Some(text),
             wrote_file: false,
         })
+    }
+
+    /// The key a start would use without generating one: `configured` when
+    /// given, else the data directory's key file; None when there is neither.
+    pub fn find(
+        configured: Option<&str>,
+        data_dir: &Path,
+    ) -> anyhow::Result<Option<(Self, KeySource)>> {
+        if let Some(text) = configured {
+            let key = Self::from_hex(text).with_context(|| {
+                format!(
+                    "the configured secrets key ({KEY_ENV}, --secrets-key or secrets_key) is malformed"
+                )
+            })?;
+            return Ok(Some((key, KeySource::Configured)));
+        }
+        let path = data_dir.join(KEY_FILE);
+        Ok(read_key_file(&path)?.map(|key| {
+            let source = KeySource::File {
+                path,
+                generated: false,
+            };
+            (key, source)
+        }))
     }
 
     /// Seals `plaintext` as belonging to `owner`: nonce ‖ ciphertext ‖ tag.
@@ -160,6 +183,14 @@ impl SecretsKey {
         };
         self.cipher.decrypt(&nonce, payload).map_err(|_| Unreadable)
     }
+}
+
+/// HMAC-SHA256 of a fixed label under the key, its first 16 bytes in hex.
+fn deployment_mark(key: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(DEPLOYMENT_MARK_LABEL);
+    hex::encode(&mac.finalize().into_bytes()[..16])
 }
 
 /// The key in `path`, or None when there is no such file.
@@ -255,6 +286,18 @@ mod tests {
     use super::*;
 
     const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn the_deployment_mark_is_the_keys_alone_and_tells_nothing_of_it() {
+        let key = SecretsKey::from_hex(HEX).unwrap();
+        let again = SecretsKey::from_hex(&format!(" {HEX}\n")).unwrap();
+        let (other, _) = SecretsKey::generate().unwrap();
+        assert_eq!(key.deployment_mark(), again.deployment_mark());
+        assert_ne!(key.deployment_mark(), other.deployment_mark());
+        assert_eq!(key.deployment_mark().len(), 32);
+        assert!(!HEX.contains(key.deployment_mark()));
+        assert!(!key.deployment_mark().contains(&HEX[..8]));
+    }
 
     #[test]
     fn seals_with_a_fresh_nonce_and_opens_for_the_same_owner_only() {

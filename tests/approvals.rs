@@ -441,11 +441,12 @@ async fn a_tool_that_cannot_be_held_is_refused_and_bad_rules_are_400() {
     }
 }
 
-/// A held call whose session is deleted can still be decided, and its
-/// deadline still ends it: its result has no session to go to, an approved
-/// one never runs, and no held call of another session waits behind it.
+/// Deleting a session ends its held calls at once (`blocked`,
+/// `job_session_gone`: they could never run for a session that is gone), so
+/// deciding one afterwards is refused instead of queueing a job that fails;
+/// another session's held call still times out at its deadline.
 #[tokio::test]
-async fn held_calls_of_a_deleted_session_are_still_decided_and_time_out() {
+async fn deleting_the_session_ends_its_held_calls_and_deciding_one_is_refused() {
     let server = spawn_app().await;
     let callbacks = CountingCallbacks::start().await;
     let timed = json!({"approval_required": ["send_email"], "approval_timeout_seconds": 1,
@@ -454,32 +455,33 @@ async fn held_calls_of_a_deleted_session_are_still_decided_and_time_out() {
     set_permissions(&server, &gone, timed.clone()).await;
     let rejected = held_call(&server, &gone, "a@example.com").await;
     let approved = held_call(&server, &gone, "b@example.com").await;
-    let expiring = held_call(&server, &gone, "c@example.com").await;
     let deleted = server.delete(&format!("/sessions/{gone}")).await;
     assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
-    // Another session's held call, due at the same sweep.
+    for id in [&rejected, &approved] {
+        let ended = row(&server, id).await;
+        assert_eq!(ended["status"], "blocked", "{ended:#}");
+        assert_eq!(ended["lifecycle_state"], "finished", "{ended:#}");
+        assert_eq!(
+            ended["execution_reason_code"], "job_session_gone",
+            "{ended:#}"
+        );
+        assert_eq!(ended["provider_started"], false, "{ended:#}");
+    }
+    let reply = reject(&server, &rejected, "the chat is gone").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    assert_eq!(reply.code(), "approval_not_pending");
+    let reply = approve(&server, &approved).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    assert_eq!(reply.code(), "approval_not_pending");
+
+    // Another session's held call, due at the next sweep.
     let live = server.create_session().await;
     set_permissions(&server, &live, timed).await;
     let neighbour = held_call(&server, &live, "d@example.com").await;
-
-    let reply = reject(&server, &rejected, "the chat is gone").await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    assert_eq!(row(&server, &rejected).await["status"], "denied");
-    let reply = approve(&server, &approved).await;
-    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
-    // Its job finds no session to run for, and says so.
-    let ended = wait_for_status(&server, &approved, "error").await;
+    let ended = wait_for_status(&server, &neighbour, "denied").await;
     assert_eq!(
-        ended["execution_reason_code"], "job_session_gone",
+        ended["execution_reason_code"], "approval_timeout",
         "{ended}"
     );
-    assert_eq!(ended["provider_started"], false, "{ended}");
-    assert_eq!(callbacks.hits(), 0);
-    for id in [&expiring, &neighbour] {
-        let ended = wait_for_status(&server, id, "denied").await;
-        assert_eq!(
-            ended["execution_reason_code"], "approval_timeout",
-            "{ended}"
-        );
-    }
+    assert_eq!(callbacks.hits(), 0, "no callback ran");
 }

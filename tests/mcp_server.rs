@@ -800,3 +800,54 @@ async fn a_request_id_stays_taken_while_its_call_runs_after_the_client_went_away
     )
     .await;
 }
+
+#[tokio::test]
+async fn an_mcp_server_configured_with_the_deployments_own_endpoint_is_refused() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let mut events = common::events::Events::open(&server, &session).await;
+    let before = common::mcp::catalog(&server, &session).await;
+    let own = server.url(&format!("/mcp/sessions/{session}"));
+    let looped = common::mcp::create_server(
+        &server,
+        common::mcp::http_body(
+            "itself",
+            &own,
+            json!({"tool_prefix": "self",
+                   "http": {"url": own, "headers": {"Authorization": format!("Bearer {}", server.token)}}}),
+        ),
+    )
+    .await;
+    let failed = events.next_of("mcp.error", Duration::from_secs(20)).await;
+    assert_eq!(failed["server_id"], looped.as_str(), "{failed}");
+    assert!(
+        failed["error"].as_str().is_some_and(|e| e.contains("508")),
+        "the refusal's status reaches the server's status: {failed}"
+    );
+    let tested = server
+        .post(&format!("/mcp/servers/{looped}/test"), json!({}))
+        .await;
+    assert_eq!(tested.body["data"]["success"], false, "{tested:?}");
+    let after = common::mcp::catalog(&server, &session).await;
+    let entry = common::mcp::server_entry(&after, &looped).expect("an entry for the server");
+    assert_eq!(entry["catalog_source"], "unavailable", "{after:#}");
+    assert_eq!(entry["tool_count"], 0, "{after:#}");
+    assert_eq!(
+        after["tools"].as_array().map(Vec::len),
+        before["tools"].as_array().map(Vec::len),
+        "the catalog did not feed itself"
+    );
+    let log = server.log_containing("own MCP client").await;
+    assert!(log.contains("refused an MCP request"), "{log}");
+
+    // Another deployment's client (another mark) and a client without one
+    // are served as before.
+    for mark in [Some("0123456789abcdef0123456789abcdef"), None] {
+        let mut request = mcp_post(&server, &session, Some(&server.token));
+        if let Some(mark) = mark {
+            request = request.header("toolgate-deployment", mark);
+        }
+        let opened = request.json(&initialize_body()).send().await.unwrap();
+        assert_eq!(opened.status(), StatusCode::OK, "{mark:?}");
+    }
+}

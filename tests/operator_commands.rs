@@ -306,3 +306,87 @@ async fn migrate_and_doctor_work_on_postgres_and_never_print_the_password() {
     let said = String::from_utf8_lossy(&serve.stderr);
     assert!(said.contains("newer than this toolgate"), "{said}");
 }
+
+/// Runs `toolgate doctor --json` (with `extra` flags) off the async workers.
+async fn doctor_json(data_dir: &Path, database_url: &str, extra: &[&str]) -> (Output, Value) {
+    let (dir, on) = (data_dir.to_owned(), database_url.to_owned());
+    let mut args = vec!["doctor".to_owned(), "--json".to_owned()];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    let output = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        toolgate_on(&args, &dir, Some(&on))
+    })
+    .await
+    .unwrap();
+    let report = report(&output);
+    (output, report)
+}
+
+#[tokio::test]
+async fn the_doctor_says_whether_a_start_would_take_its_secrets_key() {
+    // A new database: no check yet, and no key, which a start generates.
+    let temp = tempfile::tempdir().unwrap();
+    let fresh = temp.path().join("fresh");
+    assert!(toolgate(&["migrate"], &fresh).status.success());
+    let fresh_url = format!("sqlite://{}", fresh.join("toolgate.db").display());
+    let (output, report) = doctor_json(&fresh, &fresh_url, &[]).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(report["secrets_key"]["check"], "absent", "{report}");
+    assert_eq!(report["secrets_key"]["key"], "none", "{report}");
+    assert!(
+        !fresh.join("secrets-key").exists(),
+        "the doctor generated no key"
+    );
+
+    // A server's database and the key file it wrote: the key opens the check.
+    let server = spawn_with(SpawnOptions::default()).await;
+    let url = server.database_url();
+    let (output, report) = doctor_json(&server.data_dir, &url, &[]).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["secrets_key"]["check"], "present", "{report}");
+    assert_eq!(report["secrets_key"]["key"], "file", "{report}");
+    assert_eq!(report["secrets_key"]["verdict"], "opens", "{report}");
+
+    // Another key, as an operator about to start a second instance with it.
+    let other = "0f".repeat(32);
+    let (output, report) = doctor_json(&server.data_dir, &url, &["--secrets-key", &other]).await;
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(report["secrets_key"]["key"], "configured", "{report}");
+    assert_eq!(report["secrets_key"]["verdict"], "mismatch", "{report}");
+    let problem = report["problem"].as_str().unwrap();
+    assert!(problem.contains("does not open"), "{report}");
+    assert!(!stdout(&output).contains(&other), "the key is never shown");
+    let text = tokio::task::spawn_blocking({
+        let (dir, on, other) = (server.data_dir.clone(), url.clone(), other.clone());
+        move || toolgate_on(&["doctor", "--secrets-key", &other], &dir, Some(&on))
+    })
+    .await
+    .unwrap();
+    assert_eq!(text.status.code(), Some(1), "{text:?}");
+    assert!(
+        stdout(&text).contains("secrets key: the configured key is not the database's"),
+        "{}",
+        stdout(&text)
+    );
+
+    // The same database seen from a data directory without its key file.
+    let keyless = temp.path().join("keyless");
+    let (output, report) = doctor_json(&keyless, &url, &[]).await;
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(report["secrets_key"]["key"], "none", "{report}");
+    assert!(
+        report["problem"]
+            .as_str()
+            .unwrap()
+            .contains("a start would generate a new key and be refused"),
+        "{report}"
+    );
+
+    // A malformed key is a problem, and its text is not repeated.
+    let (output, report) =
+        doctor_json(&server.data_dir, &url, &["--secrets-key", "zz-not-hex"]).await;
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert_eq!(report["secrets_key"]["key"], "malformed", "{report}");
+    assert!(!stdout(&output).contains("zz-not-hex"), "{output:?}");
+}

@@ -193,6 +193,9 @@ async fn walking_a_huge_sparse_array_is_refused() {
         "return Array(2e9).join('').length;",
         "let n = 0; Array(2e9).forEach(() => n++); return n;",
         "return Array.prototype.includes.call({ length: 2 ** 53 - 1 }, 1);",
+        "return [].concat({ length: 2e9, [Symbol.isConcatSpreadable]: true }).length;",
+        "return [1].flatMap(() => Array(2e9)).length;",
+        "return Array(2e9).values().drop(2e9).next().done;",
     ] {
         let result = sandbox
             .expect_error(script, "the sandbox walks at most 16777216")

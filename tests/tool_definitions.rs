@@ -692,6 +692,24 @@ async fn switch_off_refuses_script_writes_and_calls_but_keeps_them_listed() {
             )
             .await,
     );
+    // The switch decides before the change's own checks: a script handler
+    // type without a script is 403, not 400.
+    forbidden(
+        &server
+            .patch(
+                &format!("/tools/definitions/{plain}"),
+                json!({"handler_type": "script"}),
+            )
+            .await,
+    );
+    forbidden(
+        &server
+            .patch(
+                &format!("/tools/definitions/{script}"),
+                json!({"parameters": "not a schema"}),
+            )
+            .await,
+    );
     forbidden(
         &server
             .patch(

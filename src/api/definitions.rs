@@ -263,9 +263,8 @@ pub(crate) async fn update(
         account_id,
         id,
         |existing| {
-            let updated = definition::update(existing, changes.clone())?;
-            definition::check_update_allowed(&updated, &changes, scripts_enabled)?;
-            Ok(updated)
+            definition::check_update_allowed(existing, &changes, scripts_enabled)?;
+            definition::update(existing, changes.clone())
         },
         |_| ChangeKind::Updated,
     )

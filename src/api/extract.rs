@@ -206,11 +206,17 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
         serde_path_to_error::deserialize(deserializer)
             .map(Query)
             .map_err(|err| {
-                ApiError::validation(format!(
-                    "invalid query parameter `{}`: {}",
-                    err.path(),
-                    err.inner()
-                ))
+                // An error of the whole query (a parameter given twice, one
+                // missing) has no path: serde_path_to_error writes it `.`.
+                let path = err.path().to_string();
+                if path == "." {
+                    ApiError::validation(format!("invalid query: {}", err.inner()))
+                } else {
+                    ApiError::validation(format!(
+                        "invalid query parameter `{path}`: {}",
+                        err.inner()
+                    ))
+                }
             })
     }
 }

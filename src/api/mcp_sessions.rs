@@ -21,8 +21,10 @@ use super::error::ApiResult;
 use super::extract::Path;
 use super::mcp_messages;
 use crate::domain::tool::Slot;
+use crate::error::ErrorCode;
 use crate::mcp_server::{McpScope, SessionMcpServer, handler_factory};
 use crate::state::AppState;
+use crate::tools::mcp::DEPLOYMENT_HEADER;
 
 /// The header that names the caller slot whose permissions apply.
 pub const SLOT_HEADER: &str = "x-toolgate-slot";
@@ -113,6 +115,7 @@ async fn serve(
     request: Request,
     endpoint: Endpoint,
 ) -> ApiResult<Response> {
+    refuse_own_client(&state, &request)?;
     let named = request
         .headers()
         .get(SESSION_HEADER)
@@ -154,6 +157,28 @@ async fn serve(
         Some(id) => serve_session(&endpoint, checked.request, scope, id, checked.request_id).await,
         None => open_session(&endpoint, &state, checked.request, scope).await,
     }
+}
+
+/// Refuses a request of this deployment's own MCP client: an MCP server
+/// configured with this endpoint would list the catalog it is part of, and
+/// every listing would grow it.
+fn refuse_own_client(state: &AppState, request: &Request) -> crate::error::Result<()> {
+    let mark = state.runtime.store.deployment_mark();
+    let own = request
+        .headers()
+        .get_all(DEPLOYMENT_HEADER)
+        .iter()
+        .any(|value| value.as_bytes() == mark.as_bytes());
+    if own {
+        tracing::warn!(
+            "refused an MCP request from this deployment's own MCP client: an MCP server is configured with this toolgate's /mcp/sessions endpoint"
+        );
+        return Err(crate::error::Error::refused(
+            ErrorCode::McpSelfConnection,
+            "this is the MCP client of the same toolgate deployment: an MCP server configured with its own /mcp/sessions endpoint would feed its own catalog",
+        ));
+    }
+    Ok(())
 }
 
 impl Endpoint {

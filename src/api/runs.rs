@@ -57,7 +57,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[utoipa::path(post, path = "/floors/{id}/runs", tag = "runs", request_body = OpenRun,
     params(("id" = String, Path)),
     responses((status = 201, description = "the opened run, a new page on the floor", body = Data<Run>), (status = 404),
-        (status = 409, description = "tool_replay_confirmation_required")))]
+        (status = 409, description = "tool_replay_confirmation_required; limit_exceeded when the floor holds 100 pages")))]
 async fn open_run(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

@@ -7,11 +7,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
-use super::envelope::{Data, List};
+use super::envelope::{Data, List, ListParams};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Json, Path, Query};
+use crate::domain::{Page, PageRequest, SortOrder};
 use crate::state::AppState;
-use crate::store::{Floor, Session};
+use crate::store::{Floor, FloorRange, Session};
 
 /// Body of `POST /sessions`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -172,16 +173,34 @@ async fn append_floor(
     Ok((status, axum::Json(Data { data })))
 }
 
-/// List the session's floors, oldest first, with their pages and active page.
+/// List a page of the session's floors, with their pages and active page
+/// (sort_by `seq`, oldest first unless `sort_order=desc`).
 #[utoipa::path(get, path = "/sessions/{id}/floors", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, description = "the session's floors, oldest first", body = Data<Vec<Floor>>), (status = 404)))]
+    params(("id" = String, Path), ListParams),
+    responses((status = 200, description = "a page of the session's floors, oldest first by default", body = List<Floor>), (status = 404)))]
 async fn list_floors(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Data<Vec<Floor>>>> {
-    Ok(axum::Json(Data {
-        data: state.runtime.store.list_floors(&account.id, &id).await?,
-    }))
+    Query(params): Query<ListParams>,
+) -> ApiResult<axum::Json<List<Floor>>> {
+    // Floors read as a conversation: oldest first unless asked otherwise.
+    let page = PageRequest::parse(
+        params.limit,
+        params.offset,
+        params.sort_by.as_deref(),
+        Some(params.sort_order.as_deref().unwrap_or("asc")),
+        &["seq"],
+    )?;
+    let range = FloorRange {
+        limit: page.limit,
+        offset: page.offset,
+        newest_first: page.sort_order == SortOrder::Desc,
+    };
+    let (floors, total) = state
+        .runtime
+        .store
+        .floors_page(&account.id, &id, range)
+        .await?;
+    Ok(axum::Json(Page::new(floors, total, page).into()))
 }

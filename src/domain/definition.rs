@@ -358,12 +358,20 @@ pub fn check_create_allowed(definition: &ToolDefinition, scripts_enabled: bool) 
 
 /// The script switch on update: any change to a definition that has (or would get)
 /// a script handler needs the switch on, except one that only disables it.
+/// Judged on the definition before the change, so the switch decides before
+/// the change's own checks (a `handler_type` without a handler is 403 here,
+/// not 400).
 pub fn check_update_allowed(
-    updated: &ToolDefinition,
+    existing: &ToolDefinition,
     changes: &DefinitionChanges,
     scripts_enabled: bool,
 ) -> Result<()> {
-    if updated.has_script_handler() && !scripts_enabled && !changes.only_disables() {
+    // `script` is the only handler type: naming one asks for a script.
+    let asks_for_script = changes.handler_type.is_some() || changes.handler.is_some();
+    if (existing.has_script_handler() || asks_for_script)
+        && !scripts_enabled
+        && !changes.only_disables()
+    {
         return Err(script_disabled("updated"));
     }
     Ok(())
@@ -476,6 +484,24 @@ mod tests {
             ..Default::default()
         };
         assert!(check_update_allowed(&def, &disable, false).is_ok());
+        let plain = create(DefinitionChanges {
+            handler_type: None,
+            handler: None,
+            ..script_changes()
+        })
+        .unwrap();
+        let to_script = DefinitionChanges {
+            handler_type: Some(HandlerType::Script),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_update_allowed(&plain, &to_script, false)
+                .unwrap_err()
+                .code(),
+            crate::error::ErrorCode::ToolScriptHandlerDisabled,
+            "the switch decides before the missing handler is noticed"
+        );
+        assert!(check_update_allowed(&plain, &rename, false).is_ok());
         assert!(check_toggle_allowed(&def, false, false).is_ok());
         assert!(check_toggle_allowed(&def, true, false).is_err());
         assert!(check_toggle_allowed(&def, true, true).is_ok());

@@ -1018,6 +1018,33 @@ impl ModelSessionHub {
         taken
     }
 
+    /// Ends the event streams of a deleted chat session: nothing more reaches
+    /// them, and they free their places under the per-account cap.
+    pub fn close_chat_session(&self, character_id: &str, session_id: &str) {
+        let ids: Vec<String> = self
+            .live()
+            .by_character
+            .get(character_id)
+            .map(|sessions| {
+                sessions
+                    .iter()
+                    .filter(|live| live.session.id == session_id)
+                    .map(|live| live.id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in &ids {
+            self.remove(character_id, id);
+        }
+        if !ids.is_empty() {
+            tracing::info!(
+                session_id,
+                streams = ids.len(),
+                "event streams of a deleted session closed"
+            );
+        }
+    }
+
     /// Takes `model_session` out of the live ones: its stream ends once its
     /// queued events are read.
     fn close(&self, model_session: &ModelSession) {

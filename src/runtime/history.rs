@@ -26,23 +26,16 @@ impl ToolRuntime {
 
     /// The committed floors before this run's floor, as user and assistant
     /// messages.
-    pub(super) async fn history(
-        &self,
-        account_id: &str,
-        session: &Session,
-        run: &Run,
-    ) -> Result<Vec<Value>> {
+    pub(super) async fn history(&self, session: &Session, run: &Run) -> Result<Vec<Value>> {
         let mut messages = Vec::new();
-        for floor in self.store.list_floors(account_id, &session.id).await? {
-            if floor.id == run.floor_id {
-                break;
-            }
-            let Some(active) = floor.active_page_id.as_deref() else {
-                continue;
-            };
-            messages.push(json!({"role": "user", "content": floor.content}));
-            if let Some(page) = floor.pages.iter().find(|page| page.id == active) {
-                messages.push(json!({"role": "assistant", "content": page.content}));
+        let turns = self
+            .store
+            .committed_turns_before(&session.id, &run.floor_id)
+            .await?;
+        for (user, reply) in turns {
+            messages.push(json!({"role": "user", "content": user}));
+            if let Some(reply) = reply {
+                messages.push(json!({"role": "assistant", "content": reply}));
             }
         }
         Ok(messages)

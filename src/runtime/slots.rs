@@ -55,7 +55,7 @@ impl ToolRuntime {
             .as_ref()
             .map(|c| c.overrides.clone())
             .unwrap_or_default();
-        let mut history = self.history(&turn.account_id, &session, &turn.run).await?;
+        let mut history = self.history(&session, &turn.run).await?;
         history.push(json!({"role": "user", "content": turn.content}));
         let transcript = Transcript {
             character: character_prompt(character.as_ref()),

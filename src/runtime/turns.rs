@@ -41,26 +41,16 @@ impl ToolRuntime {
         Ok(run)
     }
 
-    /// Chooses the page: its run is committed and the floor's other open runs
-    /// are discarded.
+    /// Chooses the page as its floor's reply: an open run is committed, a
+    /// committed one's page becomes active again, and the floor's other open
+    /// runs are discarded, all in one transaction (`Store::select_run`).
     pub async fn select_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
         let run = self.store.run_of_page(account_id, page_id).await?;
         self.ensure_idle(&run.session_id).await?;
-        let chosen = match run.state.as_str() {
-            "open" => self.commit_run(account_id, &run.id, None).await?,
-            "committed" => run,
-            _ => {
-                return Err(Error::refused(
-                    ErrorCode::RunNotOpen,
-                    format!(
-                        "page {page_id} belongs to run {}, which was discarded",
-                        run.id
-                    ),
-                ));
-            }
-        };
-        self.discard_other_runs(account_id, &chosen).await?;
-        tracing::info!(page_id, run_id = %chosen.id, "page selected");
+        let (chosen, discarded) = self.store.select_run(account_id, &run.id).await?;
+        // Jobs the commit staged became claimable in its transaction.
+        self.jobs.wake();
+        tracing::info!(page_id, run_id = %chosen.id, ?discarded, "page selected");
         Ok(chosen)
     }
 
@@ -95,6 +85,8 @@ impl ToolRuntime {
         // Read first: the run goes with the session.
         let running = self.store.running_run_of_session(session_id).await?;
         let session = self.store.delete_session(account_id, session_id).await?;
+        self.model_sessions
+            .close_chat_session(&session.character_id, &session.id);
         let here = self
             .turns
             .lock()

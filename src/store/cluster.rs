@@ -81,6 +81,12 @@ impl Cluster {
 }
 
 impl Store {
+    /// What this database's instances call themselves to their own MCP
+    /// endpoint ([`SecretsKey::deployment_mark`](crate::secrets::SecretsKey::deployment_mark)).
+    pub fn deployment_mark(&self) -> &str {
+        self.secrets.deployment_mark()
+    }
+
     /// This process's instance id: the owner of the journal rows it opens
     /// and of the jobs it claims.
     pub fn instance_id(&self) -> &str {

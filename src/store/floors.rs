@@ -1,6 +1,7 @@
 //! Floors (turns) and their pages (versions of the reply).
 
 use serde::Serialize;
+use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Record, sql};
@@ -101,41 +102,98 @@ impl Store {
         .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))
     }
 
-    /// The account's floor with every page.
+    /// The account's floor with every page: that floor's rows only, however
+    /// long its session.
     pub async fn floor(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
-        let found = self.floor_ref(account_id, floor_id).await?;
-        self.list_floors(account_id, &found.session_id)
-            .await?
-            .into_iter()
-            .find(|floor| floor.id == found.id)
-            .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))
-    }
-
-    /// Every floor of the account's session, oldest first, with pages.
-    pub async fn list_floors(&self, account_id: &str, session_id: &str) -> Result<Vec<Floor>> {
-        let session = self.session(account_id, session_id).await?;
-        let floors = sql!(self.conn().await?, c => query(
-            "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors WHERE session_id = ? ORDER BY seq",
+        let found = sql!(self.conn().await?, c => query(
+            "SELECT f.id, f.session_id, f.seq, f.user_content, f.active_page_id, f.created_at \
+             FROM floors f JOIN sessions s ON s.id = f.session_id WHERE f.id = ? AND s.account_id = ?",
         )
-        .bind(&session.id)
-        .fetch_all(c)
+        .bind(floor_id)
+        .bind(account_id)
+        .fetch_optional(c)
         .await?
-        .iter()
-        .map(floor_from_row)
-        .collect::<Vec<_>>());
-        self.attach_pages(floors).await
+        .as_ref()
+        .map(floor_from_row))
+        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
+        let mut floors = self.attach_pages(vec![found]).await?;
+        Ok(floors.remove(0))
     }
 
-    /// Fills in the pages of `floors` with one query.
+    /// A page of the account's session's floors with their pages, oldest
+    /// first (or newest first), and how many floors the session has.
+    pub async fn floors_page(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        range: FloorRange,
+    ) -> Result<(Vec<Floor>, i64)> {
+        let session = self.session(account_id, session_id).await?;
+        let order = if range.newest_first { "DESC" } else { "ASC" };
+        let sql = format!(
+            "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors \
+             WHERE session_id = ? ORDER BY seq {order} LIMIT ? OFFSET ?"
+        );
+        let mut conn = self.conn().await?;
+        let floors = sql!(conn, c => query(AssertSqlSafe(sql))
+            .bind(&session.id)
+            .bind(range.limit)
+            .bind(range.offset)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(floor_from_row)
+            .collect::<Vec<_>>());
+        let total = sql!(conn, c => query_scalar::<i64>("SELECT COUNT(*) FROM floors WHERE session_id = ?")
+            .bind(&session.id)
+            .fetch_one(c)
+            .await?);
+        drop(conn);
+        Ok((self.attach_pages(floors).await?, total))
+    }
+
+    /// The committed turns of `session_id` before `floor_id`, oldest first:
+    /// each floor with an active page, as its user message and that page's
+    /// reply. One query that reads no other page: a turn's history, however
+    /// many pages were regenerated. The caller owns the session.
+    pub async fn committed_turns_before(
+        &self,
+        session_id: &str,
+        floor_id: &str,
+    ) -> Result<Vec<(String, Option<String>)>> {
+        Ok(
+            sql!(self.conn().await?, c => query_as::<(String, Option<String>)>(
+            "SELECT f.user_content, p.content FROM floors f \
+             LEFT JOIN pages p ON p.id = f.active_page_id \
+             WHERE f.session_id = ?1 AND f.active_page_id IS NOT NULL \
+             AND f.seq < (SELECT seq FROM floors WHERE id = ?2 AND session_id = ?1) \
+             ORDER BY f.seq",
+        )
+        .bind(session_id)
+        .bind(floor_id)
+        .fetch_all(c)
+        .await?),
+        )
+    }
+
+    /// Fills in the pages of `floors` (of one session) with one query that
+    /// reads theirs only.
     async fn attach_pages(&self, mut floors: Vec<Floor>) -> Result<Vec<Floor>> {
-        let Some(first) = floors.first() else {
+        let (Some(first), Some(last)) = (
+            floors.iter().map(|f| f.seq).min(),
+            floors.iter().map(|f| f.seq).max(),
+        ) else {
             return Ok(floors);
         };
+        let session_id = floors[0].session_id.clone();
         let pages = sql!(self.conn().await?, c => query(
             "SELECT p.floor_id, p.id, p.page_no, p.content, p.created_at FROM pages p \
-             JOIN floors f ON f.id = p.floor_id WHERE f.session_id = ? ORDER BY p.floor_id, p.page_no",
+             JOIN floors f ON f.id = p.floor_id WHERE f.session_id = ? AND f.seq BETWEEN ? AND ? \
+             ORDER BY p.floor_id, p.page_no",
         )
-        .bind(&first.session_id)
+        .bind(&session_id)
+        .bind(first)
+        .bind(last)
         .fetch_all(c)
         .await?
         .iter()
@@ -158,6 +216,14 @@ impl Store {
         }
         Ok(floors)
     }
+}
+
+/// Which of a session's floors [`Store::floors_page`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct FloorRange {
+    pub limit: i64,
+    pub offset: i64,
+    pub newest_first: bool,
 }
 
 fn floor_from_row(row: &impl Record) -> Floor {

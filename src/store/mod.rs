@@ -47,7 +47,9 @@ pub use backend::Backend;
 pub use characters::{Character, CharacterPatch};
 pub use cluster::{ClusterEvent, STALE_AFTER_MS, TAKEN_FOR_DEAD};
 pub use definitions::DefinitionFilter;
-pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
+pub use floors::{
+    Floor, FloorPage, FloorRange, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES,
+};
 pub use jobs::{Delivery, LostJobs, MAX_JOB_ATTEMPTS, NewJob, RuntimeJob};
 pub use journal::{Admission, Admitted, ExecutionFinish, NewExecution};
 pub use mcp::{McpServerFilter, McpSnapshot};
@@ -56,7 +58,7 @@ pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
 pub use run_generation::GenerationState;
 pub use runs::{BlockingExecution, ReplayParent, Run};
-pub use secrets_key_check::{ForgottenServer, SecretsKeyMismatch};
+pub use secrets_key_check::{ForgottenServer, KeyVerdict, SecretsKeyMismatch, StoredKeyCheck};
 pub use sessions::Session;
 
 use crate::secrets::SecretsKey;

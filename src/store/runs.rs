@@ -98,6 +98,19 @@ impl Store {
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
         let mut tx = self.begin_write().await?;
+        let pages = sql!(tx, c => query_scalar::<i64>("SELECT COUNT(*) FROM pages WHERE floor_id = ?")
+            .bind(&floor.id)
+            .fetch_one(c)
+            .await?);
+        if pages >= MAX_PAGES_PER_FLOOR {
+            return Err(Error::refused(
+                crate::error::ErrorCode::LimitExceeded,
+                format!(
+                    "floor {} holds {pages} pages, the most a floor holds (MAX_PAGES_PER_FLOOR = {MAX_PAGES_PER_FLOOR}): discard an open run's page before opening another",
+                    floor.id
+                ),
+            ));
+        }
         sql!(tx, c => query(
             "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
              VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
@@ -154,25 +167,76 @@ impl Store {
     ) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
         let mut tx = self.begin_write().await?;
-        close_run(&mut tx, &run, "committed").await?;
+        // The floor first, as a select takes it: the two never lock a floor
+        // and its runs in opposite orders (PostgreSQL).
+        make_active(&mut tx, &run).await?;
+        self.commit_in(&mut tx, &run, content).await?;
+        tx.commit().await?;
+        self.run(account_id, run_id).await
+    }
+
+    /// Commits `run` in `tx` (its page made active by the caller).
+    async fn commit_in(&self, tx: &mut Tx, run: &Run, content: Option<&str>) -> Result<()> {
+        close_run(tx, run, "committed").await?;
         if let Some(content) = content {
-            sql!(tx, c => query("UPDATE pages SET content = ? WHERE id = ?")
+            sql!(*tx, c => query("UPDATE pages SET content = ? WHERE id = ?")
                 .bind(content)
                 .bind(&run.page_id)
                 .execute(c)
                 .await
                 .map(|_| ())?);
         }
-        sql!(tx, c => query("UPDATE floors SET active_page_id = ? WHERE id = ?")
-            .bind(&run.page_id)
-            .bind(&run.floor_id)
-            .execute(c)
-            .await
-            .map(|_| ())?);
-        self.apply_run_effects(&mut tx, &run).await?;
-        super::approvals::cancel_run_approvals(&mut tx, &run.id).await?;
+        self.apply_run_effects(tx, run).await?;
+        super::approvals::cancel_run_approvals(tx, &run.id).await
+    }
+
+    /// Makes the page of the account's run `run_id` its floor's reply, in one
+    /// write transaction: an open run is committed, a committed one's page
+    /// becomes active again, and the floor's other open runs are discarded
+    /// (those still generating are left, as their generation closes them).
+    /// Answers the chosen run and the runs discarded. Two selects on one
+    /// floor queue on the floor's row, so they never both commit: the second
+    /// finds its run discarded by the first.
+    pub async fn select_run(&self, account_id: &str, run_id: &str) -> Result<(Run, Vec<String>)> {
+        let run = self.run(account_id, run_id).await?;
+        let mut tx = self.begin_write().await?;
+        make_active(&mut tx, &run).await?;
+        let state = sql!(tx, c => query_scalar::<String>("SELECT state FROM floor_runs WHERE id = ?")
+            .bind(&run.id)
+            .fetch_one(c)
+            .await?);
+        match state.as_str() {
+            "open" => self.commit_in(&mut tx, &run, None).await?,
+            "committed" => {}
+            _ => return Err(run_not_open(&Run { state, ..run })),
+        }
+        let others = sql!(tx, c => query(AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND state = 'open' AND id <> ? ORDER BY created_at, id"
+        )))
+        .bind(&run.floor_id)
+        .bind(&run.id)
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(from_row)
+        .collect::<Vec<Run>>());
+        let mut discarded = Vec::new();
+        for other in others {
+            match self.discard_in(&mut tx, &other).await {
+                Ok(()) => discarded.push(other.id),
+                Err(Error::Refused {
+                    code:
+                        crate::error::ErrorCode::GenerationInProgress
+                        | crate::error::ErrorCode::RunNotOpen,
+                    ..
+                }) => {
+                    tracing::info!(run_id = %other.id, "left a run its generation or another request closes")
+                }
+                Err(error) => return Err(error),
+            }
+        }
         tx.commit().await?;
-        self.run(account_id, run_id).await
+        Ok((self.run(account_id, run_id).await?, discarded))
     }
 
     /// The account's run that made page `page_id`.
@@ -235,16 +299,21 @@ impl Store {
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
         let mut tx = self.begin_write().await?;
-        close_run(&mut tx, &run, "discarded").await?;
-        sql!(tx, c => query("DELETE FROM pages WHERE id = ?")
+        self.discard_in(&mut tx, &run).await?;
+        tx.commit().await?;
+        self.run(account_id, run_id).await
+    }
+
+    /// Discards `run` in `tx`: its page goes, its effects are dropped.
+    async fn discard_in(&self, tx: &mut Tx, run: &Run) -> Result<()> {
+        close_run(tx, run, "discarded").await?;
+        sql!(*tx, c => query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
             .execute(c)
             .await
             .map(|_| ())?);
-        self.drop_run_effects(&mut tx, &run).await?;
-        super::approvals::cancel_run_approvals(&mut tx, &run.id).await?;
-        tx.commit().await?;
-        self.run(account_id, run_id).await
+        self.drop_run_effects(tx, run).await?;
+        super::approvals::cancel_run_approvals(tx, &run.id).await
     }
 
     /// The latest earlier execution on the floor (outside `run_id`) with the same
@@ -346,6 +415,67 @@ pub(super) async fn cancel_run_jobs(
     .execute(c)
     .await
     .map(|_| ())?);
+    Ok(())
+}
+
+/// Most pages (replies of its committed and open runs) one floor holds: a
+/// floor is read whole, each page up to 256 KiB.
+pub const MAX_PAGES_PER_FLOOR: i64 = 100;
+
+/// Ends what a session being deleted still holds (in the delete's
+/// transaction): its open runs go with it, so their executions' commit
+/// outcome becomes `discarded` instead of staying `pending` for ever; and its
+/// deferred calls that have not started (staged by an open run, queued, or
+/// awaiting approval) are cancelled, their rows `blocked` with
+/// `job_session_gone`, so none starts, and none can be approved, for a
+/// session that is gone.
+pub(super) async fn end_calls_of_deleted_session(
+    tx: &mut impl AsHandle,
+    session_id: &str,
+) -> Result<()> {
+    sql!(*tx, c => query(
+        "UPDATE tool_execution_record SET commit_outcome = 'discarded' WHERE commit_outcome = 'pending' \
+         AND run_id IN (SELECT id FROM floor_runs WHERE session_id = ? AND state = 'open')",
+    )
+    .bind(session_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    let now = now_ms();
+    sql!(*tx, c => query(
+        "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, \
+         provider_started = 0, error_message = ?, execution_reason_code = ? \
+         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE session_id = ? \
+                      AND state IN ('staged', 'queued', 'awaiting_approval'))",
+    )
+    .bind(now)
+    .bind("the session was deleted before this deferred call started; it never ran")
+    .bind(crate::reason::ReasonCode::JobSessionGone.as_str())
+    .bind(session_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    sql!(*tx, c => query(
+        "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ?, approval_deadline_at = NULL \
+         WHERE session_id = ? AND state IN ('staged', 'queued', 'awaiting_approval')",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(session_id)
+    .execute(c)
+    .await
+    .map(|_| ())?);
+    Ok(())
+}
+
+/// Makes `run`'s page its floor's active page.
+async fn make_active(tx: &mut impl AsHandle, run: &Run) -> Result<()> {
+    sql!(*tx, c => query("UPDATE floors SET active_page_id = ? WHERE id = ?")
+        .bind(&run.page_id)
+        .bind(&run.floor_id)
+        .execute(c)
+        .await
+        .map(|_| ())?);
     Ok(())
 }
 

@@ -323,6 +323,22 @@ pub struct Checkup {
     /// Journal rows left `opened` by a process that stopped mid-call: the next
     /// start-up marks them `uncertain`.
     pub interrupted_calls: i64,
+    /// The secrets key check and a sample of sealed secrets (None before the
+    /// check's migration): judged against a key by the doctor, never shown.
+    #[serde(skip)]
+    pub stored_key_check: Option<super::StoredKeyCheck>,
+}
+
+/// The migration that adds `secrets_key_check` (its description, as sqlx
+/// takes it from the file name, is the same for both backends).
+const KEY_CHECK_MIGRATION: &str = "secrets key check";
+
+/// Whether `schema` has the key check's table.
+fn has_key_check(backend: Backend, schema: &SchemaStatus) -> bool {
+    migrator(backend)
+        .iter()
+        .find(|m| m.description == KEY_CHECK_MIGRATION)
+        .is_some_and(|m| m.version <= schema.applied_version)
 }
 
 /// Reads a checkup of `pool`, changing nothing.
@@ -340,6 +356,7 @@ pub async fn checkup(location: &Location, pool: &Pool) -> anyhow::Result<Checkup
         jobs: Vec::new(),
         oldest_queued_age_s: None,
         interrupted_calls: 0,
+        stored_key_check: None,
         schema,
     };
     if checkup.schema.applied_version == 0 || checkup.schema.refusal().is_some() {
@@ -354,6 +371,9 @@ pub async fn checkup(location: &Location, pool: &Pool) -> anyhow::Result<Checkup
     )
     .fetch_all(c)
     .await?);
+    if has_key_check(pool.backend(), &checkup.schema) {
+        checkup.stored_key_check = Some(super::StoredKeyCheck::read(&mut conn).await?);
+    }
     let logged = logged_calls(pool, &mut conn).await?;
     checkup.interrupted_calls = opened
         .iter()

@@ -263,11 +263,14 @@ impl Store {
 
     pub async fn delete_session(&self, account_id: &str, id: &str) -> Result<Session> {
         let session = self.session(account_id, id).await?;
-        let deleted = sql!(self.conn().await?, c => query("DELETE FROM sessions WHERE id = ?")
+        let mut tx = self.begin_write().await?;
+        super::runs::end_calls_of_deleted_session(&mut tx, &session.id).await?;
+        let deleted = sql!(tx, c => query("DELETE FROM sessions WHERE id = ?")
             .bind(&session.id)
             .execute(c)
             .await
             .map(|done| done.rows_affected()))?;
+        tx.commit().await?;
         self.sessions_changed().await;
         // Of two deletes that both read the row, only the one that removed
         // it answers that it did.

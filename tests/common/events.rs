@@ -67,6 +67,26 @@ impl Events {
         }
     }
 
+    /// Reads what is left until the server ends the stream; fails when it is
+    /// still open after `timeout`. Answers the kinds of the events read.
+    pub async fn until_ended(&mut self, timeout: Duration) -> Vec<String> {
+        let read = tokio::time::timeout(timeout, async {
+            while let Some(chunk) = self.response.chunk().await.expect("read event stream") {
+                self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await;
+        assert!(
+            read.is_ok(),
+            "the event stream is still open after {timeout:?}"
+        );
+        self.buffer
+            .lines()
+            .filter_map(|line| line.strip_prefix("event:"))
+            .map(|kind| kind.trim().to_owned())
+            .collect()
+    }
+
     /// The next event (comments and keep-alives skipped); fails after 10 s.
     pub async fn next(&mut self) -> Sse {
         self.next_within(Duration::from_secs(10)).await

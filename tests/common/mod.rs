@@ -65,7 +65,8 @@ pub fn toolgate_command(
         .arg("--data-dir")
         .arg(data_dir)
         .env_remove("TOOLGATE_DATABASE_URL")
-        .env_remove("TOOLGATE_CONFIG");
+        .env_remove("TOOLGATE_CONFIG")
+        .env_remove("TOOLGATE_SECRETS_KEY");
     if let Some(url) = database_url {
         command.arg("--database-url").arg(url);
     }

@@ -94,9 +94,15 @@ pub async fn page_of(
     let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
     let mcp_servers = runtime.mcp.catalog_servers(&session.account_id);
     let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-    let mut floors = runtime.store.list_floors(account_id, &session.id).await?;
-    floors.reverse();
-    floors.truncate(SHOWN_FLOORS);
+    let newest = crate::store::FloorRange {
+        limit: SHOWN_FLOORS as i64,
+        offset: 0,
+        newest_first: true,
+    };
+    let (floors, _) = runtime
+        .store
+        .floors_page(account_id, &session.id, newest)
+        .await?;
     let offset = query.offset.max(0);
     let params = ExecutionQueryParams {
         session_id: Some(session.id.clone()),

@@ -180,6 +180,7 @@ impl Connection {
         server_id: &str,
         notices: mpsc::Sender<Notice>,
         reach: Reach,
+        deployment_mark: &str,
     ) -> Result<Self, String> {
         let flooded = CancellationToken::new();
         let handler = Handler {
@@ -199,7 +200,7 @@ impl Connection {
                 served
             }
             McpTransport::Http(http) => {
-                let transport = http_transport(http, reach)?;
+                let transport = http_transport(http, reach, deployment_mark)?;
                 handler.serve_with_lifecycle(transport, lifecycle).await
             }
         }
@@ -456,6 +457,7 @@ impl StderrLog {
 fn http_transport(
     http: &HttpConfig,
     reach: Reach,
+    deployment_mark: &str,
 ) -> Result<StreamableHttpClientTransport<TracedHttpClient>, String> {
     // A configuration stored before these addresses were refused is held to
     // the rule here too: the resolver never sees an IP-literal host.
@@ -481,7 +483,7 @@ fn http_transport(
     retry.max_times = Some(1);
     config.retry_config = Arc::new(retry);
     Ok(StreamableHttpClientTransport::with_client(
-        TracedHttpClient::new(reach)?,
+        TracedHttpClient::new(reach, deployment_mark)?,
         config,
     ))
 }

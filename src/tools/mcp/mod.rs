@@ -26,6 +26,7 @@ pub use provider::McpProvider;
 pub use status::{CatalogServer, ConnectionState, LiveStatus};
 use status::{Listed, SlotState};
 use tools::CatalogTool;
+pub use traced_http::DEPLOYMENT_HEADER;
 
 /// The answer of `POST /mcp/servers/{id}/test`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -338,6 +339,7 @@ impl McpHub {
                 &server.id,
                 notices,
                 self.shared.reach(server),
+                self.shared.store.deployment_mark(),
             )
             .await?;
             let listed = connection.list_tools().await;

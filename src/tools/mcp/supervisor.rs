@@ -121,7 +121,9 @@ async fn connect_and_run(
         _ = slot.stop.cancelled() => return End::Stop,
         opened = tokio::time::timeout(timeout, async {
             let reach = shared.reach(&slot.server);
-            let connection = Connection::open(config, &slot.server.id, notices, reach).await?;
+            let mark = shared.store.deployment_mark();
+            let connection =
+                Connection::open(config, &slot.server.id, notices, reach, mark).await?;
             let tools = connection.list_tools().await;
             match tools {
                 Ok(tools) => Ok((connection, tools)),

@@ -28,6 +28,11 @@ type Answer<T> = Result<T, StreamableHttpError<reqwest::Error>>;
 /// Most redirects one request follows.
 const MAX_REDIRECTS: usize = 10;
 
+/// The header in which toolgate's MCP client names its deployment
+/// ([`SecretsKey::deployment_mark`](crate::secrets::SecretsKey::deployment_mark)):
+/// the deployment's own MCP endpoint refuses requests that carry its mark.
+pub const DEPLOYMENT_HEADER: &str = "toolgate-deployment";
+
 /// reqwest's streamable-HTTP client with `traceparent` on every request.
 #[derive(Clone, Debug)]
 pub struct TracedHttpClient {
@@ -39,7 +44,8 @@ impl TracedHttpClient {
     /// answer to delayed-ACK stalls on reused connections) and same-origin
     /// 307/308 redirects only, so a redirect never replays the session id
     /// or the configured headers to another host, nor turns a POST into a GET.
-    pub fn new(reach: Reach) -> Result<Self, String> {
+    /// Every request carries `deployment_mark` in [`DEPLOYMENT_HEADER`].
+    pub fn new(reach: Reach, deployment_mark: &str) -> Result<Self, String> {
         let redirects = reqwest::redirect::Policy::custom(|attempt| {
             let keeps_body = matches!(
                 attempt.status(),
@@ -57,7 +63,13 @@ impl TracedHttpClient {
                 attempt.follow()
             }
         });
+        let mark = HeaderValue::try_from(deployment_mark)
+            .map_err(|_| "the deployment mark is no header value".to_owned())?;
         let inner = reqwest::Client::builder()
+            .default_headers(http::HeaderMap::from_iter([(
+                HeaderName::from_static(DEPLOYMENT_HEADER),
+                mark,
+            )]))
             .pool_max_idle_per_host(0)
             .redirect(redirects)
             .dns_resolver(Arc::new(Reachable(reach)))

@@ -40,7 +40,10 @@ const MAX_MESSAGE_CHARS: usize = 2000;
 const MAX_ARRAY_WALK: u64 = 1 << 24;
 
 /// Run before the script, in its context: every `Array.prototype` method that
-/// walks its array refuses one longer than [`MAX_ARRAY_WALK`].
+/// walks its array refuses one longer than [`MAX_ARRAY_WALK`], and so do the
+/// natives that walk an array-like an argument brings: `concat`'s spreadable
+/// arguments, the arrays `flat` and `flatMap` flatten, `JSON.stringify`'s
+/// replacer list, `String.raw`'s `raw`, and `Iterator.prototype.drop`'s count.
 ///
 /// QuickJS polls the interrupt handler only while it runs bytecode. A native
 /// method walking a huge sparse array (`Array(2e9).join("")`, or `forEach`,
@@ -58,23 +61,84 @@ const ARRAY_GUARD_SOURCE: &str = r#"(() => {
   const apply = Reflect.apply;
   const toNumber = Number;
   const define = Object.defineProperty;
-  const proto = Array.prototype;
-  const walkless = ["constructor", "at", "values", "keys", "entries"];
-  for (const name of Object.getOwnPropertyNames(proto)) {
-    const original = proto[name];
-    if (typeof original !== "function" || walkless.includes(name)) continue;
-    define(proto, name, {
+  const isArray = Array.isArray;
+  const spreadable = Symbol.isConcatSpreadable;
+  const refuse = (what, length) => {
+    throw new RangeError(`${what} on ${length} elements: the sandbox walks at most ${limit}`);
+  };
+  const lengthOf = (value) => (value == null ? 0 : toNumber(value.length));
+  const bounded = (what, value) => {
+    const length = lengthOf(value);
+    if (length > limit) refuse(what, length);
+  };
+  // Replaces `target[name]` by a function that runs `check(this, args)` first.
+  const guard = (target, name, check) => {
+    const original = target[name];
+    if (typeof original !== "function") return;
+    define(target, name, {
       value: function (...args) {
-        const length = this == null ? 0 : toNumber(this.length);
-        if (length > limit) {
-          throw new RangeError(
-            `Array.prototype.${name} on ${length} elements: the sandbox walks at most ${limit}`);
-        }
+        check(this, args);
         return apply(original, this, args);
       },
       writable: true,
       enumerable: false,
       configurable: true,
+    });
+  };
+  // What concat spreads, as it decides it.
+  const spreads = (value) =>
+    value !== null && (typeof value === "object" || typeof value === "function") &&
+    (value[spreadable] !== undefined ? !!value[spreadable] : isArray(value));
+  // The arrays flat would walk below `array`, to `depth` (a walk in script
+  // code, which the interrupt stops).
+  const nested = (array, depth) => {
+    if (!(depth >= 1)) return;
+    const length = lengthOf(array);
+    for (let i = 0; i < length; i++) {
+      const element = array[i];
+      if (isArray(element)) {
+        bounded("Array.prototype.flat", element);
+        nested(element, depth - 1);
+      }
+    }
+  };
+  const proto = Array.prototype;
+  const walkless = ["constructor", "at", "values", "keys", "entries"];
+  // Beyond `this`: the arrays a method walks that its arguments bring.
+  const extra = {
+    concat: (args) => {
+      for (const arg of args) if (spreads(arg)) bounded("Array.prototype.concat", arg);
+    },
+    flat: (args, self) => nested(self, args[0] === undefined ? 1 : toNumber(args[0])),
+    flatMap: (args) => {
+      const mapper = args[0];
+      if (typeof mapper !== "function") return;
+      args[0] = function (...inner) {
+        const mapped = apply(mapper, this, inner);
+        if (isArray(mapped)) bounded("Array.prototype.flatMap", mapped);
+        return mapped;
+      };
+    },
+  };
+  for (const name of Object.getOwnPropertyNames(proto)) {
+    if (walkless.includes(name)) continue;
+    const more = extra[name];
+    guard(proto, name, (self, args) => {
+      bounded(`Array.prototype.${name}`, self);
+      if (more) more(args, self);
+    });
+  }
+  // Natives outside Array.prototype that walk an array-like of the script's.
+  guard(JSON, "stringify", (_, args) => {
+    if (isArray(args[1])) bounded("JSON.stringify's replacer", args[1]);
+  });
+  guard(String, "raw", (_, args) => {
+    if (args[0] != null) bounded("String.raw", args[0].raw);
+  });
+  if (typeof Iterator === "function") {
+    guard(Iterator.prototype, "drop", (_, args) => {
+      const count = toNumber(args[0]);
+      if (count > limit) refuse("Iterator.prototype.drop", count);
     });
   }
 })();"#;

@@ -257,6 +257,17 @@ mod tests {
             "return Array.prototype.indexOf.call({ length: 2e9 }, 1);",
             "const a = []; a.length = 2 ** 32 - 1; return a.lastIndexOf(1);",
             "return String(Array(2e9));",
+            // Natives that walk what an argument brings (found by a probe:
+            // each ran 30-80 s past the time limit).
+            "return [].concat({ length: 2e9, [Symbol.isConcatSpreadable]: true }).length;",
+            "return [].concat([1], Array(2e9)).length;",
+            "return String.raw({ raw: { length: 2e9 } }).length;",
+            "return [Array(2e9)].flat().length;",
+            "return [[[Array(2e9)]]].flat(Infinity).length;",
+            "return [1].flatMap(() => Array(2e9)).length;",
+            "return JSON.stringify({}, Array(2e9));",
+            "return Array(2e9).keys().drop(2e9).next().done;",
+            "return Array(2e9).values().drop(2e9).next().done;",
         ] {
             match run(script) {
                 Err(ScriptError::Thrown(text)) => {
@@ -276,6 +287,18 @@ mod tests {
         assert_eq!(
             run("return Array(1000).fill(1).reduce((a, b) => a + b);").unwrap(),
             json!(1000)
+        );
+        assert_eq!(
+            run("return [[1, [2, [3]]], 4].flat(2).concat([5], 6, { length: 1, 0: 7, [Symbol.isConcatSpreadable]: true });").unwrap(),
+            json!([1, 2, [3], 4, 5, 6, 7])
+        );
+        assert_eq!(
+            run("return [1, 2].flatMap(x => [x, x * 10]).concat(String.raw`a${1}b`, JSON.stringify({a: 1, b: 2}, ['a']));").unwrap(),
+            json!([1, 10, 2, 20, "a1b", "{\"a\":1}"])
+        );
+        assert_eq!(
+            run("return [...[1, 2, 3, 4].values().drop(2)];").unwrap(),
+            json!([3, 4])
         );
         // Replacing a guarded method only replaces it for this script.
         assert!(matches!(
