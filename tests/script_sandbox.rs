@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{SpawnOptions, TestServer, spawn_with};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 /// What "promptly" means for a request that does not touch a script.
@@ -150,14 +150,22 @@ async fn an_endless_loop_is_stopped_while_the_server_stays_responsive() {
         probes >= 3,
         "only {probes} probes completed while scripts ran"
     );
+    // One account holds at most as many scripts as there are slots: the
+    // others are refused at once, never started.
+    let mut timed_out = 0;
     for result in results {
         assert_eq!(result["is_error"], true, "{result}");
+        if result["execution_reason_code"] == "script_sandbox_busy" {
+            continue;
+        }
         assert_eq!(result["status"], "timeout", "{result}");
         assert!(
             result["output"].as_str().unwrap().contains("time limit"),
             "{result}"
         );
+        timed_out += 1;
     }
+    assert!(timed_out >= 1, "a loop ran until its time limit");
     // Stopped at the 1 s deadline (queued ones after a slot freed), not hanging.
     assert!(
         started.elapsed() < Duration::from_secs(6),
@@ -449,5 +457,83 @@ async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() 
     assert_eq!(
         row.body["data"]["execution_reason_code"], "script_time_limit",
         "{row:?}"
+    );
+}
+
+/// The sandbox's slots are every account's: an account that sends more
+/// scripts at once than there are slots has the extra ones refused at once,
+/// instead of filling the queue that another account's script waits in
+/// (found by a probe: the other account's call waited past the queue limit
+/// and was refused).
+#[tokio::test]
+async fn one_account_cannot_fill_the_sandbox_queue_for_another() {
+    let server = spawn_with(SpawnOptions {
+        env: vec![
+            ("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()),
+            ("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), "300".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let greedy = Sandbox {
+        session: server.create_session().await,
+        server,
+    };
+    let looping = greedy.define("while (true) {}").await;
+    let other = greedy.server.create_account("other").await;
+    let session = greedy.server.create_session_as(&other, "Other").await;
+    let defined = greedy
+        .server
+        .send_as(
+            &other,
+            Method::POST,
+            "/tools/definitions",
+            Some(json!({"name": "quick", "handler_type": "script", "handler": {"script": "return 'mine';"}})),
+        )
+        .await;
+    assert_eq!(defined.status, StatusCode::CREATED, "{defined:?}");
+    // Far more loops than slots: queued, they would hold the queue for longer
+    // than a call may wait in it (4 time limits).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let sent = 8 * cores + 8;
+    let loops = futures::future::join_all((0..sent).map(|_| greedy.call(&looping, json!({}))));
+    let theirs = async {
+        // Once every loop is journalled: running, waiting for a slot, or refused.
+        let all_in = || async {
+            let page = greedy
+                .server
+                .get(&format!(
+                    "/tool-executions?session_id={}&tool_name={looping}&limit=1",
+                    greedy.session
+                ))
+                .await;
+            page.body["meta"]["total"].as_u64() == Some(sent as u64)
+        };
+        common::wait_until(Duration::from_secs(30), "every loop journalled", all_in).await;
+        greedy
+            .server
+            .send_as(
+                &other,
+                Method::POST,
+                &format!("/sessions/{session}/tool-calls"),
+                Some(json!({"name": "quick", "arguments": {}})),
+            )
+            .await
+    };
+    let (loops, theirs) = tokio::join!(loops, theirs);
+    assert_eq!(theirs.body["data"]["status"], "success", "{theirs:?}");
+    assert_eq!(theirs.body["data"]["output"], "mine");
+    let refused = loops
+        .iter()
+        .filter(|r| r["execution_reason_code"] == "script_sandbox_busy")
+        .filter(|r| {
+            r["output"]
+                .as_str()
+                .is_some_and(|text| text.contains("busy with this account's scripts"))
+        })
+        .count();
+    assert!(
+        refused > 0,
+        "the greedy account's extra loops were refused for its share: {loops:?}"
     );
 }

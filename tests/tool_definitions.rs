@@ -859,3 +859,38 @@ async fn routes_are_in_the_openapi_document() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_account_holds_at_most_256_definitions() {
+    let server = spawn_app().await;
+    let mut last = String::new();
+    for n in 0..256 {
+        last = id_of(&create(&server, json!({"name": format!("tool_{n}")})).await);
+    }
+    let refused = server
+        .post("/tools/definitions", json!({"name": "one_more"}))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+    assert_eq!(refused.code(), "limit_exceeded");
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("256"),
+        "{refused:?}"
+    );
+    // Another account's place is its own.
+    let other = server.create_account("other").await;
+    let theirs = server
+        .send_as(
+            &other,
+            Method::POST,
+            "/tools/definitions",
+            Some(json!({"name": "one_more"})),
+        )
+        .await;
+    assert_eq!(theirs.status, StatusCode::CREATED, "{theirs:?}");
+    let deleted = server.delete(&format!("/tools/definitions/{last}")).await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    create(&server, json!({"name": "one_more"})).await;
+}

@@ -151,7 +151,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 201, description = "the created definition", body = Data<ToolDefinition>),
         (status = 400, description = "validation_error"),
         (status = 403, description = "tool_script_handler_disabled"),
-        (status = 409, description = "tool_definition_conflict")))]
+        (status = 409, description = "tool_definition_conflict; limit_exceeded past 256 definitions in the account")))]
 async fn create_definition(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,

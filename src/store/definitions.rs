@@ -7,7 +7,7 @@ use super::backend::{Record, sql};
 use crate::domain::definition::{DefinitionSource, HandlerType, ScriptHandler, ToolDefinition};
 use crate::domain::tool::{SideEffectLevel, Slot};
 use crate::domain::{Page, PageRequest};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{new_id, now_ms};
 
 /// Filters of `GET /tools/definitions`; `None` matches everything.
@@ -129,8 +129,14 @@ macro_rules! bind_filters {
     }};
 }
 
+/// Most tool definitions one account holds: every one is offered in its
+/// characters' catalogs (each up to 64 KiB of schema, 16 KiB of description
+/// and 64 KiB of script), and model providers take far fewer tools a request.
+pub const MAX_DEFINITIONS_PER_ACCOUNT: i64 = 256;
+
 impl Store {
-    /// Stores a new definition for `account_id`, giving it an id and timestamps.
+    /// Stores a new definition for `account_id`, giving it an id and timestamps;
+    /// refused past [`MAX_DEFINITIONS_PER_ACCOUNT`].
     pub async fn create_definition(
         &self,
         account_id: &str,
@@ -141,7 +147,24 @@ impl Store {
         definition.account_id = account_id.to_owned();
         definition.created_at = now;
         definition.updated_at = now;
-        let result = sql!(self.conn().await?, c => query(AssertSqlSafe(format!(
+        // Counted and inserted in one write transaction: two creates at the
+        // cap cannot both pass it.
+        let mut tx = self.begin_write().await?;
+        let held = sql!(tx, c => query_scalar::<i64>(
+            "SELECT COUNT(*) FROM tool_definitions WHERE account_id = ?",
+        )
+        .bind(account_id)
+        .fetch_one(c)
+        .await?);
+        if held >= MAX_DEFINITIONS_PER_ACCOUNT {
+            return Err(Error::refused(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "the account holds {held} tool definitions, the most it may (MAX_DEFINITIONS_PER_ACCOUNT = {MAX_DEFINITIONS_PER_ACCOUNT}); delete some first"
+                ),
+            ));
+        }
+        let result = sql!(tx, c => query(AssertSqlSafe(format!(
             "INSERT INTO tool_definitions ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )))
         .bind(&definition.id)
@@ -161,6 +184,10 @@ impl Store {
         .execute(c)
         .await
         .map(|_| ()));
+        let result = match result {
+            Ok(()) => tx.commit().await,
+            Err(err) => Err(err),
+        };
         self.definitions_changed(account_id).await;
         match result {
             Ok(_) => Ok(definition),

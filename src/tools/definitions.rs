@@ -25,6 +25,8 @@ pub const SCRIPT_DISABLED_REASON: &str = "the script handler is disabled on this
 #[derive(Debug)]
 struct DefinitionHandler {
     definition_id: String,
+    /// Whose script it is: the sandbox's slots are shared fairly by account.
+    account_id: String,
     /// The script body, when the definition has a script handler.
     script: Option<Arc<str>>,
     scripts: ScriptRunner,
@@ -95,6 +97,7 @@ impl DefinitionProvider {
             .map(|definition| {
                 let handler = DefinitionHandler {
                     definition_id: definition.id.clone(),
+                    account_id: definition.account_id.clone(),
                     script: definition.script().map(Arc::from),
                     scripts: self.scripts.clone(),
                     scripts_enabled: self.scripts_enabled,
@@ -160,12 +163,16 @@ impl DefinitionHandler {
                 format!("tool definition {} has no handler", self.definition_id),
             );
         };
-        match self.scripts.run(script.clone(), args.clone()).await {
+        match self
+            .scripts
+            .run(&self.account_id, script.clone(), args.clone())
+            .await
+        {
             Ok(output) => ToolOutcome::Success(output),
             Err(err @ ScriptError::TimeLimit(_)) => {
                 ToolOutcome::timeout(err.reason_code(), err.to_string())
             }
-            Err(err @ ScriptError::Busy) => ToolOutcome::NotStarted {
+            Err(err @ ScriptError::Busy(_)) => ToolOutcome::NotStarted {
                 reason: err.reason_code(),
                 message: err.to_string(),
                 retry_after_ms: Some(self.scripts.limits().time.as_millis() as u64),
@@ -186,6 +193,7 @@ mod tests {
     fn handler(scripts_enabled: bool) -> DefinitionHandler {
         DefinitionHandler {
             definition_id: "tooldef_x".into(),
+            account_id: "acc".to_owned(),
             script: Some(Arc::from("return 1;")),
             scripts: ScriptRunner::new(ScriptLimits::default(), 1),
             scripts_enabled,

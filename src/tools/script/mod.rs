@@ -78,8 +78,10 @@ pub enum ScriptError {
     NeverSettled,
     #[error("{0}")]
     Invalid(String),
-    #[error("the script sandbox is busy; try again shortly")]
-    Busy,
+    /// Never started: no slot in time, or the account already holds as many
+    /// scripts as there are slots (the text says which).
+    #[error("{0}")]
+    Busy(&'static str),
     #[error("the script engine failed: {0}")]
     Engine(String),
 }
@@ -97,7 +99,7 @@ impl ScriptError {
             ScriptError::NotSerializable(_) => ReasonCode::ScriptResultNotSerializable,
             ScriptError::NeverSettled => ReasonCode::ScriptNeverSettled,
             ScriptError::Invalid(_) => ReasonCode::ScriptInvalid,
-            ScriptError::Busy => ReasonCode::ScriptSandboxBusy,
+            ScriptError::Busy(_) => ReasonCode::ScriptSandboxBusy,
             ScriptError::Engine(_) => ReasonCode::ScriptEngineError,
         }
     }
@@ -113,13 +115,46 @@ pub fn run_blocking(
     engine::run(script, args, limits)
 }
 
+/// Why a script did not start: every slot stayed busy for the queue wait.
+const SANDBOX_FULL: &str = "the script sandbox is busy; try again shortly";
+/// Why a script did not start: its account's share of the slots is taken.
+const ACCOUNT_FULL: &str = "the script sandbox is busy with this account's scripts (as many running or waiting as it has slots); try again shortly";
+
 /// Runs scripts on tokio's blocking pool, at most `concurrency` at a time. Callers
 /// beyond that wait for a slot for at most [`ScriptRunner::QUEUE_WAIT_FACTOR`] times
 /// the time limit, so the wait is bounded as well as the run.
+///
+/// The slots are every account's, so one account may hold at most
+/// `concurrency` scripts running or waiting: its next one is refused at once
+/// (`script_sandbox_busy`) instead of queueing ahead of other accounts' (the
+/// queue is first come, first served), so another account waits for at most
+/// the scripts already running.
 #[derive(Debug, Clone)]
 pub struct ScriptRunner {
     limits: ScriptLimits,
     slots: Arc<Semaphore>,
+    concurrency: usize,
+    /// Scripts running or waiting, by account.
+    shares: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One of an account's places among the scripts running or waiting; given
+/// back when dropped.
+struct Share {
+    shares: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    account_id: String,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = shares.get_mut(&self.account_id) {
+            *held -= 1;
+            if *held == 0 {
+                shares.remove(&self.account_id);
+            }
+        }
+    }
 }
 
 impl ScriptRunner {
@@ -130,7 +165,23 @@ impl ScriptRunner {
         Self {
             limits,
             slots: Arc::new(Semaphore::new(concurrency.max(1))),
+            concurrency: concurrency.max(1),
+            shares: Arc::default(),
         }
+    }
+
+    /// One of `account_id`'s places, if it has one left.
+    fn take_share(&self, account_id: &str) -> Option<Share> {
+        let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+        let held = shares.entry(account_id.to_owned()).or_default();
+        if *held >= self.concurrency {
+            return None;
+        }
+        *held += 1;
+        Some(Share {
+            shares: self.shares.clone(),
+            account_id: account_id.to_owned(),
+        })
     }
 
     /// One slot per core but one (at least one), so scripts never take every core
@@ -144,25 +195,35 @@ impl ScriptRunner {
         &self.limits
     }
 
-    /// Runs one script with `args` and returns its JSON result.
+    /// Runs one script of `account_id` with `args` and returns its JSON result.
     pub async fn run(
         &self,
+        account_id: &str,
         script: Arc<str>,
         args: serde_json::Value,
     ) -> Result<serde_json::Value, ScriptError> {
+        let Some(share) = self.take_share(account_id) else {
+            tracing::info!(
+                account_id,
+                places = self.concurrency,
+                "script refused: the account already has as many scripts running or waiting as there are sandbox slots"
+            );
+            return Err(ScriptError::Busy(ACCOUNT_FULL));
+        };
         let queue_wait = self.limits.time * Self::QUEUE_WAIT_FACTOR;
         let permit =
             match tokio::time::timeout(queue_wait, self.slots.clone().acquire_owned()).await {
                 Ok(Ok(permit)) => permit,
                 _ => {
                     tracing::warn!(?queue_wait, "script sandbox busy: no free slot in time");
-                    return Err(ScriptError::Busy);
+                    return Err(ScriptError::Busy(SANDBOX_FULL));
                 }
             };
         let limits = self.limits.clone();
         let started = std::time::Instant::now();
         let joined = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            // Both held until the script ends, even if its caller went away.
+            let _held = (permit, share);
             engine::run(&script, &args, &limits)
         })
         .await;
@@ -358,7 +419,7 @@ mod tests {
             ScriptError::NotSerializable(String::new()),
             ScriptError::NeverSettled,
             ScriptError::Invalid(String::new()),
-            ScriptError::Busy,
+            ScriptError::Busy(SANDBOX_FULL),
             ScriptError::Engine(String::new()),
         ];
         let codes: std::collections::HashSet<_> =
@@ -454,13 +515,13 @@ mod tests {
         );
         let busy = tokio::spawn({
             let runner = runner.clone();
-            async move { runner.run("while (true) {}".into(), json!({})).await }
+            async move { runner.run("a", "while (true) {}".into(), json!({})).await }
         });
         let started = std::time::Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(started.elapsed() < Duration::from_millis(200));
         let ok = runner
-            .run("return args.n * 2;".into(), json!({"n": 21}))
+            .run("a", "return args.n * 2;".into(), json!({"n": 21}))
             .await
             .unwrap();
         assert_eq!(ok, json!(42));
@@ -468,5 +529,53 @@ mod tests {
             busy.await.unwrap().unwrap_err(),
             ScriptError::TimeLimit(_)
         ));
+    }
+
+    /// Found by a probe: one account keeping the only slot's queue full made
+    /// every other account's script wait past the queue limit and be refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_account_holds_at_most_as_many_scripts_as_there_are_slots() {
+        let runner = ScriptRunner::new(
+            ScriptLimits {
+                time: Duration::from_millis(300),
+                ..ScriptLimits::default()
+            },
+            1,
+        );
+        let spinning = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run("a", "while (true) {}".into(), json!({})).await }
+        });
+        // The first script has taken account a's place before the next one asks.
+        while runner.shares.lock().unwrap().get("a").is_none() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            runner.run("a", "return 1;".into(), json!({})).await,
+            Err(ScriptError::Busy(ACCOUNT_FULL))
+        ));
+        assert_eq!(
+            runner
+                .run("b", "return 2;".into(), json!({}))
+                .await
+                .unwrap(),
+            json!(2),
+            "another account waits for the running script only"
+        );
+        assert!(matches!(
+            spinning.await.unwrap(),
+            Err(ScriptError::TimeLimit(_))
+        ));
+        assert!(
+            runner.shares.lock().unwrap().is_empty(),
+            "every place given back"
+        );
+        assert_eq!(
+            runner
+                .run("a", "return 3;".into(), json!({}))
+                .await
+                .unwrap(),
+            json!(3)
+        );
     }
 }
