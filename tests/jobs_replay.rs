@@ -629,6 +629,27 @@ async fn a_job_running_at_sigkill_becomes_uncertain_and_is_not_rerun() {
     assert_eq!(row["status"], "uncertain", "{row}");
     assert_eq!(row["lifecycle_state"], "finished");
     assert_eq!(row["execution_reason_code"], "job_lease_lost", "{row}");
+    // The session, given a receipt for the call, is told how it ended.
+    let results = server
+        .get(&format!("/sessions/{session}/tool-results"))
+        .await;
+    let delivered: Vec<&serde_json::Value> = results.body["data"]
+        .as_array()
+        .expect("the session's results")
+        .iter()
+        .filter(|d| d["execution_id"] == execution_id.as_str())
+        .collect();
+    assert_eq!(delivered.len(), 1, "exactly one result: {results:?}");
+    assert_eq!(delivered[0]["is_error"], true, "{results:?}");
+    assert_eq!(
+        delivered[0]["execution_reason_code"], "job_lease_lost",
+        "{results:?}"
+    );
+    assert_eq!(delivered[0]["runtime_job_id"], job.as_str(), "{results:?}");
+    assert_eq!(
+        delivered[0]["call_id"], receipt["call_id"],
+        "the call's id, as the model knows it: {results:?}"
+    );
     // The restarted server's worker polls the queue; the lost job must not be
     // picked up again. A later job runs, so the worker is alive.
     register(

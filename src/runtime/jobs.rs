@@ -142,6 +142,15 @@ pub fn report_lost_jobs(runtime: &ToolRuntime, lost: &crate::store::LostJobs) {
     if !lost.uncertain.is_empty() {
         tracing::warn!(executions = ?lost.uncertain, "jobs lost their lease and are now uncertain");
     }
+    if !lost.delivered.is_empty() {
+        let runtime = runtime.clone();
+        let delivered = lost.delivered.clone();
+        tokio::spawn(async move {
+            for delivery in &delivered {
+                runtime.publish_tool_result(delivery).await;
+            }
+        });
+    }
     if !lost.redelivered.is_empty() {
         tracing::warn!(
             executions = ?lost.redelivered,

@@ -271,8 +271,8 @@ impl Store {
     ) -> Result<LostJobs> {
         let now = now_ms();
         let mut tx = self.begin_write().await?;
-        let lost: Vec<(String, String, String, i64)> = sql!(tx, c => query_as(
-            "SELECT id, execution_id, invocation_json, attempts FROM runtime_jobs \
+        let lost: Vec<LostJob> = sql!(tx, c => query_as(
+            "SELECT id, execution_id, invocation_json, attempts, session_id, tool_name FROM runtime_jobs \
              WHERE state = 'running' AND (?2 = 1 OR lease_expires_at < ?1 OR lease_owner = ?3)",
         )
         .bind(now)
@@ -286,7 +286,7 @@ impl Store {
             all_running,
             dead_owner,
         };
-        for (job_id, execution_id, invocation, attempts) in lost {
+        for (job_id, execution_id, invocation, attempts, session_id, tool_name) in lost {
             let again = redeliverable(&invocation, attempts);
             if !take_lost_job(&mut tx, &job_id, &lost_now, again).await? {
                 continue;
@@ -294,10 +294,26 @@ impl Store {
             if again {
                 requeue_row(&mut tx, &execution_id).await?;
                 outcome.redelivered.push(execution_id);
-            } else {
-                end_row_uncertain(&mut tx, &execution_id, now).await?;
-                outcome.uncertain.push(execution_id);
+                continue;
             }
+            end_row_uncertain(&mut tx, &execution_id, now).await?;
+            // The model was given a receipt for this call: it is told how
+            // the call ended, as for any other finished job.
+            let delivery = Delivery {
+                id: new_id("delivery"),
+                session_id,
+                execution_id: execution_id.clone(),
+                runtime_job_id: Some(job_id),
+                call_id: call_id_of(&invocation),
+                tool_name,
+                output: serde_json::Value::String(LEASE_LOST.to_owned()),
+                is_error: true,
+                execution_reason_code: Some(ReasonCode::JobLeaseLost),
+                created_at: now,
+            };
+            insert_delivery(&mut tx, &delivery).await?;
+            outcome.uncertain.push(execution_id);
+            outcome.delivered.push(delivery);
         }
         tx.commit().await?;
         Ok(outcome)
@@ -510,6 +526,26 @@ pub struct LostJobs {
     pub redelivered: Vec<String>,
     /// Ended `uncertain` (`job_lease_lost`).
     pub uncertain: Vec<String>,
+    /// What the sessions of the uncertain ones were given (one each).
+    pub delivered: Vec<Delivery>,
+}
+
+/// A running job whose lease is lost: id, execution, invocation, attempts,
+/// session and tool.
+type LostJob = (String, String, String, i64, String, String);
+
+/// What a session is told of a call whose job lost its lease.
+const LEASE_LOST: &str = "the job running this call lost its lease; its outcome is unknown";
+
+/// The model's id of the call a job's invocation ran (empty when unreadable).
+fn call_id_of(invocation: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct CallId {
+        call_id: String,
+    }
+    serde_json::from_str::<CallId>(invocation)
+        .map(|c| c.call_id)
+        .unwrap_or_default()
 }
 
 /// Whether a lost job may be handed over again: its tool was replay-safe
@@ -578,12 +614,13 @@ async fn end_row_uncertain(tx: &mut impl AsHandle, execution_id: &str, now: i64)
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
          duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
-         error_message = 'the job running this call lost its lease; its outcome is unknown', \
+         error_message = ?4, \
          execution_reason_code = ?2 WHERE id = ?3 AND lifecycle_state = 'opened'",
     )
     .bind(now)
     .bind(ReasonCode::JobLeaseLost.as_str())
     .bind(execution_id)
+    .bind(LEASE_LOST)
     .execute(c)
     .await
     .map(|_| ())?);
