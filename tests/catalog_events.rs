@@ -93,6 +93,52 @@ async fn definition_writes_reach_live_model_sessions() {
     assert!(!names(&changed["tools"]).contains(&"lookup_npc".to_owned()));
 }
 
+/// The lists say what the catalogs gained and lost, judged on the row before
+/// the write and after it (found by a probe: a rename was `updated` under the
+/// new name, a disabled definition's creation `added`, and disabling a
+/// disabled one `removed` it again).
+#[tokio::test]
+async fn a_definitions_rename_or_a_write_of_a_disabled_one_is_told_as_it_changed_the_catalog() {
+    let server = spawn_with(scripts_on()).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let created = server.post("/tools/definitions", definition()).await;
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(names(&events.changed().await["added"]), ["lookup_npc"]);
+
+    let renamed = server
+        .patch(
+            &format!("/tools/definitions/{id}"),
+            json!({"name": "find_npc"}),
+        )
+        .await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    let changed = events.changed().await;
+    assert_eq!(names(&changed["removed"]), ["lookup_npc"], "{changed}");
+    assert_eq!(names(&changed["added"]), ["find_npc"], "{changed}");
+    assert!(names(&changed["updated"]).is_empty(), "{changed}");
+
+    let mut parked = definition();
+    parked["name"] = json!("parked");
+    parked["enabled"] = json!(false);
+    let parked = server.post("/tools/definitions", parked).await;
+    assert_eq!(parked.status, 201, "{parked:?}");
+    let changed = events.changed().await;
+    for list in ["added", "updated", "removed"] {
+        assert!(names(&changed[list]).is_empty(), "{list}: {changed}");
+    }
+    let parked = parked.body["data"]["id"].as_str().unwrap().to_owned();
+    let again = server
+        .patch(
+            &format!("/tools/definitions/{parked}/toggle"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(again.status, 200, "{again:?}");
+    let changed = events.changed().await;
+    assert!(names(&changed["removed"]).is_empty(), "{changed}");
+}
+
 #[tokio::test]
 async fn a_refused_definition_write_sends_nothing() {
     let server = spawn_with(scripts_on()).await;

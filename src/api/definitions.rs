@@ -176,7 +176,7 @@ pub(crate) async fn create(
     let created = runtime
         .write_catalog(
             Box::pin(runtime.store.create_definition(account_id, draft)),
-            |created| definition_change(account_id, created, ChangeKind::Added),
+            |created| definition_change(account_id, None, Some(created)),
         )
         .await?;
     tracing::info!(definition = %created.id, name = ?created.name, "tool definition created");
@@ -258,16 +258,10 @@ pub(crate) async fn update(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Merged and checked against the row as it is inside the write transaction, so
     // a concurrent update is neither lost nor merged past these checks.
-    let saved = save_change(
-        state,
-        account_id,
-        id,
-        |existing| {
-            definition::check_update_allowed(existing, &changes, scripts_enabled)?;
-            definition::update(existing, changes.clone())
-        },
-        |_| ChangeKind::Updated,
-    )
+    let saved = save_change(state, account_id, id, |existing| {
+        definition::check_update_allowed(existing, &changes, scripts_enabled)?;
+        definition::update(existing, changes.clone())
+    })
     .await?;
     tracing::info!(definition = %saved.id, "tool definition updated");
     Ok(saved)
@@ -301,25 +295,13 @@ pub(crate) async fn toggle(
     let scripts_enabled = state.runtime.settings.enable_unsafe_script_handler;
     // Inside the write transaction, like the PATCH: flipping `enabled` on a stale
     // copy would write back the other fields as they were before a concurrent PATCH.
-    let saved = save_change(
-        state,
-        account_id,
-        id,
-        |existing| {
-            definition::check_toggle_allowed(existing, enabled, scripts_enabled)?;
-            Ok(ToolDefinition {
-                enabled,
-                ..existing.clone()
-            })
-        },
-        |saved| {
-            if saved.enabled {
-                ChangeKind::Added
-            } else {
-                ChangeKind::Removed
-            }
-        },
-    )
+    let saved = save_change(state, account_id, id, |existing| {
+        definition::check_toggle_allowed(existing, enabled, scripts_enabled)?;
+        Ok(ToolDefinition {
+            enabled,
+            ..existing.clone()
+        })
+    })
     .await?;
     tracing::info!(definition = %saved.id, enabled = saved.enabled, "tool definition toggled");
     Ok(saved)
@@ -343,7 +325,7 @@ async fn delete_definition(
     };
     runtime
         .write_catalog(Box::pin(write), |deleted| {
-            definition_change(&account.id, deleted, ChangeKind::Removed)
+            definition_change(&account.id, Some(deleted), None)
         })
         .await?;
     tracing::info!(definition = %id, "tool definition deleted");
@@ -360,37 +342,46 @@ async fn save_change(
     account_id: &str,
     id: &str,
     change: impl FnOnce(&ToolDefinition) -> crate::error::Result<ToolDefinition> + Send,
-    kind: impl FnOnce(&ToolDefinition) -> ChangeKind + Send,
 ) -> crate::error::Result<ToolDefinition> {
     let runtime = &state.runtime;
-    let write = runtime.store.update_definition(account_id, id, change);
+    // The row as the transaction found it: what the catalogs had.
+    let before = std::sync::Mutex::new(None);
+    let write = runtime.store.update_definition(account_id, id, |existing| {
+        *before.lock().unwrap_or_else(|p| p.into_inner()) = Some(existing.clone());
+        change(existing)
+    });
     runtime
         .write_catalog(Box::pin(write), |saved| {
-            definition_change(account_id, saved, kind(saved))
+            let before = before.lock().unwrap_or_else(|p| p.into_inner()).take();
+            definition_change(account_id, before.as_ref(), Some(saved))
         })
         .await
 }
 
-/// How a definition write changed its account's catalogs.
-enum ChangeKind {
-    Added,
-    Updated,
-    Removed,
-}
-
 /// The `catalog_changed` a definition write sends to its account's live model
-/// sessions.
+/// sessions, from the row before the write and after it (None: absent): an
+/// enabled definition is in the catalogs under its name, a disabled one is
+/// not, and a renamed one is the old name removed and the new one added.
 fn definition_change(
     account_id: &str,
-    definition: &ToolDefinition,
-    kind: ChangeKind,
+    before: Option<&ToolDefinition>,
+    after: Option<&ToolDefinition>,
 ) -> CatalogChange {
-    let names = vec![definition.name.clone()];
+    let offered = |definition: Option<&ToolDefinition>| {
+        definition
+            .filter(|definition| definition.enabled)
+            .map(|definition| definition.name.clone())
+    };
     let mut change = CatalogChange::new(CatalogScope::Account(account_id.to_owned()));
-    match kind {
-        ChangeKind::Added => change.added = names,
-        ChangeKind::Updated => change.updated = names,
-        ChangeKind::Removed => change.removed = names,
+    match (offered(before), offered(after)) {
+        (None, None) => {}
+        (None, Some(added)) => change.added = vec![added],
+        (Some(removed), None) => change.removed = vec![removed],
+        (Some(old), Some(new)) if old == new => change.updated = vec![new],
+        (Some(old), Some(new)) => {
+            change.removed = vec![old];
+            change.added = vec![new];
+        }
     }
     change
 }
