@@ -813,8 +813,10 @@ async fn an_mcp_server_configured_with_the_deployments_own_endpoint_is_refused()
         common::mcp::http_body(
             "itself",
             &own,
+            // A configured deployment header of its own does not hide the mark.
             json!({"tool_prefix": "self",
-                   "http": {"url": own, "headers": {"Authorization": format!("Bearer {}", server.token)}}}),
+                   "http": {"url": own, "headers": {"Authorization": format!("Bearer {}", server.token),
+                                                    "Toolgate-Deployment": "not-the-mark"}}}),
         ),
     )
     .await;

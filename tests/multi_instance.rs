@@ -399,6 +399,21 @@ async fn a_permission_change_on_one_instance_refuses_the_next_call_on_the_other(
     );
 }
 
+/// A session deleted on one instance ends its event streams on the others
+/// too: they kept receiving catalog changes and held places under the
+/// account's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_on_one_instance_ends_its_event_streams_on_the_others() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let session = a.create_session().await;
+    let mut events = Events::open(&b, &session).await;
+    let deleted = a.delete(&format!("/sessions/{session}")).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+    events.until_ended(Duration::from_secs(10)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_definition_disabled_on_one_instance_leaves_the_others_catalog_and_live_sessions() {
     let database = shared_database().await;

@@ -32,6 +32,10 @@ pub async fn trace_request(request: Request, next: Next) -> Response {
             // told to wait out (shutting down, not ready, no model, an MCP
             // server away), not a failure of this request's handling.
             tracing::warn!(status, latency_ms, "service unavailable");
+        } else if status == crate::error::ErrorCode::McpSelfConnection.status() {
+            // A refusal of this deployment's own MCP client, already logged
+            // at warn with its reason; not a failure of the server.
+            tracing::debug!(status, latency_ms, "own MCP client refused");
         } else if response.status().is_server_error() {
             tracing::error!(status, latency_ms, "response failed");
         } else {

@@ -18,6 +18,9 @@ const TOPIC: &str = "catalog";
 const MCP_TOPIC: &str = "mcp_servers";
 /// The announcement topic of a cancel asked of a run another instance generates.
 const RUN_CANCEL_TOPIC: &str = "run_cancel";
+/// The announcement topic of a deleted chat session, whose event streams
+/// every instance closes.
+const SESSION_DELETED_TOPIC: &str = "session_deleted";
 /// How often an instance looks for generations that dead instances left
 /// running (an instance is taken for dead after [`crate::store::STALE_AFTER_MS`]).
 const DEAD_GENERATION_SWEEP: std::time::Duration = std::time::Duration::from_secs(5);
@@ -32,6 +35,17 @@ pub(super) async fn announce_run_cancel(runtime: &ToolRuntime, run_id: &str) {
             serde_json::Value::String(run_id.to_owned()),
         )
         .await;
+}
+
+/// Tells the other instances that a chat session was deleted: they close its
+/// event streams, as this instance did.
+pub(super) async fn announce_session_deleted(
+    runtime: &ToolRuntime,
+    character_id: &str,
+    session_id: &str,
+) {
+    let data = serde_json::json!({"character_id": character_id, "session_id": session_id});
+    runtime.store.announce(SESSION_DELETED_TOPIC, data).await;
 }
 
 /// After announcements may have been missed: stops this instance's
@@ -128,6 +142,17 @@ async fn follow_mcp_server(runtime: &ToolRuntime, data: &serde_json::Value) {
     }
 }
 
+/// Closes this instance's event streams of a session another instance deleted.
+fn close_deleted_session(runtime: &ToolRuntime, data: &serde_json::Value) {
+    if let (Some(character_id), Some(session_id)) =
+        (data["character_id"].as_str(), data["session_id"].as_str())
+    {
+        runtime
+            .model_sessions
+            .close_chat_session(character_id, session_id);
+    }
+}
+
 /// Offers other instances' catalog changes to this instance's live model
 /// sessions until `stop` is cancelled.
 pub async fn follow_other_instances(
@@ -166,6 +191,10 @@ pub async fn follow_other_instances(
                 if let Some(run_id) = event.data.as_str() {
                     runtime.cancel_here(run_id);
                 }
+                continue;
+            }
+            SESSION_DELETED_TOPIC => {
+                close_deleted_session(&runtime, &event.data);
                 continue;
             }
             "resync" => {

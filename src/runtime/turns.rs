@@ -87,6 +87,7 @@ impl ToolRuntime {
         let session = self.store.delete_session(account_id, session_id).await?;
         self.model_sessions
             .close_chat_session(&session.character_id, &session.id);
+        super::cluster::announce_session_deleted(self, &session.character_id, &session.id).await;
         let here = self
             .turns
             .lock()

@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::traced_http::TracedHttpClient;
+use super::traced_http::{DEPLOYMENT_HEADER, TracedHttpClient};
 use crate::domain::mcp::{HttpConfig, McpServerConfig, McpTransport, StdioConfig};
 use crate::domain::mcp_rules::Reach;
 
@@ -474,6 +474,14 @@ fn http_transport(
             .map_err(|_| format!("http.headers.{name} has an invalid value"))?;
         headers.insert(name, value);
     }
+    // Last, over a configured header of the same name: rmcp's per-request
+    // headers win over the client's defaults, and a configured value would
+    // hide the mark from this deployment's own endpoint.
+    headers.insert(
+        reqwest::header::HeaderName::from_static(DEPLOYMENT_HEADER),
+        reqwest::header::HeaderValue::try_from(deployment_mark)
+            .map_err(|_| "the deployment mark is no header value".to_owned())?,
+    );
     let mut config = StreamableHttpClientTransportConfig::with_uri(http.url.clone())
         .custom_headers(headers)
         .reinit_on_expired_session(true);

@@ -19,14 +19,14 @@ use super::{ScriptError, ScriptLimits};
 /// quickjs-libc, which is not linked); `Performance` is left out so scripts get no
 /// high-resolution clock, and no module loader is installed. `Eval` is needed to
 /// compile the script at all. `Atomics.wait`, the one blocking call, is refused
-/// because the runtime is never marked as allowed to block.
+/// because the runtime is never marked as allowed to block. `Proxy` is left out:
+/// its traps could answer the array guard one length and a native another.
 type Intrinsics = (
     intrinsic::Date,
     intrinsic::Eval,
     intrinsic::RegExpCompiler,
     intrinsic::RegExp,
     intrinsic::Json,
-    intrinsic::Proxy,
     intrinsic::MapSet,
     intrinsic::TypedArrays,
     intrinsic::Promise,
@@ -41,9 +41,12 @@ const MAX_ARRAY_WALK: u64 = 1 << 24;
 
 /// Run before the script, in its context: every `Array.prototype` method that
 /// walks its array refuses one longer than [`MAX_ARRAY_WALK`], and so do the
-/// natives that walk an array-like an argument brings: `concat`'s spreadable
-/// arguments, the arrays `flat` and `flatMap` flatten, `JSON.stringify`'s
-/// replacer list, `String.raw`'s `raw`, and `Iterator.prototype.drop`'s count.
+/// natives that walk an array-like an argument brings: `concat`, `flat`,
+/// `flatMap` and `String.raw` are written in script code over lengths read
+/// once (so the interrupt stops them, and no getter can answer the check one
+/// length and the walk another), `JSON.stringify`'s replacer list is checked,
+/// and `Iterator.prototype.drop` gets its count converted once. A guarded
+/// native refuses an array-like `this` whose `length` is a getter.
 ///
 /// QuickJS polls the interrupt handler only while it runs bytecode. A native
 /// method walking a huge sparse array (`Array(2e9).join("")`, or `forEach`,
@@ -61,84 +64,133 @@ const ARRAY_GUARD_SOURCE: &str = r#"(() => {
   const apply = Reflect.apply;
   const toNumber = Number;
   const define = Object.defineProperty;
+  const describe = Object.getOwnPropertyDescriptor;
+  const prototypeOf = Object.getPrototypeOf;
   const isArray = Array.isArray;
   const spreadable = Symbol.isConcatSpreadable;
+  const trunc = Math.trunc;
   const refuse = (what, length) => {
     throw new RangeError(`${what} on ${length} elements: the sandbox walks at most ${limit}`);
   };
-  const lengthOf = (value) => (value == null ? 0 : toNumber(value.length));
-  const bounded = (what, value) => {
-    const length = lengthOf(value);
-    if (length > limit) refuse(what, length);
+  const toLength = (value) => {
+    const n = trunc(toNumber(value));
+    return n > 0 ? n : 0;
   };
-  // Replaces `target[name]` by a function that runs `check(this, args)` first.
+  // Reads `value.length` once and refuses a walk past the limit; the caller
+  // walks by the number it answered, so no getter can answer another later.
+  const lengthOnce = (what, value) => {
+    const length = toLength(value.length);
+    if (length > limit) refuse(what, length);
+    return length;
+  };
+  // For a native that reads `length` again: an array-like's length getter
+  // could answer the guard and the native differently, so such a `this` is
+  // refused (an Array's length is data, and scripts get no Proxy).
+  const stableLength = (what, value) => {
+    if (value == null) return;
+    if (!isArray(value)) {
+      for (let o = Object(value); o !== null; o = prototypeOf(o)) {
+        const found = describe(o, "length");
+        if (!found) continue;
+        if (found.get || found.set) {
+          throw new RangeError(`${what} on an array-like whose length is a getter: the sandbox does not walk it`);
+        }
+        break;
+      }
+    }
+    lengthOnce(what, value);
+  };
+  const replace = (target, name, value) =>
+    define(target, name, { value, writable: true, enumerable: false, configurable: true });
+  const proto = Array.prototype;
+
+  // The natives that walk what their arguments bring, written here so that
+  // every walk is script code (the interrupt stops it) over lengths read once.
+  const flatten = (what, out, source, length, depth, mapper, thisArg) => {
+    for (let i = 0; i < length; i++) {
+      if (!(i in source)) continue;
+      let element = source[i];
+      if (mapper) element = apply(mapper, thisArg, [element, i, source]);
+      if (depth > 0 && isArray(element)) {
+        flatten(what, out, element, lengthOnce(what, element), depth - 1);
+      } else {
+        if (out.length >= limit) refuse(what, out.length + 1);
+        out[out.length] = element;
+      }
+    }
+    return out;
+  };
+  replace(proto, "concat", function concat(...items) {
+    const out = [];
+    let n = 0;
+    const sources = [Object(this), ...items];
+    for (let s = 0; s < sources.length; s++) {
+      const item = sources[s];
+      const object = item !== null && (typeof item === "object" || typeof item === "function");
+      const flag = object ? item[spreadable] : undefined;
+      if (object && (flag !== undefined ? !!flag : isArray(item))) {
+        const length = lengthOnce("Array.prototype.concat", item);
+        if (n + length > limit) refuse("Array.prototype.concat", n + length);
+        for (let k = 0; k < length; k++, n++) {
+          if (k in item) out[n] = item[k];
+        }
+      } else {
+        if (n >= limit) refuse("Array.prototype.concat", n + 1);
+        out[n++] = item;
+      }
+    }
+    out.length = n;
+    return out;
+  });
+  replace(proto, "flat", function flat(depth) {
+    const source = Object(this);
+    const length = lengthOnce("Array.prototype.flat", source);
+    const d = depth === undefined ? 1 : toNumber(depth);
+    return flatten("Array.prototype.flat", [], source, length, d === d ? trunc(d) : 0);
+  });
+  replace(proto, "flatMap", function flatMap(mapper, thisArg) {
+    const source = Object(this);
+    const length = lengthOnce("Array.prototype.flatMap", source);
+    if (typeof mapper !== "function") throw new TypeError("flatMap: the mapper is not a function");
+    return flatten("Array.prototype.flatMap", [], source, length, 1, mapper, thisArg);
+  });
+  replace(String, "raw", function raw(template, ...substitutions) {
+    const strings = Object(Object(template).raw);
+    const length = lengthOnce("String.raw", strings);
+    let out = "";
+    for (let i = 0; i < length; i++) {
+      out += String(strings[i]);
+      if (i + 1 < length && i < substitutions.length) out += String(substitutions[i]);
+    }
+    return out;
+  });
+
+  // Replaces `target[name]` by a function that runs `check(this, args)` first
+  // (it may put values it read in place of the arguments).
   const guard = (target, name, check) => {
     const original = target[name];
     if (typeof original !== "function") return;
-    define(target, name, {
-      value: function (...args) {
-        check(this, args);
-        return apply(original, this, args);
-      },
-      writable: true,
-      enumerable: false,
-      configurable: true,
+    replace(target, name, function (...args) {
+      check(this, args);
+      return apply(original, this, args);
     });
   };
-  // What concat spreads, as it decides it.
-  const spreads = (value) =>
-    value !== null && (typeof value === "object" || typeof value === "function") &&
-    (value[spreadable] !== undefined ? !!value[spreadable] : isArray(value));
-  // The arrays flat would walk below `array`, to `depth` (a walk in script
-  // code, which the interrupt stops).
-  const nested = (array, depth) => {
-    if (!(depth >= 1)) return;
-    const length = lengthOf(array);
-    for (let i = 0; i < length; i++) {
-      const element = array[i];
-      if (isArray(element)) {
-        bounded("Array.prototype.flat", element);
-        nested(element, depth - 1);
-      }
-    }
-  };
-  const proto = Array.prototype;
-  const walkless = ["constructor", "at", "values", "keys", "entries"];
-  // Beyond `this`: the arrays a method walks that its arguments bring.
-  const extra = {
-    concat: (args) => {
-      for (const arg of args) if (spreads(arg)) bounded("Array.prototype.concat", arg);
-    },
-    flat: (args, self) => nested(self, args[0] === undefined ? 1 : toNumber(args[0])),
-    flatMap: (args) => {
-      const mapper = args[0];
-      if (typeof mapper !== "function") return;
-      args[0] = function (...inner) {
-        const mapped = apply(mapper, this, inner);
-        if (isArray(mapped)) bounded("Array.prototype.flatMap", mapped);
-        return mapped;
-      };
-    },
-  };
+  // These walk nothing (or are written above): a sparse array longer than
+  // the limit may still be pushed to, popped or read.
+  const walkless = ["constructor", "at", "values", "keys", "entries", "push", "pop", "concat", "flat", "flatMap"];
   for (const name of Object.getOwnPropertyNames(proto)) {
     if (walkless.includes(name)) continue;
-    const more = extra[name];
-    guard(proto, name, (self, args) => {
-      bounded(`Array.prototype.${name}`, self);
-      if (more) more(args, self);
-    });
+    guard(proto, name, (self) => stableLength(`Array.prototype.${name}`, self));
   }
-  // Natives outside Array.prototype that walk an array-like of the script's.
   guard(JSON, "stringify", (_, args) => {
-    if (isArray(args[1])) bounded("JSON.stringify's replacer", args[1]);
-  });
-  guard(String, "raw", (_, args) => {
-    if (args[0] != null) bounded("String.raw", args[0].raw);
+    if (isArray(args[1])) lengthOnce("JSON.stringify's replacer", args[1]);
   });
   if (typeof Iterator === "function") {
     guard(Iterator.prototype, "drop", (_, args) => {
+      // Converted here, once: the native gets the number, not the object.
       const count = toNumber(args[0]);
       if (count > limit) refuse("Iterator.prototype.drop", count);
+      args[0] = count;
     });
   }
 })();"#;
