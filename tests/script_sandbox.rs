@@ -36,6 +36,20 @@ impl Sandbox {
         Self { server, session }
     }
 
+    /// A sandbox whose scripts' time limit is `timeout_ms`.
+    async fn with_timeout_ms(timeout_ms: u32) -> Self {
+        let server = spawn_with(SpawnOptions {
+            env: vec![
+                ("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()),
+                ("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), timeout_ms.to_string()),
+            ],
+            ..Default::default()
+        })
+        .await;
+        let session = server.create_session().await;
+        Self { server, session }
+    }
+
     /// Stores `script` as a new definition and returns its tool name.
     async fn define(&self, script: &str) -> String {
         let name = format!("script_{}", NEXT.fetch_add(1, Ordering::Relaxed));
@@ -397,18 +411,7 @@ async fn an_endless_promise_chain_is_stopped_by_the_deadline() {
 /// retry. Calls that did run are `provider_started`.
 #[tokio::test]
 async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() {
-    let server = spawn_with(SpawnOptions {
-        env: vec![
-            ("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()),
-            ("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), "150".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
-    let sandbox = Sandbox {
-        session: server.create_session().await,
-        server,
-    };
+    let sandbox = Sandbox::with_timeout_ms(150).await;
     let looping = sandbox.define("while (true) {}").await;
     // Slots are cores − 1 and a call waits at most 4 time limits for one, so
     // this many calls at once always leaves some without a slot.
@@ -467,18 +470,7 @@ async fn a_full_sandbox_refuses_calls_that_never_start_and_says_when_to_retry() 
 /// and was refused).
 #[tokio::test]
 async fn one_account_cannot_fill_the_sandbox_queue_for_another() {
-    let server = spawn_with(SpawnOptions {
-        env: vec![
-            ("ENABLE_UNSAFE_SCRIPT_HANDLER".into(), "true".into()),
-            ("TOOLGATE_SCRIPT_TIMEOUT_MS".into(), "300".into()),
-        ],
-        ..Default::default()
-    })
-    .await;
-    let greedy = Sandbox {
-        session: server.create_session().await,
-        server,
-    };
+    let greedy = Sandbox::with_timeout_ms(300).await;
     let looping = greedy.define("while (true) {}").await;
     let other = greedy.server.create_account("other").await;
     let session = greedy.server.create_session_as(&other, "Other").await;
