@@ -344,18 +344,13 @@ async fn save_change(
     change: impl FnOnce(&ToolDefinition) -> crate::error::Result<ToolDefinition> + Send,
 ) -> crate::error::Result<ToolDefinition> {
     let runtime = &state.runtime;
-    // The row as the transaction found it: what the catalogs had.
-    let before = std::sync::Mutex::new(None);
-    let write = runtime.store.update_definition(account_id, id, |existing| {
-        *before.lock().unwrap_or_else(|p| p.into_inner()) = Some(existing.clone());
-        change(existing)
-    });
-    runtime
-        .write_catalog(Box::pin(write), |saved| {
-            let before = before.lock().unwrap_or_else(|p| p.into_inner()).take();
-            definition_change(account_id, before.as_ref(), Some(saved))
+    let write = runtime.store.update_definition(account_id, id, change);
+    let (_, saved) = runtime
+        .write_catalog(Box::pin(write), |(before, saved)| {
+            definition_change(account_id, Some(before), Some(saved))
         })
-        .await
+        .await?;
+    Ok(saved)
 }
 
 /// The `catalog_changed` a definition write sends to its account's live model

@@ -289,7 +289,8 @@ impl Store {
     }
 
     /// Replaces the account's definition `id` with what `change` computes from the
-    /// stored one, bumping `updated_at`, and returns what was stored. The
+    /// stored one, bumping `updated_at`, and returns the row as it found it
+    /// and what was stored (the catalogs' change is judged on both). The
     /// transaction takes the write lock before reading (`begin_write`) and
     /// `change` cannot await, so two concurrent updates (a PATCH of one field and
     /// a toggle, say) cannot lose one another's change: the later one merges into
@@ -300,7 +301,7 @@ impl Store {
         account_id: &str,
         id: &str,
         change: impl FnOnce(&ToolDefinition) -> Result<ToolDefinition>,
-    ) -> Result<ToolDefinition> {
+    ) -> Result<(ToolDefinition, ToolDefinition)> {
         let mut tx = self.begin_write().await?;
         let sql = format!("SELECT {COLUMNS} FROM tool_definitions WHERE id = ? AND account_id = ?");
         let existing = match sql!(tx, c => query(AssertSqlSafe(sql))
@@ -316,8 +317,8 @@ impl Store {
         };
         let mut definition = change(&existing)?;
         // `change` decides the client-settable fields only.
-        definition.id = existing.id;
-        definition.account_id = existing.account_id;
+        definition.id = existing.id.clone();
+        definition.account_id = existing.account_id.clone();
         definition.created_at = existing.created_at;
         definition.updated_at = now_ms().max(existing.updated_at);
         // Holding the write lock since the read, the row is still there.
@@ -354,7 +355,7 @@ impl Store {
         // guard, and one that reads after it sees the new rows.
         self.definitions_changed(account_id).await;
         committed?;
-        Ok(definition)
+        Ok((existing, definition))
     }
 
     /// Deletes the account's definition with that id.
@@ -515,7 +516,7 @@ mod tests {
             created
         );
         // Rolled back rather than left holding the write lock: the next write goes through.
-        let disabled = store
+        let (before, disabled) = store
             .update_definition("acct_a", &created.id, |existing| {
                 Ok(ToolDefinition {
                     enabled: false,
@@ -524,6 +525,7 @@ mod tests {
             })
             .await
             .unwrap();
+        assert_eq!(before, created, "the row as the write found it");
         assert!(!disabled.enabled);
         assert_eq!(disabled.created_at, created.created_at);
         let enabled = store.enabled_definitions("acct_a").await.unwrap();

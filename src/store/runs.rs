@@ -380,38 +380,75 @@ impl Store {
     }
 }
 
+/// Which jobs [`cancel_jobs`] ends.
+#[derive(Clone, Copy)]
+enum Jobs<'a> {
+    /// A run's jobs in one state.
+    OfRun {
+        run_id: &'a str,
+        state: &'static str,
+    },
+    /// A session's jobs that have not started (the partial index
+    /// `runtime_jobs_unstarted_by_session` serves this very condition).
+    UnstartedOfSession(&'a str),
+}
+
+impl Jobs<'_> {
+    /// The `runtime_jobs` condition (one parameter) and its value. States are
+    /// this module's constants, written into the statement.
+    fn condition(&self) -> (String, &str) {
+        match *self {
+            Jobs::OfRun { run_id, state } => (format!("run_id = ? AND state = '{state}'"), run_id),
+            Jobs::UnstartedOfSession(session_id) => (
+                "session_id = ? AND state IN ('staged', 'queued', 'awaiting_approval')".to_owned(),
+                session_id,
+            ),
+        }
+    }
+}
+
 /// Cancels the run's jobs in `state` before they ever start, and finishes
 /// their journal rows `blocked` with `reason`: what a discard does to staged
 /// jobs, and a commit or discard to calls awaiting approval.
 pub(super) async fn cancel_run_jobs(
     tx: &mut impl AsHandle,
     run_id: &str,
-    state: &str,
+    state: &'static str,
     reason: crate::reason::ReasonCode,
     message: &str,
 ) -> Result<()> {
+    cancel_jobs(tx, Jobs::OfRun { run_id, state }, reason, message).await
+}
+
+/// Cancels `jobs` before they ever start, and finishes their journal rows
+/// `blocked` with `reason`.
+async fn cancel_jobs(
+    tx: &mut impl AsHandle,
+    jobs: Jobs<'_>,
+    reason: crate::reason::ReasonCode,
+    message: &str,
+) -> Result<()> {
+    let (condition, id) = jobs.condition();
     let now = now_ms();
-    sql!(*tx, c => query(
+    sql!(*tx, c => query(AssertSqlSafe(format!(
         "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
          error_message = ?, execution_reason_code = ? \
-         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE run_id = ? AND state = ?)",
-    )
+         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE {condition})"
+    )))
     .bind(now)
     .bind(message)
     .bind(reason.as_str())
-    .bind(run_id)
-    .bind(state)
+    .bind(id)
     .execute(c)
     .await
     .map(|_| ())?);
-    sql!(*tx, c => query(
+    sql!(*tx, c => query(AssertSqlSafe(format!(
         "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ?, approval_deadline_at = NULL \
-         WHERE run_id = ? AND state = ?",
-    )
+         WHERE {condition}"
+    )))
     .bind(now)
     .bind(now)
-    .bind(run_id)
-    .bind(state)
+    .bind(id)
     .execute(c)
     .await
     .map(|_| ())?);
@@ -441,31 +478,13 @@ pub(super) async fn end_calls_of_deleted_session(
     .execute(c)
     .await
     .map(|_| ())?);
-    let now = now_ms();
-    sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, \
-         provider_started = 0, error_message = ?, execution_reason_code = ? \
-         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE session_id = ? \
-                      AND state IN ('staged', 'queued', 'awaiting_approval'))",
+    cancel_jobs(
+        tx,
+        Jobs::UnstartedOfSession(session_id),
+        crate::reason::ReasonCode::JobSessionGone,
+        "the session was deleted before this deferred call started; it never ran",
     )
-    .bind(now)
-    .bind("the session was deleted before this deferred call started; it never ran")
-    .bind(crate::reason::ReasonCode::JobSessionGone.as_str())
-    .bind(session_id)
-    .execute(c)
     .await
-    .map(|_| ())?);
-    sql!(*tx, c => query(
-        "UPDATE runtime_jobs SET state = 'cancelled', updated_at = ?, finished_at = ?, approval_deadline_at = NULL \
-         WHERE session_id = ? AND state IN ('staged', 'queued', 'awaiting_approval')",
-    )
-    .bind(now)
-    .bind(now)
-    .bind(session_id)
-    .execute(c)
-    .await
-    .map(|_| ())?);
-    Ok(())
 }
 
 /// Makes `run`'s page its floor's active page.

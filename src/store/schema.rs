@@ -372,7 +372,7 @@ pub async fn checkup(location: &Location, pool: &Pool) -> anyhow::Result<Checkup
     .fetch_all(c)
     .await?);
     if has_key_check(pool.backend(), &checkup.schema) {
-        checkup.stored_key_check = Some(super::StoredKeyCheck::read(&mut conn).await?);
+        checkup.stored_key_check = Some(super::StoredKeyCheck::read(&mut conn, None).await?);
     }
     let logged = logged_calls(pool, &mut conn).await?;
     checkup.interrupted_calls = opened

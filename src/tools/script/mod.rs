@@ -551,19 +551,30 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn runner_keeps_the_async_runtime_free() {
-        let runner = ScriptRunner::new(
-            ScriptLimits {
-                time: Duration::from_millis(500),
-                ..ScriptLimits::default()
-            },
-            2,
-        );
-        let busy = tokio::spawn({
+    /// A runner with `slots` slots and a `time_ms` limit, and account `a`'s
+    /// endless script started on it.
+    fn spinning_runner(
+        time_ms: u64,
+        slots: usize,
+    ) -> (
+        ScriptRunner,
+        tokio::task::JoinHandle<Result<serde_json::Value, ScriptError>>,
+    ) {
+        let limits = ScriptLimits {
+            time: Duration::from_millis(time_ms),
+            ..ScriptLimits::default()
+        };
+        let runner = ScriptRunner::new(limits, slots);
+        let spinning = tokio::spawn({
             let runner = runner.clone();
             async move { runner.run("a", "while (true) {}".into(), json!({})).await }
         });
+        (runner, spinning)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runner_keeps_the_async_runtime_free() {
+        let (runner, busy) = spinning_runner(500, 2);
         let started = std::time::Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(started.elapsed() < Duration::from_millis(200));
@@ -582,17 +593,7 @@ mod tests {
     /// every other account's script wait past the queue limit and be refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_account_holds_at_most_as_many_scripts_as_there_are_slots() {
-        let runner = ScriptRunner::new(
-            ScriptLimits {
-                time: Duration::from_millis(300),
-                ..ScriptLimits::default()
-            },
-            1,
-        );
-        let spinning = tokio::spawn({
-            let runner = runner.clone();
-            async move { runner.run("a", "while (true) {}".into(), json!({})).await }
-        });
+        let (runner, spinning) = spinning_runner(300, 1);
         // The first script has taken account a's place before the next one asks.
         while runner.shares.lock().unwrap().get("a").is_none() {
             tokio::task::yield_now().await;
