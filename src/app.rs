@@ -141,6 +141,10 @@ impl App {
             runtime.clone(),
             workers.clone(),
         ));
+        let gone_sessions = tokio::spawn(crate::runtime::run_gone_session_sweeper(
+            runtime.clone(),
+            workers.clone(),
+        ));
         let follower = store.shared_database().then(|| {
             tokio::spawn(crate::runtime::cluster::follow_other_instances(
                 runtime.clone(),
@@ -179,6 +183,7 @@ impl App {
             let _ = follower.await;
         }
         let _ = sweeper.await;
+        let _ = gone_sessions.await;
         if let Some(server) = metrics_server {
             server.abort();
         }

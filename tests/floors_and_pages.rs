@@ -309,3 +309,33 @@ async fn a_floor_holds_at_most_100_pages_and_a_discard_frees_a_place() {
         Some(100)
     );
 }
+
+/// A stream whose session went without this server closing it (a delete that
+/// ran while the stream was opening; here the row is deleted behind the
+/// server's back) is closed once the server finds the session gone, and a
+/// live session's stream is left alone.
+#[tokio::test]
+async fn a_stream_of_a_session_gone_from_the_database_is_closed() {
+    let server = spawn_app().await;
+    let gone = server.create_session().await;
+    let kept = server.create_session().await;
+    let mut gone_events = common::events::Events::open(&server, &gone).await;
+    let mut kept_events = common::events::Events::open(&server, &kept).await;
+    server
+        .execute_sql(format!("DELETE FROM sessions WHERE id = '{gone}'"))
+        .await;
+    gone_events
+        .until_ended(std::time::Duration::from_secs(20))
+        .await;
+    let created = server
+        .post(
+            "/tools/definitions",
+            json!({"name": "lore_lookup", "description": "lore"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let changed = kept_events
+        .next_of("catalog_changed", std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(changed["added"], json!(["lore_lookup"]), "{changed}");
+}

@@ -12,7 +12,7 @@ use common::events::Events;
 use common::model::{
     Answer, StandIn, calls_answer, kinds, text_answer, turn, until_run_ends, with_model,
 };
-use common::spawn_app;
+use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -765,6 +765,105 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
     let total: usize = requests[2..].iter().map(given).sum();
     assert_eq!(total, 1, "given exactly once: {requests:#?}");
     assert_eq!(given(&requests[4]), 0, "not again in a later turn");
+}
+
+/// A backlog of delivered results is given to the model 32 a turn, oldest
+/// first, each once; `GET /sessions/{id}/tool-results` pages them.
+#[tokio::test]
+async fn a_backlog_of_deferred_results_is_given_a_bounded_number_a_turn() {
+    let hold = Hold::start().await;
+    hold.release.send_replace(true);
+    let stand_in = StandIn::start(vec![]).await;
+    stand_in.repeat(text_answer(&["noted"]));
+    let server = with_model(&stand_in).await;
+    common::register_remote(
+        &server,
+        json!({"name": "later_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30,
+               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    // Outside a run each deferred call is queued at once, and delivers.
+    for n in 0..40 {
+        let called = server
+            .post(
+                &format!("/sessions/{session}/tool-calls"),
+                json!({"name": "later_tool", "arguments": {"n": n}, "call_id": format!("call_{n:02}")}),
+            )
+            .await;
+        assert_eq!(called.status, StatusCode::OK, "{called:?}");
+    }
+    let every = tool_results_pages(&server, &session).await;
+
+    let mut events = Events::open(&server, &session).await;
+    for content in ["one", "two", "three"] {
+        turn(&server, &session, content).await;
+        until_run_ends(&mut events).await;
+    }
+    let given = |request: &Value| -> Vec<String> {
+        request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["tool_call_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let requests = stand_in.requests();
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    assert_eq!(given(&requests[0]), every[..32].to_vec());
+    assert_eq!(given(&requests[1]), every[32..].to_vec());
+    assert!(given(&requests[2]).is_empty(), "{:#?}", requests[2]);
+}
+
+/// Checks `GET /sessions/{id}/tool-results`' pages over the session's 40
+/// delivered results, once all are there; answers their call ids in
+/// delivery order.
+async fn tool_results_pages(server: &TestServer, session: &str) -> Vec<String> {
+    let results = |query: &'static str| async move {
+        let page = server
+            .get(&format!("/sessions/{session}/tool-results{query}"))
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{page:?}");
+        page.body
+    };
+    common::wait_until(Duration::from_secs(30), "40 deliveries", || async {
+        results("").await["meta"]["total"] == 40
+    })
+    .await;
+    let call_ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["call_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let first = results("?limit=15").await;
+    let last = results("?limit=15&offset=30").await;
+    let newest = results("?limit=5&sort_order=desc").await;
+    assert_eq!(call_ids(&first).len(), 15);
+    assert_eq!(call_ids(&last).len(), 10);
+    assert_eq!(last["meta"]["total"], 40, "{last}");
+    let every = call_ids(&results("?limit=200").await);
+    assert_eq!(every.len(), 40);
+    assert_eq!(
+        call_ids(&newest),
+        every[35..].iter().rev().cloned().collect::<Vec<_>>()
+    );
+    assert_eq!(call_ids(&first), every[..15].to_vec());
+    for bad in ["?limit=0", "?limit=201", "?offset=-1", "?sort_by=tool_name"] {
+        let refused = server
+            .get(&format!("/sessions/{session}/tool-results{bad}"))
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {refused:?}"
+        );
+    }
+
+    every
 }
 
 #[tokio::test]

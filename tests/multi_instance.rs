@@ -414,6 +414,41 @@ async fn a_session_deleted_on_one_instance_ends_its_event_streams_on_the_others(
     events.until_ended(Duration::from_secs(10)).await;
 }
 
+/// An instance that never heard of a deletion (its listener was
+/// reconnecting when the announcement went out; here the row is deleted
+/// behind both instances' backs) still closes the session's streams once it
+/// finds the session gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_missed_a_sessions_deletion_still_ends_its_event_streams() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let session = a.create_session().await;
+    let kept = a.create_session().await;
+    let mut gone_on_a = Events::open(&a, &session).await;
+    let mut gone_on_b = Events::open(&b, &session).await;
+    let mut kept_on_b = Events::open(&b, &kept).await;
+    sqlx::query("DELETE FROM sessions WHERE id = $1")
+        .bind(&session)
+        .execute(&pool(&database).await)
+        .await
+        .unwrap();
+    gone_on_a.until_ended(Duration::from_secs(20)).await;
+    gone_on_b.until_ended(Duration::from_secs(20)).await;
+    // The other session's stream is untouched: it still receives its events.
+    let created = a
+        .post(
+            "/tools/definitions",
+            json!({"name": "lore_lookup", "description": "lore"}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    let changed = kept_on_b
+        .next_of("catalog_changed", Duration::from_secs(10))
+        .await;
+    assert_eq!(changed["added"], json!(["lore_lookup"]), "{changed}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_definition_disabled_on_one_instance_leaves_the_others_catalog_and_live_sessions() {
     let database = shared_database().await;

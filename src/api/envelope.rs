@@ -139,6 +139,22 @@ impl ListParams {
             allowed_sorts,
         )
     }
+
+    /// [`ListParams::page_request`] of a list that reads as a conversation
+    /// (a session's floors, its delivered results): oldest first unless
+    /// `sort_order=desc`.
+    pub fn oldest_first(
+        &self,
+        allowed_sorts: &[&'static str],
+    ) -> crate::error::Result<crate::domain::PageRequest> {
+        crate::domain::PageRequest::parse(
+            self.limit,
+            self.offset,
+            self.sort_by.as_deref(),
+            Some(self.sort_order.as_deref().unwrap_or("asc")),
+            allowed_sorts,
+        )
+    }
 }
 
 #[cfg(test)]

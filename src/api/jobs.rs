@@ -5,9 +5,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
-use super::envelope::Data;
+use super::envelope::{Data, List, ListParams};
 use super::error::ApiResult;
-use super::extract::Path;
+use super::extract::{Path, Query};
+use crate::domain::Page;
 use crate::state::AppState;
 use crate::store::{Delivery, RuntimeJob};
 
@@ -30,16 +31,23 @@ async fn get_job(
     }))
 }
 
-/// Results of deferred tool calls delivered to the session, oldest first: what
-/// the model is shown on its next turn.
-#[utoipa::path(get, path = "/sessions/{id}/tool-results", tag = "jobs", params(("id" = String, Path)),
-    responses((status = 200, description = "the delivered results, oldest first", body = Data<Vec<Delivery>>), (status = 404)))]
+/// A page of the results of deferred tool calls delivered to the session
+/// (sort_by `created_at`, oldest first unless `sort_order=desc`): what the
+/// model is shown on its next turns.
+#[utoipa::path(get, path = "/sessions/{id}/tool-results", tag = "jobs",
+    params(("id" = String, Path), ListParams),
+    responses((status = 200, description = "a page of the delivered results, oldest first by default", body = List<Delivery>), (status = 404)))]
 async fn list_tool_results(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Data<Vec<Delivery>>>> {
-    Ok(axum::Json(Data {
-        data: state.runtime.store.deliveries(&account.id, &id).await?,
-    }))
+    Query(params): Query<ListParams>,
+) -> ApiResult<axum::Json<List<Delivery>>> {
+    let page = params.oldest_first(&["created_at"])?;
+    let (deliveries, total) = state
+        .runtime
+        .store
+        .deliveries_page(&account.id, &id, &page)
+        .await?;
+    Ok(axum::Json(Page::new(deliveries, total, page).into()))
 }

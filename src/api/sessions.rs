@@ -10,9 +10,9 @@ use super::auth::CurrentAccount;
 use super::envelope::{Data, List, ListParams};
 use super::error::{ApiError, ApiResult};
 use super::extract::{Json, Path, Query};
-use crate::domain::{Page, PageRequest, SortOrder};
+use crate::domain::Page;
 use crate::state::AppState;
-use crate::store::{Floor, FloorRange, Session};
+use crate::store::{Floor, Session};
 
 /// Body of `POST /sessions`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -184,23 +184,11 @@ async fn list_floors(
     Path(id): Path<String>,
     Query(params): Query<ListParams>,
 ) -> ApiResult<axum::Json<List<Floor>>> {
-    // Floors read as a conversation: oldest first unless asked otherwise.
-    let page = PageRequest::parse(
-        params.limit,
-        params.offset,
-        params.sort_by.as_deref(),
-        Some(params.sort_order.as_deref().unwrap_or("asc")),
-        &["seq"],
-    )?;
-    let range = FloorRange {
-        limit: page.limit,
-        offset: page.offset,
-        newest_first: page.sort_order == SortOrder::Desc,
-    };
+    let page = params.oldest_first(&["seq"])?;
     let (floors, total) = state
         .runtime
         .store
-        .floors_page(&account.id, &id, range)
+        .floors_page(&account.id, &id, &page)
         .await?;
     Ok(axum::Json(Page::new(floors, total, page).into()))
 }

@@ -1045,6 +1045,25 @@ impl ModelSessionHub {
         }
     }
 
+    /// The chat sessions that have live streams here (model sessions and
+    /// observers), each once, as (character id, session id).
+    pub fn chat_sessions(&self) -> Vec<(String, String)> {
+        let live = self.live();
+        let mut sessions: Vec<(String, String)> = live
+            .by_character
+            .iter()
+            .flat_map(|(character_id, streams)| {
+                streams
+                    .iter()
+                    .map(move |stream| (character_id.clone(), stream.session.id.clone()))
+            })
+            .collect();
+        drop(live);
+        sessions.sort_unstable();
+        sessions.dedup();
+        sessions
+    }
+
     /// Takes `model_session` out of the live ones: its stream ends once its
     /// queued events are read.
     fn close(&self, model_session: &ModelSession) {

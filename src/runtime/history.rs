@@ -10,6 +10,14 @@ use crate::error::Result;
 use crate::llm::ModelToolCall;
 use crate::store::{Character, Run, Session};
 
+/// Most deferred results one turn gives the model; the rest wait for the
+/// next turns.
+pub const MAX_DEFERRED_RESULTS_PER_TURN: i64 = 32;
+/// Output bytes of deferred results past which a turn takes no more (a
+/// quarter of the model request's cap, which the history and the turn's own
+/// calls share).
+pub const DEFERRED_RESULTS_BUDGET_BYTES: usize = 4 * 1024 * 1024;
+
 impl ToolRuntime {
     /// The session's character (from the cached character list).
     pub(super) async fn character_of(
@@ -42,18 +50,34 @@ impl ToolRuntime {
     }
 
     /// Appends the deferred results delivered since the model last saw them,
-    /// as the call and its result; answers their delivery ids.
+    /// oldest first, as the call and its result; answers their delivery ids.
+    /// A turn takes at most [`MAX_DEFERRED_RESULTS_PER_TURN`] of them and
+    /// stops past [`DEFERRED_RESULTS_BUDGET_BYTES`] of their outputs (always
+    /// taking one): the rest wait for the next turns, rather than a backlog
+    /// making every model request too large to send, so that none would ever
+    /// be consumed.
     pub(super) async fn deferred_results(
         &self,
         account_id: &str,
         session: &Session,
         messages: &mut Vec<Value>,
     ) -> Result<Vec<String>> {
-        let deliveries = self
+        let mut deliveries = self
             .store
-            .unconsumed_deliveries(account_id, &session.id)
+            .unconsumed_deliveries(account_id, &session.id, MAX_DEFERRED_RESULTS_PER_TURN)
             .await?;
+        let mut taken_bytes = 0;
+        let mut taken = 0;
         for delivery in &deliveries {
+            let content = match &delivery.output {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            taken_bytes += content.len();
+            if taken > 0 && taken_bytes > DEFERRED_RESULTS_BUDGET_BYTES {
+                break;
+            }
+            taken += 1;
             let arguments = match self
                 .store
                 .execution(account_id, &delivery.execution_id)
@@ -68,12 +92,9 @@ impl ToolRuntime {
                 arguments,
             };
             messages.push(assistant_message("", std::slice::from_ref(&call)));
-            let content = match &delivery.output {
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
-            };
             messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
         }
+        deliveries.truncate(taken);
         Ok(deliveries.into_iter().map(|d| d.id).collect())
     }
 }

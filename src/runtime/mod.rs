@@ -10,6 +10,7 @@ mod detach;
 mod dispatch;
 mod dry_run;
 mod generation;
+mod gone_sessions;
 mod history;
 pub mod jobs;
 mod journal_rows;
@@ -42,6 +43,7 @@ use crate::tools::script::{ScriptLimits, ScriptRunner};
 pub use detach::FinishOnDrop;
 pub use dry_run::{DRY_RUN_MAX_CALLS, DryRun, DryRunCall, DryRunVerdict};
 pub use generation::{Turn, TurnClaim};
+pub use gone_sessions::run_gone_session_sweeper;
 pub use jobs::JobSignal;
 pub use observe::NotReady;
 

@@ -5,6 +5,7 @@ use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Record, sql};
+use crate::domain::PageRequest;
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 
@@ -126,10 +127,10 @@ impl Store {
         &self,
         account_id: &str,
         session_id: &str,
-        range: FloorRange,
+        range: &PageRequest,
     ) -> Result<(Vec<Floor>, i64)> {
         let session = self.session(account_id, session_id).await?;
-        let order = if range.newest_first { "DESC" } else { "ASC" };
+        let order = range.sort_order.sql();
         let sql = format!(
             "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors \
              WHERE session_id = ? ORDER BY seq {order} LIMIT ? OFFSET ?"
@@ -216,14 +217,6 @@ impl Store {
         }
         Ok(floors)
     }
-}
-
-/// Which of a session's floors [`Store::floors_page`] reads.
-#[derive(Debug, Clone, Copy)]
-pub struct FloorRange {
-    pub limit: i64,
-    pub offset: i64,
-    pub newest_first: bool,
 }
 
 fn floor_from_row(row: &impl Record) -> Floor {

@@ -5,6 +5,7 @@ use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
+use crate::domain::PageRequest;
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
 use crate::reason::ReasonCode;
@@ -320,17 +321,61 @@ impl Store {
     }
 
     /// Results delivered to the account's session, oldest first.
-    pub async fn deliveries(&self, account_id: &str, session_id: &str) -> Result<Vec<Delivery>> {
-        self.deliveries_where(account_id, session_id, false).await
+    /// A page of the results delivered to the account's session, oldest
+    /// first (or newest first), and how many the session has.
+    pub async fn deliveries_page(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        range: &PageRequest,
+    ) -> Result<(Vec<Delivery>, i64)> {
+        let session = self.session(account_id, session_id).await?;
+        let order = range.sort_order.sql();
+        let sql = format!(
+            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
+             execution_reason_code, created_at FROM session_deliveries \
+             WHERE session_id = ? ORDER BY created_at {order}, id {order} LIMIT ? OFFSET ?"
+        );
+        let mut conn = self.conn().await?;
+        let deliveries = sql!(conn, c => query(AssertSqlSafe(sql))
+            .bind(&session.id)
+            .bind(range.limit)
+            .bind(range.offset)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(delivery_from_row)
+            .collect::<Vec<_>>());
+        let total = sql!(conn, c => query_scalar::<i64>(
+            "SELECT COUNT(*) FROM session_deliveries WHERE session_id = ?",
+        )
+        .bind(&session.id)
+        .fetch_one(c)
+        .await?);
+        Ok((deliveries, total))
     }
 
-    /// Delivered results the generation loop has not yet given to the model.
+    /// The oldest `limit` delivered results the generation loop has not yet
+    /// given to the model.
     pub async fn unconsumed_deliveries(
         &self,
         account_id: &str,
         session_id: &str,
+        limit: i64,
     ) -> Result<Vec<Delivery>> {
-        self.deliveries_where(account_id, session_id, true).await
+        let session = self.session(account_id, session_id).await?;
+        Ok(sql!(self.conn().await?, c => query(
+            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
+             execution_reason_code, created_at FROM session_deliveries \
+             WHERE session_id = ? AND consumed_at IS NULL ORDER BY created_at, id LIMIT ?",
+        )
+        .bind(&session.id)
+        .bind(limit)
+        .fetch_all(c)
+        .await?
+        .iter()
+        .map(delivery_from_row)
+        .collect()))
     }
 
     /// Marks deliveries as given to the model.
@@ -349,27 +394,6 @@ impl Store {
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn deliveries_where(
-        &self,
-        account_id: &str,
-        session_id: &str,
-        unconsumed_only: bool,
-    ) -> Result<Vec<Delivery>> {
-        let session = self.session(account_id, session_id).await?;
-        Ok(sql!(self.conn().await?, c => query(
-            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-             execution_reason_code, created_at FROM session_deliveries \
-             WHERE session_id = ? AND (? = 0 OR consumed_at IS NULL) ORDER BY created_at, id",
-        )
-        .bind(&session.id)
-        .bind(unconsumed_only as i64)
-        .fetch_all(c)
-        .await?
-        .iter()
-        .map(delivery_from_row)
-        .collect()))
     }
 }
 

@@ -167,6 +167,29 @@ impl Store {
         }))
     }
 
+    /// Which of `ids` name a session that exists now, read from the database
+    /// (never the cache): what closes the event streams of sessions deleted
+    /// where this instance was not told.
+    pub async fn existing_session_ids(
+        &self,
+        ids: &[&str],
+    ) -> Result<std::collections::HashSet<String>> {
+        let mut found = std::collections::HashSet::with_capacity(ids.len());
+        for chunk in ids.chunks(SESSIONS_PER_READ) {
+            let placeholders = vec!["?"; chunk.len()].join(", ");
+            let sql = format!("SELECT id FROM sessions WHERE id IN ({placeholders})");
+            let read: Vec<String> = sql!(self.conn().await?, c => {
+                let mut read = query_scalar::<String>(AssertSqlSafe(sql));
+                for id in chunk {
+                    read = read.bind(*id);
+                }
+                read.fetch_all(c).await?
+            });
+            found.extend(read);
+        }
+        Ok(found)
+    }
+
     /// The account's session read from the database, then cached.
     async fn read_session(&self, account_id: &str, id: &str) -> Result<Arc<Session>> {
         self.shared_sessions(&[(account_id, id)])

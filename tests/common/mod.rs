@@ -459,7 +459,8 @@ impl TestServer {
 
     /// Runs one SQL statement on the server's database (PostgreSQL or the
     /// data directory's SQLite file), as an operator's tool would.
-    pub async fn execute_sql(&self, sql: &'static str) {
+    pub async fn execute_sql(&self, sql: impl Into<String>) {
+        let sql = sqlx::AssertSqlSafe(sql.into());
         if self.on_postgres() {
             let pool = sqlx::PgPool::connect(&self.database_url()).await.unwrap();
             sqlx::query(sql).execute(&pool).await.unwrap();

@@ -94,14 +94,15 @@ pub async fn page_of(
     let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
     let mcp_servers = runtime.mcp.catalog_servers(&session.account_id);
     let permissions = ToolPermissions::from_metadata(&session.metadata)?;
-    let newest = crate::store::FloorRange {
+    let newest = crate::domain::PageRequest {
         limit: SHOWN_FLOORS as i64,
         offset: 0,
-        newest_first: true,
+        sort_by: "seq",
+        sort_order: crate::domain::SortOrder::Desc,
     };
     let (floors, _) = runtime
         .store
-        .floors_page(account_id, &session.id, newest)
+        .floors_page(account_id, &session.id, &newest)
         .await?;
     let offset = query.offset.max(0);
     let params = ExecutionQueryParams {
