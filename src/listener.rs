@@ -26,12 +26,22 @@
 //! Graceful shutdown is hyper-util's: the listener closes, idle connections are
 //! closed, and each busy one finishes its in-flight request (a partly received
 //! head still gets at most the header read timeout).
+//!
+//! A response given before its request's body was read (413 for a body over
+//! the limit, 408, any refusal that never needed the body) closes the
+//! connection, and closing a socket with unread bytes makes the kernel reset
+//! it: a client still writing the body got a broken pipe or a reset instead
+//! of the answer. Such a connection lingers: it stops writing and reads and
+//! drops what the client still sends, for at most [`LINGER_TIME`] and
+//! [`LINGER_BYTES`], before it closes (as nginx's `lingering_close`). It
+//! keeps its place under the connection cap while it lingers.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -43,7 +53,7 @@ use hyper::body::{Bytes, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -59,6 +69,13 @@ pub const RESERVED_FDS: u64 = 256;
 
 /// How long a failing `accept` (out of descriptors or memory) waits before the next try.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Longest a connection closed with its request body unread keeps reading
+/// (and dropping) what its client still sends, so that the client can read
+/// the answer instead of a reset.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+/// Most bytes such a connection reads before it closes anyway.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
 /// What one connection may hold.
 #[derive(Debug, Clone, Copy)]
@@ -222,13 +239,14 @@ async fn serve_connection(
     router: Router,
     limits: ConnectionLimits,
     watcher: Watcher,
-    _slot: OwnedSemaphorePermit,
+    slot: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(TrackedStream {
-        inner: stream,
+        inner: Some(stream),
         activity: activity.clone(),
+        slot: Some(slot),
     });
     let service = {
         let activity = activity.clone();
@@ -237,10 +255,14 @@ async fn serve_connection(
             // /api/tools loopback check reads it.
             request.extensions_mut().insert(ConnectInfo(peer));
             let request_guard = activity.request_started();
+            let activity_of_body = activity.clone();
             let router = router.clone();
             async move {
                 let body_limit = limits.request_body_timeout;
-                let request = request.map(|body| Body::new(DeadlineBody::new(body, body_limit)));
+                let request = request.map(|body| {
+                    let body = DeadlineBody::new(body, body_limit);
+                    Body::new(UnreadMark::new(body, activity_of_body))
+                });
                 let response = router.oneshot(request).await?;
                 Ok::<_, Infallible>(response.map(|body| TrackedBody {
                     inner: body,
@@ -278,7 +300,8 @@ async fn serve_connection(
             return Poll::Pending;
         }
         // No request is in flight in either state, so dropping the
-        // connection loses nothing.
+        // connection loses nothing, and it has no body left to linger over.
+        activity.body_left_unread.store(false, Ordering::Relaxed);
         tracing::debug!(%peer, reason, "closing connection");
         Poll::Ready(())
     })
@@ -298,6 +321,9 @@ enum Phase {
 
 struct Activity {
     phase: Mutex<Phase>,
+    /// A request's body was dropped before its end: the connection closes
+    /// with bytes of it unread, and lingers.
+    body_left_unread: AtomicBool,
 }
 
 impl Activity {
@@ -306,6 +332,7 @@ impl Activity {
             phase: Mutex::new(Phase::Head {
                 since: Instant::now(),
             }),
+            body_left_unread: AtomicBool::new(false),
         }
     }
 
@@ -328,6 +355,9 @@ impl Activity {
     /// A request head arrived whole; the guard ends the request when its
     /// response has been sent (or abandoned).
     fn request_started(self: &Arc<Self>) -> RequestGuard {
+        // hyper read past the last request's body (it drained what was
+        // left), or this head could not have been read.
+        self.body_left_unread.store(false, Ordering::Relaxed);
         self.with_phase(|phase| {
             *phase = match *phase {
                 Phase::Busy { requests } => Phase::Busy {
@@ -406,10 +436,104 @@ impl hyper::body::Body for TrackedBody {
     }
 }
 
-/// The TCP stream, telling its connection's [`Activity`] when bytes arrive.
-struct TrackedStream {
-    inner: TcpStream,
+/// A request body that tells its connection's [`Activity`] when it is
+/// dropped before its end.
+struct UnreadMark {
+    inner: DeadlineBody,
     activity: Arc<Activity>,
+    ended: bool,
+}
+
+impl UnreadMark {
+    fn new(inner: DeadlineBody, activity: Arc<Activity>) -> Self {
+        Self {
+            inner,
+            activity,
+            ended: false,
+        }
+    }
+}
+
+impl hyper::body::Body for UnreadMark {
+    type Data = Bytes;
+    type Error = <DeadlineBody as hyper::body::Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            self.ended = true;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UnreadMark {
+    fn drop(&mut self) {
+        use hyper::body::Body as _;
+        if !self.ended && !self.inner.is_end_stream() {
+            self.activity
+                .body_left_unread
+                .store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The TCP stream, telling its connection's [`Activity`] when bytes arrive.
+/// It holds the connection's place under the cap, and takes both to
+/// [`linger`] when it is dropped with a request body unread.
+struct TrackedStream {
+    /// Always Some until dropped.
+    inner: Option<TcpStream>,
+    activity: Arc<Activity>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl TrackedStream {
+    fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+        self.inner
+            .as_mut()
+            .map(Pin::new)
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl Drop for TrackedStream {
+    fn drop(&mut self) {
+        if !self.activity.body_left_unread.load(Ordering::Relaxed) {
+            return;
+        }
+        if let (Some(stream), Ok(runtime)) =
+            (self.inner.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(linger(stream, self.slot.take()));
+        }
+    }
+}
+
+/// Stops writing, then reads and drops what the client still sends until it
+/// closes its side, [`LINGER_TIME`] passes or [`LINGER_BYTES`] arrived.
+async fn linger(mut stream: TcpStream, _slot: Option<OwnedSemaphorePermit>) {
+    let _ = stream.shutdown().await;
+    let until = Instant::now() + LINGER_TIME;
+    let mut buffer = vec![0; 64 * 1024];
+    let mut dropped = 0;
+    while dropped < LINGER_BYTES {
+        match tokio::time::timeout_at(until, stream.read(&mut buffer)).await {
+            Ok(Ok(0) | Err(_)) | Err(_) => break,
+            Ok(Ok(read)) => dropped += read,
+        }
+    }
 }
 
 impl AsyncRead for TrackedStream {
@@ -419,7 +543,10 @@ impl AsyncRead for TrackedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let result = match self.stream() {
+            Ok(stream) => stream.poll_read(cx, buf),
+            Err(err) => return Poll::Ready(Err(err)),
+        };
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.bytes_read();
         }
@@ -433,7 +560,10 @@ impl AsyncWrite for TrackedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        match self.stream() {
+            Ok(stream) => stream.poll_write(cx, buf),
+            Err(err) => Poll::Ready(Err(err)),
+        }
     }
 
     fn poll_write_vectored(
@@ -441,18 +571,29 @@ impl AsyncWrite for TrackedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        match self.stream() {
+            Ok(stream) => stream.poll_write_vectored(cx, bufs),
+            Err(err) => Poll::Ready(Err(err)),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner
+            .as_ref()
+            .is_some_and(AsyncWrite::is_write_vectored)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        match self.stream() {
+            Ok(stream) => stream.poll_flush(cx),
+            Err(err) => Poll::Ready(Err(err)),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        match self.stream() {
+            Ok(stream) => stream.poll_shutdown(cx),
+            Err(err) => Poll::Ready(Err(err)),
+        }
     }
 }

@@ -76,8 +76,21 @@ async fn main() -> anyhow::Result<()> {
 /// toolgate logs what matters of its connections itself.
 const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,rmcp=off";
 
+/// The filter directives for `RUST_LOG`'s value: the default without one,
+/// and rmcp kept off unless the value names rmcp itself (an operator who
+/// raises the level to `info` for toolgate's lines must not let every MCP
+/// server's notices through with them).
+fn log_filter_spec(rust_log: Option<&str>) -> String {
+    match rust_log.map(str::trim) {
+        None | Some("") => DEFAULT_LOG_FILTER.to_owned(),
+        Some(spec) if spec.contains("rmcp") => spec.to_owned(),
+        Some(spec) => format!("{spec},rmcp=off"),
+    }
+}
+
 fn init_tracing(format: LogFormat) -> (Telemetry, LogOutput) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter_spec(rust_log.as_deref()))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     // Escape codes are noise in a log file or a pipe to a collector; NO_COLOR
     // is honoured on a terminal, as the library would by default.
@@ -91,4 +104,21 @@ fn init_tracing(format: LogFormat) -> (Telemetry, LogOutput) {
         LogFormat::Json => toolgate::telemetry::init(fmt.json().with_ansi(false), filter),
     };
     (telemetry, output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmcp_stays_off_unless_rust_log_names_it() {
+        assert_eq!(log_filter_spec(None), DEFAULT_LOG_FILTER);
+        assert_eq!(log_filter_spec(Some(" ")), DEFAULT_LOG_FILTER);
+        assert_eq!(log_filter_spec(Some("info")), "info,rmcp=off");
+        assert_eq!(
+            log_filter_spec(Some("debug,sqlx=info")),
+            "debug,sqlx=info,rmcp=off"
+        );
+        assert_eq!(log_filter_spec(Some("info,rmcp=info")), "info,rmcp=info");
+    }
 }

@@ -598,7 +598,8 @@ async fn a_stdio_servers_process_group_dies_with_it_and_its_stderr_is_logged() {
 #[tokio::test]
 async fn secrets_reach_the_servers_but_never_the_log() {
     let server = common::spawn_with(common::SpawnOptions {
-        env: vec![("RUST_LOG".into(), "debug".into())],
+        // rmcp's own lines too: they are off unless RUST_LOG names rmcp.
+        env: vec![("RUST_LOG".into(), "debug,rmcp=debug".into())],
         ..Default::default()
     })
     .await;

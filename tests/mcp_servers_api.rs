@@ -775,7 +775,8 @@ async fn exercise_secret_routes(server: &TestServer) -> Vec<Reply> {
 #[tokio::test]
 async fn secrets_never_appear_in_responses_logs_or_the_database_file() {
     let mut server = spawn_with(SpawnOptions {
-        env: vec![("RUST_LOG".into(), "debug".into())],
+        // rmcp's own lines too: they are off unless RUST_LOG names rmcp.
+        env: vec![("RUST_LOG".into(), "debug,rmcp=debug".into())],
         ..Default::default()
     })
     .await;

@@ -142,3 +142,66 @@ async fn a_body_that_is_not_an_object_is_refused_whatever_its_kind() {
     let sessions = server.get("/sessions").await;
     assert_eq!(sessions.body["meta"]["total"], 0, "{sessions:?}");
 }
+
+/// Writes a whole request (head and a body over the 1 MiB limit) on a fresh
+/// connection, as a client that does not wait for `100 Continue` does, then
+/// reads the answer to its end.
+async fn write_whole_then_read(server: &TestServer, chunked: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = vec![b'x'; 3 * 1024 * 1024];
+    let framing = if chunked {
+        "transfer-encoding: chunked".to_owned()
+    } else {
+        format!("content-length: {}", body.len())
+    };
+    let head = format!(
+        "POST /characters HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\n{framing}\r\n\r\n",
+        server.addr, server.token
+    );
+    let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let written = if chunked {
+        let mut written = Ok(());
+        for chunk in body.chunks(64 * 1024) {
+            let framed = [format!("{:x}\r\n", chunk.len()).as_bytes(), chunk, b"\r\n"].concat();
+            written = stream.write_all(&framed).await;
+            if written.is_err() {
+                break;
+            }
+        }
+        written.and(Ok(()))
+    } else {
+        stream.write_all(&body).await
+    };
+    written.unwrap_or_else(|err| panic!("the body could not be written whole: {err}"));
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .unwrap_or_else(|err| panic!("the answer could not be read: {err}"));
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A client that sends a body over the limit whole before it reads reads the
+/// 413 and its envelope, not a reset: the server keeps reading (and
+/// dropping) what it still sends before it closes. Before, most such
+/// clients got a broken pipe.
+#[tokio::test]
+async fn a_client_writing_a_body_over_the_limit_whole_reads_the_413() {
+    let server = spawn_app().await;
+    for attempt in 0..12 {
+        let answer = write_whole_then_read(&server, attempt % 2 == 1).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {answer:.300}"
+        );
+        assert!(
+            answer.contains("\"code\":\"payload_too_large\""),
+            "attempt {attempt}: {answer:.300}"
+        );
+    }
+    // The server goes on answering.
+    let listed = server.get("/characters").await;
+    assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
+}

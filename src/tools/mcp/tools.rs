@@ -93,6 +93,12 @@ fn catalog_tool(
         )));
     }
     let description = tool.description.as_deref().unwrap_or_default().to_owned();
+    if description.len() > max_schema_bytes {
+        return Err(Skipped::BadSchema(format!(
+            "its description takes {} bytes, more than max_tool_schema_bytes = {max_schema_bytes}",
+            description.len()
+        )));
+    }
     let budget = Budget {
         nodes: crate::schema::MAX_EXPANDED_NODES,
         bytes: max_schema_bytes.saturating_sub(description.len()),
@@ -447,6 +453,24 @@ mod tests {
                 ("t".to_owned(), Skipped::Duplicate),
                 ("t".to_owned(), Skipped::Duplicate)
             ]
+        );
+    }
+
+    #[test]
+    fn a_description_over_the_size_is_named_as_the_reason() {
+        let mut long = tool(None, None);
+        long.description = Some("d".repeat(5000).into());
+        let (tools, skipped) = catalog_tools(&server(false, None), &[long], 4096);
+        assert!(tools.is_empty());
+        assert_eq!(
+            skipped,
+            [(
+                "t".to_owned(),
+                Skipped::BadSchema(
+                    "its description takes 5000 bytes, more than max_tool_schema_bytes = 4096"
+                        .to_owned()
+                )
+            )]
         );
     }
 
