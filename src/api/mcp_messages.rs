@@ -164,9 +164,17 @@ fn unreadable(bytes: &Bytes) -> Response {
             return answer(StatusCode::BAD_REQUEST, None, error);
         }
     };
+    let unreadable_id = value.get("id").is_some_and(|id| {
+        !id.is_null() && serde_json::from_value::<NumberOrString>(id.clone()).is_err()
+    });
     let error = if value.is_array() {
         ErrorData::invalid_request(
             "a batch (JSON array) of messages is not accepted: send one JSON-RPC message per POST (MCP 2025-06-18)",
+            None,
+        )
+    } else if unreadable_id {
+        ErrorData::invalid_request(
+            "\"id\" must be a string or an integer from -2^63 to 2^63-1",
             None,
         )
     } else {
@@ -218,6 +226,18 @@ mod tests {
             code_of(r#"{"id":1,"method":"ping"}"#),
             Some((StatusCode::BAD_REQUEST, -32600))
         );
+        for id in ["18446744073709551615", "1e30", "1.5", "true", "{}"] {
+            let message = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            let response = *message_id(&Bytes::from(message)).expect_err(id);
+            let body =
+                futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+                    .expect("body");
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                text.contains("must be a string or an integer"),
+                "{id}: {text}"
+            );
+        }
         assert_eq!(
             code_of(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}"#),
             Some((StatusCode::OK, -32602))
