@@ -306,6 +306,84 @@ async fn a_429_is_retried_and_a_provider_that_stays_down_fails_the_run_cleanly()
     );
 }
 
+/// A model's U+0000 is kept as U+FFFD in its reply and its calls' names and
+/// ids (PostgreSQL cannot store it: the reply was lost and the run stayed
+/// generating for ever, the calls had no journal row), and a tool name over
+/// 256 bytes is cut to 256.
+#[tokio::test]
+async fn a_models_nul_characters_and_endless_names_are_stored_as_safe_text() {
+    let long_name = "n".repeat(3000);
+    let stand_in = StandIn::start(vec![
+        calls_answer(&[
+            ("call\u{0}a", "get_time\u{0}", "{}"),
+            ("call_b", &long_name, "{}"),
+        ]),
+        text_answer(&["nul\u{0}text"]),
+    ])
+    .await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "go").await;
+    let seen = until_run_ends(&mut events).await;
+    let (kind, data) = seen.last().unwrap();
+    assert_eq!(kind, "run_finished", "{seen:?}");
+    assert_eq!(data["content"], "nul\u{FFFD}text");
+    let run_id = started["run_id"].as_str().unwrap();
+    // Its generation ended: a client may close it.
+    let committed = server
+        .post(&format!("/runs/{run_id}/commit"), json!({}))
+        .await;
+    assert_eq!(committed.status, StatusCode::OK, "{committed:?}");
+    let floor = server
+        .get(&format!(
+            "/floors/{}",
+            started["floor_id"].as_str().unwrap()
+        ))
+        .await;
+    let page = &floor.body["data"]["pages"][0];
+    assert_eq!(page["content"], "nul\u{FFFD}text", "{floor:?}");
+    let rows = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&sort_order=asc"
+        ))
+        .await;
+    let mut names: Vec<&str> = rows.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["tool_name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["get_time\u{FFFD}", &long_name[..256]], "{rows:?}");
+}
+
+/// The history a turn sends keeps the newest committed turns within 6 MiB:
+/// four 3 MB replies kept whole would grow every later request past the
+/// model request's 16 MiB cap and fail every turn of the session.
+#[tokio::test]
+async fn the_history_sent_keeps_the_newest_turns_within_its_budget() {
+    let reply = |n: usize| format!("reply{n}:{}", "r".repeat(3_000_000));
+    let stand_in = StandIn::start((0..5).map(|n| text_answer(&[&reply(n)])).collect()).await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    for n in 0..5 {
+        turn(&server, &session, &format!("turn {n}")).await;
+        let seen = until_run_ends(&mut events).await;
+        assert_eq!(seen.last().unwrap().0, "run_finished", "turn {n}");
+    }
+    let requests = stand_in.requests();
+    let last = requests.last().unwrap().to_string();
+    assert!(last.len() < 7 * 1024 * 1024, "{} bytes", last.len());
+    // The two newest committed turns fit, the two oldest do not.
+    for (n, sent) in [(0, false), (1, false), (2, true), (3, true)] {
+        assert_eq!(last.contains(&format!("reply{n}:")), sent, "reply {n}");
+        assert_eq!(last.contains(&format!("turn {n}")), sent, "turn {n}");
+    }
+    assert!(last.contains("turn 4"));
+}
+
 #[tokio::test]
 async fn without_a_model_the_floor_is_stored_with_run_null() {
     let server = spawn_app().await;

@@ -9,7 +9,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::failure::{Failure, chain};
-use super::types::distinct_call_ids;
 use super::wire::{error_text, too_large, too_many_calls};
 use super::{ChatAnswer, ModelToolCall, Tuning};
 
@@ -173,13 +172,8 @@ impl<'t> Assembler<'t> {
     }
 
     fn finish(self) -> ChatAnswer {
-        let mut tool_calls: Vec<ModelToolCall> = self.calls.into_values().collect();
-        distinct_call_ids(&mut tool_calls);
-        ChatAnswer {
-            content: self.content,
-            tool_calls,
-            finish_reason: self.finish_reason,
-        }
+        let tool_calls: Vec<ModelToolCall> = self.calls.into_values().collect();
+        ChatAnswer::new(self.content, tool_calls, self.finish_reason)
     }
 }
 

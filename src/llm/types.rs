@@ -41,12 +41,64 @@ pub struct ModelToolCall {
     pub arguments: String,
 }
 
+/// Longest tool name or call id of a model's answer kept whole, in bytes (the
+/// API's own limit on both): a longer one is cut, since no tool has such a
+/// name and the id only has to be told apart.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+impl ChatAnswer {
+    /// The answer as toolgate keeps it: U+0000 in text, names and arguments
+    /// becomes U+FFFD (PostgreSQL cannot store it, and a reply or a call
+    /// that could not be stored was lost), a name over
+    /// [`MAX_MODEL_NAME_BYTES`] is cut to it, an id that is over it or holds
+    /// U+0000 is replaced, and every call gets an id of its own.
+    pub(super) fn new(
+        content: String,
+        mut tool_calls: Vec<ModelToolCall>,
+        finish_reason: Option<String>,
+    ) -> Self {
+        for call in &mut tool_calls {
+            if call.id.len() > MAX_MODEL_NAME_BYTES || call.id.contains('\0') {
+                call.id.clear();
+            }
+            without_nul(&mut call.name);
+            cut_to(&mut call.name, MAX_MODEL_NAME_BYTES);
+            without_nul(&mut call.arguments);
+        }
+        distinct_call_ids(&mut tool_calls);
+        let mut content = content;
+        without_nul(&mut content);
+        Self {
+            content,
+            tool_calls,
+            finish_reason,
+        }
+    }
+}
+
+fn without_nul(text: &mut String) {
+    if text.contains('\0') {
+        *text = text.replace('\0', "\u{FFFD}");
+    }
+}
+
+/// Cuts `text` to at most `bytes`, at a character boundary.
+fn cut_to(text: &mut String, bytes: usize) {
+    if text.len() > bytes {
+        let mut end = bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
 /// Gives each call an id no other call of the same answer has: the provider's
 /// own where it sent one not used before, else `call_<n>` (its position, with a
 /// suffix if a provider's id already is that). Results go back to the model
 /// under these ids, so two calls with one id would get answers it cannot tell
 /// apart (and some providers refuse such a request).
-pub(super) fn distinct_call_ids(calls: &mut [ModelToolCall]) {
+fn distinct_call_ids(calls: &mut [ModelToolCall]) {
     let mut used: HashSet<String> = calls
         .iter()
         .filter(|call| !call.id.is_empty())

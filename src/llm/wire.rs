@@ -8,7 +8,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::failure::Failure;
-use super::types::distinct_call_ids;
 use super::{ChatAnswer, ChatRequest, ModelToolCall, Tuning};
 
 /// Most of an error body read to find the provider's message.
@@ -196,7 +195,7 @@ fn answer_of(whole: Whole, status: u16, tuning: &Tuning) -> Result<ChatAnswer, F
     if calls.len() > tuning.max_tool_calls {
         return Err(too_many_calls(status, tuning));
     }
-    let mut tool_calls: Vec<ModelToolCall> = calls
+    let tool_calls: Vec<ModelToolCall> = calls
         .into_iter()
         .map(|call| ModelToolCall {
             id: call.id.unwrap_or_default(),
@@ -208,12 +207,11 @@ fn answer_of(whole: Whole, status: u16, tuning: &Tuning) -> Result<ChatAnswer, F
             },
         })
         .collect();
-    distinct_call_ids(&mut tool_calls);
-    let answer = ChatAnswer {
-        content: message.content.unwrap_or_default(),
+    let answer = ChatAnswer::new(
+        message.content.unwrap_or_default(),
         tool_calls,
-        finish_reason: choice.finish_reason,
-    };
+        choice.finish_reason,
+    );
     if answer_bytes(&answer) > tuning.max_answer_bytes {
         return Err(too_large(status, tuning));
     }

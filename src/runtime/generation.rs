@@ -274,11 +274,19 @@ impl ToolRuntime {
             Ok(ending) => ending,
             Err(error) => Ending::Failed(error.to_string(), None),
         };
+        // An answer that could not be stored fails the run like any other
+        // failure: left generating, no client could ever close the run.
+        let ending = match ending {
+            Ending::Answered(text) => match self.finish_answered(run, &text).await {
+                Ok(()) => Ending::Answered(text),
+                Err(error) => {
+                    Ending::Failed(format!("the answer could not be stored: {error}"), None)
+                }
+            },
+            failed => failed,
+        };
         match ending {
             Ending::Answered(text) => {
-                if let Err(error) = self.finish_answered(run, &text).await {
-                    tracing::warn!(run_id = %run.id, %error, "could not store the answer");
-                }
                 tracing::info!(run_id = %run.id, "generation finished");
                 // Freed before the event: a floor posted on run_finished is accepted.
                 claim.release().await;
@@ -290,8 +298,15 @@ impl ToolRuntime {
             }
             Ending::Failed(message, status) => {
                 tracing::warn!(run_id = %run.id, status, error = ?message, "generation failed");
-                if let Err(error) = self.finish_failed(&turn.account_id, run).await {
-                    tracing::warn!(run_id = %run.id, %error, "could not discard the failed run");
+                match self.finish_failed(&turn.account_id, run).await {
+                    Ok(()) => {}
+                    // Its session was deleted while it generated: nothing is left to discard.
+                    Err(Error::NotFound(_)) => {
+                        tracing::debug!(run_id = %run.id, "the failed run's session is gone")
+                    }
+                    Err(error) => {
+                        tracing::warn!(run_id = %run.id, %error, "could not discard the failed run")
+                    }
                 }
                 claim.release().await;
                 self.emit(

@@ -13,10 +13,14 @@ use crate::store::{Character, Run, Session};
 /// Most deferred results one turn gives the model; the rest wait for the
 /// next turns.
 pub const MAX_DEFERRED_RESULTS_PER_TURN: i64 = 32;
-/// Output bytes of deferred results past which a turn takes no more (a
-/// quarter of the model request's cap, which the history and the turn's own
-/// calls share).
+/// Bytes of deferred results (their arguments and outputs) past which a turn
+/// takes no more: a quarter of the model request's 16 MiB cap.
 pub const DEFERRED_RESULTS_BUDGET_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of committed history (user messages and replies) a turn sends,
+/// newest first: with the deferred results' budget, the system prompt and
+/// the new message, it leaves a third of the request's cap to the tools and
+/// the turn's own calls.
+pub const HISTORY_BUDGET_BYTES: usize = 6 * 1024 * 1024;
 
 impl ToolRuntime {
     /// The session's character (from the cached character list).
@@ -40,7 +44,21 @@ impl ToolRuntime {
             .store
             .committed_turns_before(&session.id, &run.floor_id)
             .await?;
-        for (user, reply) in turns {
+        // The newest turns that fit the budget: every committed reply kept
+        // whole would one day make every request of the session too large.
+        let mut kept_bytes = 0;
+        let mut first_kept = turns.len();
+        for (at, (user, reply)) in turns.iter().enumerate().rev() {
+            kept_bytes += user.len() + reply.as_ref().map_or(0, String::len);
+            if kept_bytes > HISTORY_BUDGET_BYTES {
+                break;
+            }
+            first_kept = at;
+        }
+        if first_kept > 0 {
+            tracing::debug!(run_id = %run.id, left_out = first_kept, "the oldest turns do not fit the history's budget");
+        }
+        for (user, reply) in turns.into_iter().skip(first_kept) {
             messages.push(json!({"role": "user", "content": user}));
             if let Some(reply) = reply {
                 messages.push(json!({"role": "assistant", "content": reply}));
@@ -51,11 +69,12 @@ impl ToolRuntime {
 
     /// Appends the deferred results delivered since the model last saw them,
     /// oldest first, as the call and its result; answers their delivery ids.
-    /// A turn takes at most [`MAX_DEFERRED_RESULTS_PER_TURN`] of them and
-    /// stops past [`DEFERRED_RESULTS_BUDGET_BYTES`] of their outputs (always
-    /// taking one): the rest wait for the next turns, rather than a backlog
-    /// making every model request too large to send, so that none would ever
-    /// be consumed.
+    /// A turn takes at most [`MAX_DEFERRED_RESULTS_PER_TURN`] of them and no
+    /// more once their arguments and outputs pass
+    /// [`DEFERRED_RESULTS_BUDGET_BYTES`]; the first is always taken, cut to
+    /// the budget if it is larger. The rest wait for the next turns: a
+    /// backlog never makes the model request too large to send (then none
+    /// would ever be consumed).
     pub(super) async fn deferred_results(
         &self,
         account_id: &str,
@@ -69,16 +88,11 @@ impl ToolRuntime {
         let mut taken_bytes = 0;
         let mut taken = 0;
         for delivery in &deliveries {
-            let content = match &delivery.output {
+            let mut content = match &delivery.output {
                 Value::String(text) => text.clone(),
                 other => other.to_string(),
             };
-            taken_bytes += content.len();
-            if taken > 0 && taken_bytes > DEFERRED_RESULTS_BUDGET_BYTES {
-                break;
-            }
-            taken += 1;
-            let arguments = match self
+            let mut arguments = match self
                 .store
                 .execution(account_id, &delivery.execution_id)
                 .await?
@@ -86,6 +100,15 @@ impl ToolRuntime {
                 Some(row) => row.args.to_value().to_string(),
                 None => "{}".to_owned(),
             };
+            let size = arguments.len() + content.len();
+            if taken > 0 && taken_bytes + size > DEFERRED_RESULTS_BUDGET_BYTES {
+                break;
+            }
+            if size > DEFERRED_RESULTS_BUDGET_BYTES {
+                (arguments, content) = cut_to_budget(arguments, content);
+            }
+            taken_bytes += arguments.len() + content.len();
+            taken += 1;
             let call = ModelToolCall {
                 id: delivery.call_id.clone(),
                 name: delivery.tool_name.clone(),
@@ -99,6 +122,27 @@ impl ToolRuntime {
     }
 }
 
+/// A deferred result larger than the whole budget, made to fit it: its
+/// arguments kept if they take at most half (else `{}`), its output cut,
+/// with a note of how much was left out.
+fn cut_to_budget(arguments: String, content: String) -> (String, String) {
+    let arguments = if arguments.len() > DEFERRED_RESULTS_BUDGET_BYTES / 2 {
+        "{}".to_owned()
+    } else {
+        arguments
+    };
+    let room = DEFERRED_RESULTS_BUDGET_BYTES - arguments.len() - 100;
+    if content.len() <= room {
+        return (arguments, content);
+    }
+    let mut end = room;
+    while !content.is_char_boundary(end) {
+        end -= 1;
+    }
+    let note = format!("… [{} more bytes left out]", content.len() - end);
+    (arguments, format!("{}{note}", &content[..end]))
+}
+
 /// The character's system prompt, else its persona; None when both are blank.
 pub(super) fn character_prompt(character: Option<&Character>) -> Option<String> {
     let character = character?;
@@ -108,4 +152,28 @@ pub(super) fn character_prompt(character: Option<&Character>) -> Option<String> 
         .clone()
         .unwrap_or_else(|| character.persona.trim().to_owned());
     (!prompt.trim().is_empty()).then_some(prompt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_over_the_whole_budget_is_cut_to_it_with_a_note() {
+        let content = "é".repeat(DEFERRED_RESULTS_BUDGET_BYTES);
+        let (arguments, cut) = cut_to_budget(r#"{"a":1}"#.to_owned(), content);
+        assert_eq!(arguments, r#"{"a":1}"#);
+        assert!(
+            arguments.len() + cut.len() <= DEFERRED_RESULTS_BUDGET_BYTES,
+            "{}",
+            cut.len()
+        );
+        assert!(
+            cut.ends_with("more bytes left out]"),
+            "{}",
+            &cut[cut.len() - 40..]
+        );
+        let (arguments, cut) = cut_to_budget("x".repeat(3_000_000), "small".to_owned());
+        assert_eq!((arguments.as_str(), cut.as_str()), ("{}", "small"));
+    }
 }

@@ -105,7 +105,15 @@ pub async fn activity(State(state): State<AppState>, viewer: SignedIn) -> Consol
             duration_ms,
         })
         .collect();
-    let providers = summarise(&samples, now);
+    // Up to 200,000 samples sorted by minute: CPU work, off the async workers.
+    let providers = tokio::task::spawn_blocking(move || summarise(&samples, now))
+        .await
+        .map_err(|err| {
+            ConsoleError::from(crate::error::Error::Internal(anyhow::anyhow!(
+                "summarising the activity failed: {err}"
+            )))
+            .with_nav(&viewer.nav)
+        })?;
     Ok(html(
         StatusCode::OK,
         crate::console::views::activity::activity_page(&viewer.nav, &providers),
