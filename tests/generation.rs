@@ -894,6 +894,59 @@ async fn a_backlog_of_deferred_results_is_given_a_bounded_number_a_turn() {
     assert!(given(&requests[2]).is_empty(), "{:#?}", requests[2]);
 }
 
+/// A page of delivered results ends early once its outputs pass 8 Mi
+/// characters, says there is more, and the next offset goes on from there.
+#[tokio::test]
+async fn a_page_of_large_delivered_results_ends_early() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/big",
+        axum::routing::post(|| async {
+            axum::Json(json!({"output": "x".repeat(1_000_000), "is_error": false}))
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let server = spawn_app().await;
+    common::register_remote(
+        &server,
+        json!({"name": "big_tool", "callback_url": format!("{base}/big"), "timeout_seconds": 30,
+               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    for n in 0..12 {
+        let called = server
+            .post(
+                &format!("/sessions/{session}/tool-calls"),
+                json!({"name": "big_tool", "arguments": {"n": n}}),
+            )
+            .await;
+        assert_eq!(called.status, StatusCode::OK, "{called:?}");
+    }
+    let page = |offset: usize| {
+        let server = &server;
+        let session = &session;
+        async move {
+            server
+                .get(&format!("/sessions/{session}/tool-results?offset={offset}"))
+                .await
+                .body
+        }
+    };
+    common::wait_until(Duration::from_secs(30), "12 deliveries", || async {
+        page(0).await["meta"]["total"] == 12
+    })
+    .await;
+    let first = page(0).await;
+    let held = first["data"].as_array().unwrap().len();
+    assert_eq!(held, 8, "8 outputs of 1,000,002 characters fit 8 Mi");
+    assert_eq!(first["meta"]["has_more"], true, "{}", first["meta"]);
+    let rest = page(held).await;
+    assert_eq!(rest["data"].as_array().unwrap().len(), 4);
+    assert_eq!(rest["meta"]["has_more"], false, "{}", rest["meta"]);
+}
+
 /// Checks `GET /sessions/{id}/tool-results`' pages over the session's 40
 /// delivered results, once all are there; answers their call ids in
 /// delivery order.
