@@ -131,13 +131,7 @@ impl ListParams {
         &self,
         allowed_sorts: &[&'static str],
     ) -> crate::error::Result<crate::domain::PageRequest> {
-        crate::domain::PageRequest::parse(
-            self.limit,
-            self.offset,
-            self.sort_by.as_deref(),
-            self.sort_order.as_deref(),
-            allowed_sorts,
-        )
+        self.parse(allowed_sorts, self.sort_order.as_deref())
     }
 
     /// [`ListParams::page_request`] of a list that reads as a conversation
@@ -147,11 +141,22 @@ impl ListParams {
         &self,
         allowed_sorts: &[&'static str],
     ) -> crate::error::Result<crate::domain::PageRequest> {
+        self.parse(
+            allowed_sorts,
+            Some(self.sort_order.as_deref().unwrap_or("asc")),
+        )
+    }
+
+    fn parse(
+        &self,
+        allowed_sorts: &[&'static str],
+        sort_order: Option<&str>,
+    ) -> crate::error::Result<crate::domain::PageRequest> {
         crate::domain::PageRequest::parse(
             self.limit,
             self.offset,
             self.sort_by.as_deref(),
-            Some(self.sort_order.as_deref().unwrap_or("asc")),
+            sort_order,
             allowed_sorts,
         )
     }
