@@ -33,4 +33,5 @@ pub mod secrets;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod tools;

@@ -327,13 +327,7 @@ async fn a_stream_of_a_session_gone_from_the_database_is_closed() {
     gone_events
         .until_ended(std::time::Duration::from_secs(20))
         .await;
-    let created = server
-        .post(
-            "/tools/definitions",
-            json!({"name": "lore_lookup", "description": "lore"}),
-        )
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    server.create_definition("lore_lookup").await;
     let changed = kept_events
         .next_of("catalog_changed", std::time::Duration::from_secs(10))
         .await;

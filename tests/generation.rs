@@ -791,12 +791,7 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
     .await;
     stand_in.repeat(text_answer(&["thanks"]));
     let server = with_model(&stand_in).await;
-    common::register_remote(
-        &server,
-        json!({"name": "later_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30,
-               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
-    )
-    .await;
+    register_deferred(&server, "later_tool", &format!("{}/hold", hold.base)).await;
     let session = server.create_session().await;
     let mut events = Events::open(&server, &session).await;
     turn(&server, &session, "start it").await;
@@ -854,12 +849,7 @@ async fn a_backlog_of_deferred_results_is_given_a_bounded_number_a_turn() {
     let stand_in = StandIn::start(vec![]).await;
     stand_in.repeat(text_answer(&["noted"]));
     let server = with_model(&stand_in).await;
-    common::register_remote(
-        &server,
-        json!({"name": "later_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30,
-               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
-    )
-    .await;
+    register_deferred(&server, "later_tool", &format!("{}/hold", hold.base)).await;
     let session = server.create_session().await;
     // Outside a run each deferred call is queued at once, and delivers.
     for n in 0..40 {
@@ -894,8 +884,8 @@ async fn a_backlog_of_deferred_results_is_given_a_bounded_number_a_turn() {
     assert!(given(&requests[2]).is_empty(), "{:#?}", requests[2]);
 }
 
-/// A page of delivered results ends early once its outputs pass 8 Mi
-/// characters, says there is more, and the next offset goes on from there.
+/// A page of delivered results ends early once its outputs pass 8 MiB,
+/// says there is more, and the next offset goes on from there.
 #[tokio::test]
 async fn a_page_of_large_delivered_results_ends_early() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -908,12 +898,7 @@ async fn a_page_of_large_delivered_results_ends_early() {
     );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let server = spawn_app().await;
-    common::register_remote(
-        &server,
-        json!({"name": "big_tool", "callback_url": format!("{base}/big"), "timeout_seconds": 30,
-               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
-    )
-    .await;
+    register_deferred(&server, "big_tool", &format!("{base}/big")).await;
     let session = server.create_session().await;
     for n in 0..12 {
         let called = server
@@ -940,11 +925,22 @@ async fn a_page_of_large_delivered_results_ends_early() {
     .await;
     let first = page(0).await;
     let held = first["data"].as_array().unwrap().len();
-    assert_eq!(held, 8, "8 outputs of 1,000,002 characters fit 8 Mi");
+    assert_eq!(held, 8, "8 outputs of 1,000,002 bytes fit 8 MiB");
     assert_eq!(first["meta"]["has_more"], true, "{}", first["meta"]);
     let rest = page(held).await;
     assert_eq!(rest["data"].as_array().unwrap().len(), 4);
     assert_eq!(rest["meta"]["has_more"], false, "{}", rest["meta"]);
+}
+
+/// Registers a remote tool whose calls run as deferred jobs, answered at
+/// `callback_url`.
+async fn register_deferred(server: &TestServer, name: &str, callback_url: &str) {
+    common::register_remote(
+        server,
+        json!({"name": name, "callback_url": callback_url, "timeout_seconds": 30,
+               "side_effect_level": "none", "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
 }
 
 /// Checks `GET /sessions/{id}/tool-results`' pages over the session's 40

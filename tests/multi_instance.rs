@@ -436,13 +436,7 @@ async fn an_instance_that_missed_a_sessions_deletion_still_ends_its_event_stream
     gone_on_a.until_ended(Duration::from_secs(20)).await;
     gone_on_b.until_ended(Duration::from_secs(20)).await;
     // The other session's stream is untouched: it still receives its events.
-    let created = a
-        .post(
-            "/tools/definitions",
-            json!({"name": "lore_lookup", "description": "lore"}),
-        )
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
+    a.create_definition("lore_lookup").await;
     let changed = kept_on_b
         .next_of("catalog_changed", Duration::from_secs(10))
         .await;
@@ -455,14 +449,7 @@ async fn a_definition_disabled_on_one_instance_leaves_the_others_catalog_and_liv
     let a = instance(&database, &[]).await;
     let b = instance(&database, &[]).await;
     let session = a.create_session().await;
-    let created = a
-        .post(
-            "/tools/definitions",
-            json!({"name": "lore_lookup", "description": "lore"}),
-        )
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{created:?}");
-    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    let id = a.create_definition("lore_lookup").await;
     assert!(
         catalog_names(&b, &session)
             .await

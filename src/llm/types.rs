@@ -62,7 +62,7 @@ impl ChatAnswer {
                 call.id.clear();
             }
             without_nul(&mut call.name);
-            cut_to(&mut call.name, MAX_MODEL_NAME_BYTES);
+            crate::text::truncate_to_bytes(&mut call.name, MAX_MODEL_NAME_BYTES);
             without_nul(&mut call.arguments);
         }
         distinct_call_ids(&mut tool_calls);
@@ -77,19 +77,8 @@ impl ChatAnswer {
 }
 
 fn without_nul(text: &mut String) {
-    if text.contains('\0') {
-        *text = text.replace('\0', "\u{FFFD}");
-    }
-}
-
-/// Cuts `text` to at most `bytes`, at a character boundary.
-fn cut_to(text: &mut String, bytes: usize) {
-    if text.len() > bytes {
-        let mut end = bytes;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+    if let std::borrow::Cow::Owned(replaced) = crate::text::without_nul(text) {
+        *text = replaced;
     }
 }
 

@@ -135,12 +135,9 @@ fn cut_to_budget(arguments: String, content: String) -> (String, String) {
     if content.len() <= room {
         return (arguments, content);
     }
-    let mut end = room;
-    while !content.is_char_boundary(end) {
-        end -= 1;
-    }
-    let note = format!("… [{} more bytes left out]", content.len() - end);
-    (arguments, format!("{}{note}", &content[..end]))
+    let kept = crate::text::prefix_within(&content, room);
+    let note = format!("… [{} more bytes left out]", content.len() - kept.len());
+    (arguments, format!("{kept}{note}"))
 }
 
 /// The character's system prompt, else its persona; None when both are blank.

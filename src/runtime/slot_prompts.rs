@@ -102,14 +102,7 @@ pub(super) fn memory_notes(answer: &str) -> Vec<String> {
 }
 
 fn cut_to_bytes(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+    crate::text::prefix_within(text, max).to_owned()
 }
 
 #[cfg(test)]

@@ -330,13 +330,7 @@ pub(crate) mod postgres {
 /// `text` as both backends store it: PostgreSQL cannot hold U+0000 in text,
 /// so a NUL in what a provider answered (an error message) becomes U+FFFD on
 /// either backend. Request strings with NUL are refused before they get here.
-pub(crate) fn storable_text(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.contains('\0') {
-        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
-    } else {
-        std::borrow::Cow::Borrowed(text)
-    }
-}
+pub(crate) use crate::text::without_nul as storable_text;
 
 /// `sql` with SQLite's placeholders written as PostgreSQL's: `?NNN` becomes
 /// `$NNN` and a bare `?` takes the number after the largest used so far

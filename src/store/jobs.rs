@@ -1,5 +1,6 @@
 //! Durable runtime jobs with leases, and the results they deliver to sessions.
 
+use futures::TryStreamExt;
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
@@ -53,10 +54,14 @@ pub struct Delivery {
     pub created_at: i64,
 }
 
-/// Characters of outputs past which a page of delivered results ends early
-/// (it always holds one): `has_more` stays true and the next page starts
-/// after the results it holds.
-pub const MAX_RESULTS_PAGE_CHARS: i64 = 8 * 1024 * 1024;
+/// Bytes of outputs past which a page of delivered results ends early (it
+/// always holds one): `has_more` stays true and the next page starts after
+/// the results it holds.
+pub const MAX_RESULTS_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// A delivered result's columns, in `delivery_from_row`'s terms.
+const DELIVERY_COLUMNS: &str = "id, session_id, execution_id, runtime_job_id, call_id, tool_name, \
+    output_json, is_error, execution_reason_code, created_at";
 
 const COLUMNS: &str = "id, account_id, session_id, execution_id, run_id, tool_name, state, invocation_json, \
     attempts, result_json, error_message, lease_expires_at, created_at, updated_at, started_at, finished_at";
@@ -336,44 +341,31 @@ impl Store {
     ) -> Result<(Vec<Delivery>, i64)> {
         let session = self.session(account_id, session_id).await?;
         let order = range.sort_order.sql();
-        let page_of = |columns: &str| {
-            format!(
-                "SELECT {columns} FROM session_deliveries \
-                 WHERE session_id = ? ORDER BY created_at {order}, id {order} LIMIT ? OFFSET ?"
-            )
-        };
-        let mut conn = self.conn().await?;
-        // The page ends early once its outputs pass MAX_RESULTS_PAGE_CHARS
-        // (read first, as lengths only): 200 results of 1 MB read whole took
-        // the server 700 MB a request.
-        let lengths = sql!(conn, c => query_scalar::<i64>(AssertSqlSafe(page_of("CAST(length(output_json) AS BIGINT)")))
-            .bind(&session.id)
-            .bind(range.limit)
-            .bind(range.offset)
-            .fetch_all(c)
-            .await?);
-        let mut fits = 0;
-        let mut chars = 0;
-        for length in lengths {
-            chars += length;
-            if fits > 0 && chars > MAX_RESULTS_PAGE_CHARS {
-                break;
-            }
-            fits += 1;
-        }
-        let sql = page_of(
-            "id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-             execution_reason_code, created_at",
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM session_deliveries \
+             WHERE session_id = ? ORDER BY created_at {order}, id {order} LIMIT ? OFFSET ?"
         );
-        let deliveries = sql!(conn, c => query(AssertSqlSafe(sql))
-            .bind(&session.id)
-            .bind(fits)
-            .bind(range.offset)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(delivery_from_row)
-            .collect::<Vec<_>>());
+        let mut conn = self.conn().await?;
+        // Rows are taken one at a time, and the page ends once its outputs
+        // pass MAX_RESULTS_PAGE_BYTES: 200 results of 1 MB read whole took
+        // the server 700 MB a request.
+        let deliveries = sql!(conn, c => {
+            let mut rows = query(AssertSqlSafe(sql))
+                .bind(&session.id)
+                .bind(range.limit)
+                .bind(range.offset)
+                .fetch(c);
+            let mut page = Vec::new();
+            let mut bytes = 0;
+            while let Some(row) = rows.try_next().await? {
+                bytes += row.get::<String>("output_json").len();
+                if !page.is_empty() && bytes > MAX_RESULTS_PAGE_BYTES {
+                    break;
+                }
+                page.push(delivery_from_row(&row));
+            }
+            page
+        });
         let total = sql!(conn, c => query_scalar::<i64>(
             "SELECT COUNT(*) FROM session_deliveries WHERE session_id = ?",
         )
@@ -393,9 +385,10 @@ impl Store {
     ) -> Result<Vec<Delivery>> {
         let session = self.session(account_id, session_id).await?;
         Ok(sql!(self.conn().await?, c => query(
-            "SELECT id, session_id, execution_id, runtime_job_id, call_id, tool_name, output_json, is_error, \
-             execution_reason_code, created_at FROM session_deliveries \
-             WHERE session_id = ? AND consumed_at IS NULL ORDER BY created_at, id LIMIT ?",
+            AssertSqlSafe(format!(
+                "SELECT {DELIVERY_COLUMNS} FROM session_deliveries \
+                 WHERE session_id = ? AND consumed_at IS NULL ORDER BY created_at, id LIMIT ?"
+            )),
         )
         .bind(&session.id)
         .bind(limit)

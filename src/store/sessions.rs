@@ -168,24 +168,15 @@ impl Store {
     }
 
     /// Which of `ids` name a session that exists now, read from the database
-    /// (never the cache): what closes the event streams of sessions deleted
-    /// where this instance was not told.
+    /// (never the cache), [`SESSIONS_PER_READ`] a statement: what closes the
+    /// event streams of sessions deleted where this instance was not told.
     pub async fn existing_session_ids(
         &self,
         ids: &[&str],
     ) -> Result<std::collections::HashSet<String>> {
         let mut found = std::collections::HashSet::with_capacity(ids.len());
         for chunk in ids.chunks(SESSIONS_PER_READ) {
-            let placeholders = vec!["?"; chunk.len()].join(", ");
-            let sql = format!("SELECT id FROM sessions WHERE id IN ({placeholders})");
-            let read: Vec<String> = sql!(self.conn().await?, c => {
-                let mut read = query_scalar::<String>(AssertSqlSafe(sql));
-                for id in chunk {
-                    read = read.bind(*id);
-                }
-                read.fetch_all(c).await?
-            });
-            found.extend(read);
+            found.extend(self.read_sessions(chunk).await?.into_iter().map(|s| s.id));
         }
         Ok(found)
     }

@@ -299,6 +299,19 @@ impl TestServer {
         reply.body["data"]["id"].as_str().unwrap().to_owned()
     }
 
+    /// Creates an enabled tool definition `name` (no handler) and returns
+    /// its id.
+    pub async fn create_definition(&self, name: &str) -> String {
+        let reply = self
+            .post(
+                "/tools/definitions",
+                serde_json::json!({"name": name, "description": "lore"}),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.body["data"]["id"].as_str().unwrap().to_owned()
+    }
+
     /// Creates, as the account whose key is `key`, a character named
     /// `character` and a session of it; returns the session's id.
     pub async fn create_session_as(&self, key: &str, character: &str) -> String {

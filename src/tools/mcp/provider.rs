@@ -343,12 +343,6 @@ fn outcome(result: CallToolResult, max_bytes: usize) -> ToolOutcome {
 }
 
 fn truncate(mut message: String, max_bytes: usize) -> String {
-    if message.len() > max_bytes {
-        let mut cut = max_bytes;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-    }
+    crate::text::truncate_to_bytes(&mut message, max_bytes);
     message
 }
