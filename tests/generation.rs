@@ -1080,10 +1080,11 @@ async fn an_event_stream_that_falls_behind_skips_tokens_but_gets_the_runs_end() 
     let stand_in = StandIn::start(vec![Answer::Stream(chunks)]).await;
     let server = with_model(&stand_in).await;
     let session = server.create_session().await;
-    // A subscriber whose socket takes little and that reads nothing yet.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stalled = socket.connect(server.addr).await.unwrap();
+    // A subscriber that reads nothing yet. (Its receive buffer keeps the
+    // kernel's default: one shrunk to 4 KB, far under loopback's 64 KB
+    // segment, made the sender wait on zero-window probes whose backoff
+    // grows with the stall, past this test's 30 s on a loaded CI machine.)
+    let mut stalled = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     stalled
         .write_all(
@@ -1108,20 +1109,44 @@ async fn an_event_stream_that_falls_behind_skips_tokens_but_gets_the_runs_end() 
     assert_eq!(text, 90_000, "run_finished carries the whole text");
     // The stalled one, read now, has the run's end too (tokens were left
     // out for it, not the events that say what happened).
+    const MARK: &[u8] = b"event: run_finished";
     let mut read = Vec::new();
     let mut buffer = vec![0u8; 65536];
     let found = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             let n = stalled.read(&mut buffer).await.unwrap();
             assert!(n > 0, "the stalled stream ended without the run's end");
+            // Only the new bytes (and a name's length before them) are
+            // searched: scanning all that was read at every read is
+            // quadratic in the megabytes the kernel buffered, and took over
+            // 30 s in a debug build on a loaded 2-core CI machine.
+            let from = read.len().saturating_sub(MARK.len() - 1);
             read.extend_from_slice(&buffer[..n]);
-            if read.windows(19).any(|w| w == b"event: run_finished") {
+            if read[from..].windows(MARK.len()).any(|w| w == MARK) {
                 return;
             }
         }
     })
     .await;
-    assert!(found.is_ok(), "the stalled stream never got run_finished");
+    if found.is_err() {
+        let log = std::fs::read_to_string(server.data_dir.join("..").join("server.log"));
+        let warnings: Vec<String> = log
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+            .map(str::to_owned)
+            .collect();
+        panic!(
+            "the stalled stream never got run_finished ({} bytes read, ending {:?}; the server warned {warnings:#?})",
+            read.len(),
+            String::from_utf8_lossy(&read[read.len().saturating_sub(400)..])
+        );
+    }
+    let tokens = memchr::memmem::find_iter(&read, b"event: token").count();
+    assert!(
+        tokens < 90_000,
+        "no token was left out: the stream never fell behind"
+    );
 }
 
 #[tokio::test]

@@ -121,6 +121,20 @@ async fn a_cursor_is_refused_with_an_offset_another_sort_or_forged() {
     }
 }
 
+/// A server with a session of `rows` journal rows: one call, copied.
+async fn session_of_rows(rows: i64) -> (TestServer, String) {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    calls(&server, &session, 1).await;
+    let first = server
+        .get(&format!("/tool-executions?session_id={session}"))
+        .await
+        .body;
+    let row = first["data"][0]["id"].as_str().unwrap().to_owned();
+    copy_row(&server, &row, rows - 1, false).await;
+    (server, session)
+}
+
 /// Copies one journal row `copies` times straight into the database (the
 /// journal has no cache to miss them), each a millisecond later; `running`
 /// copies have no `finished_at` yet.
@@ -184,15 +198,7 @@ fn copy_sql(columns: &[String], running: bool) -> String {
 
 #[tokio::test]
 async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_a_thousand() {
-    let server = spawn_app().await;
-    let session = server.create_session().await;
-    calls(&server, &session, 1).await;
-    let first = server
-        .get(&format!("/tool-executions?session_id={session}"))
-        .await
-        .body;
-    let row = first["data"][0]["id"].as_str().unwrap().to_owned();
-    copy_row(&server, &row, 1_049, false).await;
+    let (server, session) = session_of_rows(1_049 + 1).await;
 
     let page = server
         .get(&format!("/tool-executions?session_id={session}&limit=50"))
@@ -274,5 +280,115 @@ async fn a_huge_sessions_total_is_a_flagged_lower_bound_past_a_thousand() {
             errors["meta"]["total_is_estimate"].as_bool()
         ),
         (Some(0), Some(false))
+    );
+}
+
+/// Gives the rows at `offset`.. of `session`'s journal (oldest first) 1 MB
+/// arguments, straight in the database.
+async fn make_rows_large(server: &TestServer, session: &str, offset: i64, count: i64) {
+    let megabyte = if server.on_postgres() {
+        "repeat('a', 1000000)"
+    } else {
+        "replace(hex(zeroblob(500000)), '0', 'a')"
+    };
+    server
+        .execute_sql(format!(
+            "UPDATE tool_execution_record SET args_json = '{{\"x\":\"' || {megabyte} || '\"}}' \
+             WHERE id IN (SELECT id FROM tool_execution_record WHERE session_id = '{session}' \
+             ORDER BY started_at ASC, id ASC LIMIT {count} OFFSET {offset})"
+        ))
+        .await;
+}
+
+#[tokio::test]
+async fn a_page_of_large_rows_ends_at_its_byte_bound_and_the_next_starts_after_it() {
+    let (server, session) = session_of_rows(1_029 + 1).await;
+    // The 30 newest of 1,030 rows carry 1 MB each: 30 MB in all.
+    make_rows_large(&server, &session, 1_000, 30).await;
+    let large = |page: &Value| {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| {
+                row["args"]["x"]
+                    .as_str()
+                    .is_some_and(|x| x.len() == 1_000_000)
+            })
+            .count()
+    };
+
+    // Newest first: a page of 200 ends after 8 of them (8 MiB), says more
+    // follow and where, and its total is still the bounded count.
+    let base = format!("/tool-executions?session_id={session}&sort_by=started_at&limit=200");
+    let mut page = server.get(&format!("{base}&sort_order=desc")).await.body;
+    assert_eq!(ids(&page).len(), 8, "{}", page["meta"]);
+    assert_eq!(large(&page), 8);
+    assert_eq!(page["meta"]["has_more"], true);
+    assert_eq!(page["meta"]["total"], 1_001);
+    assert_eq!(page["meta"]["total_is_estimate"], true);
+    // Following the cursors reads every row once, no page past the bound.
+    let mut seen: Vec<String> = ids(&page);
+    let mut pages = 1;
+    while page["meta"]["has_more"] == true {
+        let cursor = page["meta"]["next_cursor"]
+            .as_str()
+            .expect("a cursor")
+            .to_owned();
+        page = server
+            .get(&format!("{base}&sort_order=desc&cursor={cursor}"))
+            .await
+            .body;
+        assert!(large(&page) <= 8, "{}", page["meta"]);
+        seen.extend(ids(&page));
+        pages += 1;
+    }
+    assert_eq!(seen.len(), 1_030);
+    assert_eq!(
+        seen.iter().collect::<HashSet<_>>().len(),
+        1_030,
+        "a row twice"
+    );
+    // 30 large rows take four pages of at most 8; the 1,000 small ones five.
+    assert_eq!(pages, 9);
+
+    // An offset page reaching past the count's bound, cut short: its total
+    // is counted, not guessed from the rows it holds.
+    let cut = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&sort_by=started_at&sort_order=asc\
+             &limit=100&offset=995"
+        ))
+        .await
+        .body;
+    assert_eq!((ids(&cut).len(), large(&cut)), (13, 8), "{}", cut["meta"]);
+    assert_eq!(cut["meta"]["has_more"], true);
+    assert_eq!(cut["meta"]["total"], 1_030);
+    assert_eq!(cut["meta"]["total_is_estimate"], false);
+    // The next offset is this one's plus the rows received.
+    let next = server
+        .get(&format!(
+            "/tool-executions?session_id={session}&sort_by=started_at&sort_order=asc\
+             &limit=100&offset=1008"
+        ))
+        .await
+        .body;
+    // (`seen` is newest first: the row at ascending offset n is seen[1029 - n].)
+    assert_eq!(cut["data"][12]["id"], seen[1_029 - 1_007].as_str());
+    assert_eq!(next["data"][0]["id"], seen[1_029 - 1_008].as_str());
+
+    // The console's pager steps past the rows it shows.
+    let console = common::console::ConsoleClient::sign_in(&server, &server.token).await;
+    let (status, html) = console
+        .get(&format!("/console/sessions/{session}?offset=0"))
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("Rows 1–8 of at least 1001"),
+        "the pager: {html:.2000}"
+    );
+    assert!(
+        html.contains("offset=8\""),
+        "older starts after the rows shown"
     );
 }

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 
+use futures::TryStreamExt;
 use sqlx::AssertSqlSafe;
 
 use super::Store;
@@ -316,10 +317,12 @@ impl Store {
         }
         // One row past the page says whether another follows, whatever `total`.
         page_binds.extend([ReadParam::Int(page.limit + 1), ReadParam::Int(page.offset)]);
-        let ((total, total_is_estimate), mut items) = self
+        let ((total, total_is_estimate), PageRows { mut items, cut }) = self
             .rows_and_total::<T>(sql, page_binds, &where_sql, &binds, &query)
             .await?;
-        let more = items.len() as i64 > page.limit;
+        // A page cut at its byte bound has at least the row that did not fit
+        // after it.
+        let more = cut || items.len() as i64 > page.limit;
         items.truncate(page.limit as usize);
         let next_cursor = items
             .last()
@@ -341,7 +344,7 @@ impl Store {
         where_sql: &str,
         binds: &[ReadParam],
         query: &ExecutionQuery,
-    ) -> Result<((i64, bool), Vec<T>)> {
+    ) -> Result<((i64, bool), PageRows<T>)> {
         let page = &query.page;
         // A page that ends at or past the bound tells the bounded total
         // itself, unless it is past the last row: no count walks the same
@@ -351,14 +354,19 @@ impl Store {
         // cursor, so it could not tell).
         if page_end(page) >= TOTAL_EXACT_UP_TO {
             debug_assert!(query.cursor.is_none(), "a cursor page has no offset");
-            let items = self
+            let rows = self
                 .read_page_rows::<T>(sql, page_binds, page.sort_by)
                 .await?;
-            let total = match total_from_page(items.len() as i64, page) {
+            // A page cut short by its bytes ended before its rows did, so
+            // they do not tell the total.
+            let told = (!rows.cut)
+                .then(|| total_from_page(rows.items.len() as i64, page))
+                .flatten();
+            let total = match told {
                 Some(total) => total,
                 None => self.bounded_total(where_sql, binds, query).await?,
             };
-            return Ok((total, items));
+            return Ok((total, rows));
         }
         // The count and the page read on two connections at once: on a large
         // session the count of up to TOTAL_EXACT_UP_TO rows costs about as
@@ -369,18 +377,26 @@ impl Store {
         )
     }
 
-    /// The journal rows `sql` selects: on an SQLite file through the journal
-    /// reader (each row built on its thread), else through the pool.
+    /// The journal rows `sql` selects, up to [`MAX_JOURNAL_PAGE_BYTES`]: on
+    /// an SQLite file through the journal reader (each row built on its
+    /// thread), else through the pool, a row at a time.
     async fn read_page_rows<T: PageRow>(
         &self,
         sql: String,
         binds: Vec<ReadParam>,
         sort_by: &'static str,
-    ) -> Result<Vec<T>> {
+    ) -> Result<PageRows<T>> {
+        let mut budget = PageBytes::default();
         if let Some(reader) = &self.journal_reader {
-            return reader
-                .rows(sql, binds, move |row| T::from_reader(row, sort_by))
-                .await;
+            let (items, cut) = reader
+                .rows_while(
+                    sql,
+                    binds,
+                    move |row| T::from_reader(row, sort_by),
+                    move |row: &T| budget.fits(row.size_bytes()),
+                )
+                .await?;
+            return Ok(PageRows { items, cut });
         }
         Ok(sql!(self.conn().await?, c => {
             let mut rows = query(AssertSqlSafe(sql));
@@ -390,11 +406,17 @@ impl Store {
                     ReadParam::Int(n) => rows.bind(*n),
                 };
             }
-            rows.fetch_all(c)
-                .await?
-                .iter()
-                .map(|row| T::from_record(record_from_row(row), sort_by))
-                .collect::<Vec<T>>()
+            let mut rows = rows.fetch(c);
+            let mut page = PageRows { items: Vec::new(), cut: false };
+            while let Some(row) = rows.try_next().await? {
+                let row = T::from_record(record_from_row(&row), sort_by);
+                if !budget.fits(row.size_bytes()) && !page.items.is_empty() {
+                    page.cut = true;
+                    break;
+                }
+                page.items.push(row);
+            }
+            page
         }))
     }
 
@@ -939,8 +961,35 @@ fn next_cursor(key: (Option<i64>, &str), page: &crate::domain::PageRequest) -> S
     .encode(page)
 }
 
+/// How many bytes of rows a journal page holds at most (past its first row):
+/// a page ends early there, `has_more` true and its `next_cursor` after its
+/// last row. 200 rows with 1 MB arguments read whole took the server 531 MB
+/// a request.
+pub const MAX_JOURNAL_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// The rows of a journal page as read, and whether the read stopped at
+/// [`MAX_JOURNAL_PAGE_BYTES`] with rows left.
+struct PageRows<T> {
+    items: Vec<T>,
+    cut: bool,
+}
+
+/// The bytes a page's rows took so far.
+#[derive(Default)]
+struct PageBytes(usize);
+
+impl PageBytes {
+    /// Counts a row of `bytes`; whether the page is still within its bound.
+    fn fits(&mut self, bytes: usize) -> bool {
+        self.0 = self.0.saturating_add(bytes);
+        self.0 <= MAX_JOURNAL_PAGE_BYTES
+    }
+}
+
 /// A form the rows of a journal page are read in.
 pub(crate) trait PageRow: Sized + Send + 'static {
+    /// About how many bytes the row holds (what a page's bound counts).
+    fn size_bytes(&self) -> usize;
     /// The row, built on the journal reader's thread from the statement.
     fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self;
     /// The row, built from a record read through the pool.
@@ -950,6 +999,15 @@ pub(crate) trait PageRow: Sized + Send + 'static {
 }
 
 impl PageRow for ExecutionRecord {
+    fn size_bytes(&self) -> usize {
+        // The texts a caller can make large; the rest is a few hundred bytes.
+        self.args.as_str().len()
+            + self.result.as_str().len()
+            + self.error_message.as_ref().map_or(0, String::len)
+            + self.tool_name.len()
+            + 512
+    }
+
     fn from_reader(row: &ReaderRow<'_, '_>, _sort_by: &str) -> Self {
         record_from_row(row)
     }
@@ -964,6 +1022,10 @@ impl PageRow for ExecutionRecord {
 }
 
 impl PageRow for ExecutionJson {
+    fn size_bytes(&self) -> usize {
+        self.as_str().len()
+    }
+
     fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self {
         ExecutionJson::new(&record_ref_from_row(row), sort_by)
     }

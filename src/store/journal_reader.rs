@@ -74,6 +74,20 @@ impl JournalReader {
         params: Vec<ReadParam>,
         map: impl Fn(&ReaderRow<'_, '_>) -> T + Send + 'static,
     ) -> Result<Vec<T>> {
+        let (rows, _) = self.rows_while(sql, params, map, |_: &T| true).await?;
+        Ok(rows)
+    }
+
+    /// The rows of `sql` with `params`, each mapped by `map` on the reading
+    /// thread, up to the first that `fits` refuses (after the first row,
+    /// which is always taken); and whether one was refused.
+    pub async fn rows_while<T: Send + 'static>(
+        &self,
+        sql: String,
+        params: Vec<ReadParam>,
+        map: impl Fn(&ReaderRow<'_, '_>) -> T + Send + 'static,
+        fits: impl FnMut(&T) -> bool + Send + 'static,
+    ) -> Result<(Vec<T>, bool)> {
         let _permit = self
             .inner
             .reads
@@ -81,7 +95,7 @@ impl JournalReader {
             .await
             .map_err(|_| internal("the journal reader is closed"))?;
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.read(&sql, &params, map))
+        tokio::task::spawn_blocking(move || inner.read(&sql, &params, map, fits))
             .await
             .map_err(|join| internal(format!("a journal read failed: {join}")))?
     }
@@ -104,14 +118,15 @@ impl Inner {
         sql: &str,
         params: &[ReadParam],
         map: impl Fn(&ReaderRow<'_, '_>) -> T,
-    ) -> Result<Vec<T>> {
+        fits: impl FnMut(&T) -> bool,
+    ) -> Result<(Vec<T>, bool)> {
         let popped = self.idle().pop();
         let connection = match popped {
             Some(connection) => connection,
             None => open(&self.path)
                 .map_err(|err| internal(format!("opening a journal reader: {err}")))?,
         };
-        let rows = query(&connection, sql, params, map);
+        let rows = query_while(&connection, sql, params, map, fits);
         // A connection whose read failed is still sound (the failure was the
         // statement's); it goes back for the next read, unless the reader
         // closed meanwhile.
@@ -122,12 +137,28 @@ impl Inner {
     }
 }
 
+/// Every row of `sql` (the tests' reads of a connection of their own).
+#[cfg(test)]
 pub(super) fn query<T>(
     connection: &Connection,
     sql: &str,
     params: &[ReadParam],
     map: impl Fn(&ReaderRow<'_, '_>) -> T,
 ) -> rusqlite::Result<Vec<T>> {
+    let (rows, _) = query_while(connection, sql, params, map, |_: &T| true)?;
+    Ok(rows)
+}
+
+/// The rows of `sql` up to the first that `fits` refuses (the first row is
+/// always taken), and whether one was refused: the rows after it are never
+/// stepped to.
+fn query_while<T>(
+    connection: &Connection,
+    sql: &str,
+    params: &[ReadParam],
+    map: impl Fn(&ReaderRow<'_, '_>) -> T,
+    mut fits: impl FnMut(&T) -> bool,
+) -> rusqlite::Result<(Vec<T>, bool)> {
     let mut statement = connection.prepare_cached(sql)?;
     // Row mappers read by column name; rusqlite finds a name by asking
     // SQLite for every column's (a quarter of a page's time, measured), so
@@ -146,7 +177,15 @@ pub(super) fn query<T>(
             reads: Cell::new(0),
         }))
     })?;
-    rows.collect()
+    let mut taken = Vec::new();
+    for row in rows {
+        let row = row?;
+        if !fits(&row) && !taken.is_empty() {
+            return Ok((taken, true));
+        }
+        taken.push(row);
+    }
+    Ok((taken, false))
 }
 
 /// A statement's column names, in order.

@@ -41,7 +41,7 @@ async fn render(
         runs: &runs,
         executions: &executions.items,
         journal_offset: offset,
-        journal_limit: super::sessions::PAGE_ROWS,
+        journal_limit: super::sessions::journal_step(&executions),
         journal_total: executions.total,
         journal_total_is_estimate: executions.total_is_estimate == Some(true),
         blocking,

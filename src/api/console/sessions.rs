@@ -80,6 +80,17 @@ pub async fn journal_page(
         .await
 }
 
+/// How far the pager's "older" link steps from a journal page: past the
+/// rows shown, which are fewer than [`PAGE_ROWS`] on a page that ended at
+/// the journal's byte bound with rows left.
+pub fn journal_step<T>(page: &crate::domain::Page<T>) -> i64 {
+    if page.has_more() {
+        (page.items.len() as i64).clamp(1, PAGE_ROWS)
+    } else {
+        PAGE_ROWS
+    }
+}
+
 /// `GET /console/sessions/{id}`.
 pub async fn page_of(
     state: &AppState,
@@ -119,7 +130,7 @@ pub async fn page_of(
         floors: &floors,
         journal: &journal.items,
         journal_offset: offset,
-        journal_limit: PAGE_ROWS,
+        journal_limit: journal_step(&journal),
         journal_total: journal.total,
         journal_total_is_estimate: journal.total_is_estimate == Some(true),
         notice: Notice::text_of(query.notice.as_deref()),
