@@ -21,6 +21,16 @@ async fn floor(server: &TestServer, session: &str, content: &str) -> String {
     appended.body["data"]["id"].as_str().unwrap().to_owned()
 }
 
+/// The `seq` of each floor of a page of floors.
+fn seqs(reply: &common::Reply) -> Vec<i64> {
+    reply.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["seq"].as_i64().unwrap())
+        .collect()
+}
+
 /// Opens a run on the floor and answers it (`id`, `page_id`).
 async fn open_run(server: &TestServer, floor: &str) -> Value {
     let opened = server
@@ -170,14 +180,6 @@ async fn the_sessions_floors_are_listed_by_page() {
     let run = open_run(&server, &floors[1]).await;
     close(&server, &run, "commit", json!({"content": "reply"})).await;
 
-    let seqs = |reply: &common::Reply| -> Vec<i64> {
-        reply.body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f["seq"].as_i64().unwrap())
-            .collect()
-    };
     let all = server.get(&format!("/sessions/{session}/floors")).await;
     assert_eq!(all.status, StatusCode::OK, "{all:?}");
     assert_eq!(seqs(&all), [1, 2, 3, 4, 5], "oldest first by default");
@@ -332,4 +334,48 @@ async fn a_stream_of_a_session_gone_from_the_database_is_closed() {
         .next_of("catalog_changed", std::time::Duration::from_secs(10))
         .await;
     assert_eq!(changed["added"], json!(["lore_lookup"]), "{changed}");
+}
+
+#[tokio::test]
+async fn a_page_of_large_floors_ends_at_its_byte_bound_counting_their_pages() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    // Twelve floors of a 700 KB message and a 250 KB reply: eight fit the
+    // 8 MiB bound (7.6 MB), a ninth would not (8.55 MB). Counting the
+    // messages only, eleven would fit (7.7 MB).
+    let reply = "r".repeat(250_000);
+    for n in 1..=12 {
+        let floor = floor(&server, &session, &format!("floor {n}")).await;
+        let run = open_run(&server, &floor).await;
+        close(&server, &run, "commit", json!({"content": reply})).await;
+    }
+    let big = if server.on_postgres() {
+        "repeat('m', 700000)"
+    } else {
+        "replace(hex(zeroblob(350000)), '0', 'm')"
+    };
+    server
+        .execute_sql(format!(
+            "UPDATE floors SET user_content = {big} WHERE session_id = '{session}'"
+        ))
+        .await;
+
+    let first = server
+        .get(&format!("/sessions/{session}/floors?limit=200"))
+        .await;
+    assert_eq!(
+        seqs(&first),
+        (1..=8).collect::<Vec<_>>(),
+        "{:?}",
+        first.body["meta"]
+    );
+    assert_eq!(first.body["meta"]["has_more"], true);
+    assert_eq!(first.body["meta"]["total"], 12);
+    assert_eq!(first.body["data"][7]["pages"][0]["content"], reply.as_str());
+    // The next offset is this one's plus the floors received.
+    let rest = server
+        .get(&format!("/sessions/{session}/floors?limit=200&offset=8"))
+        .await;
+    assert_eq!(seqs(&rest), [9, 10, 11, 12]);
+    assert_eq!(rest.body["meta"]["has_more"], false);
 }

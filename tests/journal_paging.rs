@@ -392,3 +392,59 @@ async fn a_page_of_large_rows_ends_at_its_byte_bound_and_the_next_starts_after_i
         "older starts after the rows shown"
     );
 }
+
+#[tokio::test]
+async fn a_page_of_large_call_records_ends_at_the_journals_byte_bound() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let floor = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": "hi"}),
+        )
+        .await
+        .body["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let call = server
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "roll_dice", "arguments": {"sides": 6}, "floor_id": floor}),
+        )
+        .await;
+    assert_eq!(call.body["data"]["status"], "success", "{call:?}");
+    let row = call.body["data"]["execution_id"]
+        .as_str()
+        .expect("the call's journal row")
+        .to_owned();
+    copy_row(&server, &row, 11, false).await;
+    make_rows_large(&server, &session, 0, 12).await;
+
+    let base = format!("/tools/call-records?floor_id={floor}&sort_order=asc&limit=50");
+    let first = server.get(&base).await.body;
+    assert_eq!(
+        first["data"].as_array().unwrap().len(),
+        8,
+        "{}",
+        first["meta"]
+    );
+    assert_eq!(first["meta"]["total"], 12);
+    assert_eq!(first["meta"]["has_more"], true);
+    let rest = server.get(&format!("{base}&offset=8")).await.body;
+    assert_eq!(
+        rest["data"].as_array().unwrap().len(),
+        4,
+        "{}",
+        rest["meta"]
+    );
+    assert_eq!(rest["meta"]["has_more"], false);
+    let seen: HashSet<&str> = first["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(rest["data"].as_array().unwrap())
+        .map(|record| record["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 12);
+}

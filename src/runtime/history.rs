@@ -40,25 +40,16 @@ impl ToolRuntime {
     /// messages.
     pub(super) async fn history(&self, session: &Session, run: &Run) -> Result<Vec<Value>> {
         let mut messages = Vec::new();
-        let turns = self
-            .store
-            .committed_turns_before(&session.id, &run.floor_id)
-            .await?;
         // The newest turns that fit the budget: every committed reply kept
         // whole would one day make every request of the session too large.
-        let mut kept_bytes = 0;
-        let mut first_kept = turns.len();
-        for (at, (user, reply)) in turns.iter().enumerate().rev() {
-            kept_bytes += user.len() + reply.as_ref().map_or(0, String::len);
-            if kept_bytes > HISTORY_BUDGET_BYTES {
-                break;
-            }
-            first_kept = at;
+        let (turns, left_out) = self
+            .store
+            .committed_turns_within(&session.id, &run.floor_id, HISTORY_BUDGET_BYTES)
+            .await?;
+        if left_out {
+            tracing::debug!(run_id = %run.id, "the oldest turns do not fit the history's budget");
         }
-        if first_kept > 0 {
-            tracing::debug!(run_id = %run.id, left_out = first_kept, "the oldest turns do not fit the history's budget");
-        }
-        for (user, reply) in turns.into_iter().skip(first_kept) {
+        for (user, reply) in turns {
             messages.push(json!({"role": "user", "content": user}));
             if let Some(reply) = reply {
                 messages.push(json!({"role": "assistant", "content": reply}));

@@ -1,5 +1,6 @@
 //! Floors (turns) and their pages (versions of the reply).
 
+use futures::TryStreamExt;
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
@@ -40,6 +41,12 @@ pub struct FloorRef {
 
 /// Largest user message a floor accepts, in bytes.
 pub const MAX_FLOOR_CONTENT_BYTES: usize = 256 * 1024;
+
+/// How many bytes of floors (their messages and all their pages' texts) a
+/// page of `GET /sessions/{id}/floors` holds past its first floor: it ends
+/// early there, as the journal's pages do. 200 floors of a few pages of
+/// model replies each would otherwise be read whole for one request.
+pub const MAX_FLOORS_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 impl Store {
     /// Appends a user turn to the account's session.
@@ -131,20 +138,34 @@ impl Store {
     ) -> Result<(Vec<Floor>, i64)> {
         let session = self.session(account_id, session_id).await?;
         let order = range.sort_order.sql();
+        // Each floor's size (its message and its pages' texts) comes from the
+        // lengths SQLite and PostgreSQL keep beside a text, not by reading
+        // the pages: the page ends once its floors pass MAX_FLOORS_PAGE_BYTES.
         let sql = format!(
-            "SELECT id, session_id, seq, user_content, active_page_id, created_at FROM floors \
-             WHERE session_id = ? ORDER BY seq {order} LIMIT ? OFFSET ?"
+            "SELECT id, session_id, seq, user_content, active_page_id, created_at, \
+             CAST(octet_length(user_content) + COALESCE((SELECT SUM(octet_length(p.content)) \
+             FROM pages p WHERE p.floor_id = floors.id), 0) AS BIGINT) AS floor_bytes \
+             FROM floors WHERE session_id = ? ORDER BY seq {order} LIMIT ? OFFSET ?"
         );
         let mut conn = self.conn().await?;
-        let floors = sql!(conn, c => query(AssertSqlSafe(sql))
-            .bind(&session.id)
-            .bind(range.limit)
-            .bind(range.offset)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(floor_from_row)
-            .collect::<Vec<_>>());
+        let floors = sql!(conn, c => {
+            let mut rows = query(AssertSqlSafe(sql))
+                .bind(&session.id)
+                .bind(range.limit)
+                .bind(range.offset)
+                .fetch(c);
+            let mut floors = Vec::new();
+            let mut bytes = 0usize;
+            while let Some(row) = rows.try_next().await? {
+                let floor_bytes = usize::try_from(row.get::<i64>("floor_bytes")).unwrap_or(0);
+                bytes = bytes.saturating_add(floor_bytes);
+                if bytes > MAX_FLOORS_PAGE_BYTES && !floors.is_empty() {
+                    break;
+                }
+                floors.push(floor_from_row(&row));
+            }
+            floors
+        });
         let total = sql!(conn, c => query_scalar::<i64>("SELECT COUNT(*) FROM floors WHERE session_id = ?")
             .bind(&session.id)
             .fetch_one(c)
@@ -153,28 +174,46 @@ impl Store {
         Ok((self.attach_pages(floors).await?, total))
     }
 
-    /// The committed turns of `session_id` before `floor_id`, oldest first:
-    /// each floor with an active page, as its user message and that page's
-    /// reply. One query that reads no other page: a turn's history, however
-    /// many pages were regenerated. The caller owns the session.
-    pub async fn committed_turns_before(
+    /// The newest committed turns of `session_id` before `floor_id` whose
+    /// texts together fit `max_bytes`, oldest first: each floor with an
+    /// active page, as its user message and that page's reply; and whether
+    /// older turns were left out. One query that reads no other page (a
+    /// turn's history, however many pages were regenerated), newest first,
+    /// a row at a time: the turns past the budget are never read, so a long
+    /// session does not load its whole history for every turn. The caller
+    /// owns the session.
+    pub async fn committed_turns_within(
         &self,
         session_id: &str,
         floor_id: &str,
-    ) -> Result<Vec<(String, Option<String>)>> {
-        Ok(
-            sql!(self.conn().await?, c => query_as::<(String, Option<String>)>(
-            "SELECT f.user_content, p.content FROM floors f \
-             LEFT JOIN pages p ON p.id = f.active_page_id \
-             WHERE f.session_id = ?1 AND f.active_page_id IS NOT NULL \
-             AND f.seq < (SELECT seq FROM floors WHERE id = ?2 AND session_id = ?1) \
-             ORDER BY f.seq",
-        )
-        .bind(session_id)
-        .bind(floor_id)
-        .fetch_all(c)
-        .await?),
-        )
+        max_bytes: usize,
+    ) -> Result<(Vec<(String, Option<String>)>, bool)> {
+        let (mut turns, left_out) = sql!(self.conn().await?, c => {
+            let mut rows = query_as::<(String, Option<String>)>(
+                "SELECT f.user_content, p.content FROM floors f \
+                 LEFT JOIN pages p ON p.id = f.active_page_id \
+                 WHERE f.session_id = ?1 AND f.active_page_id IS NOT NULL \
+                 AND f.seq < (SELECT seq FROM floors WHERE id = ?2 AND session_id = ?1) \
+                 ORDER BY f.seq DESC",
+            )
+            .bind(session_id)
+            .bind(floor_id)
+            .fetch(c);
+            let mut turns = Vec::new();
+            let mut bytes = 0usize;
+            let mut left_out = false;
+            while let Some((user, reply)) = rows.try_next().await? {
+                bytes = bytes.saturating_add(user.len() + reply.as_ref().map_or(0, String::len));
+                if bytes > max_bytes {
+                    left_out = true;
+                    break;
+                }
+                turns.push((user, reply));
+            }
+            (turns, left_out)
+        });
+        turns.reverse();
+        Ok((turns, left_out))
     }
 
     /// Fills in the pages of `floors` (of one session) with one query that

@@ -488,18 +488,25 @@ impl Store {
         let sql = format!(
             "SELECT * FROM ({base}) AS records {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?"
         );
+        // Rows are taken one at a time up to MAX_JOURNAL_PAGE_BYTES, as the
+        // journal's own pages; `has_more` follows from the exact total.
+        let mut budget = PageBytes::default();
         let items = sql!(self.conn().await?, c => {
             let mut rows = query(AssertSqlSafe(sql));
             for bind in binds.iter().chain(&outer_binds) {
                 rows = rows.bind(bind);
             }
-            rows.bind(page.limit)
-                .bind(page.offset)
-                .fetch_all(c)
-                .await?
-                .iter()
-                .map(call_record_from_row)
-                .collect::<Vec<CallRecord>>()
+            let mut rows = rows.bind(page.limit).bind(page.offset).fetch(c);
+            let mut items = Vec::new();
+            while let Some(row) = rows.try_next().await? {
+                let record = call_record_from_row(&row);
+                let bytes = record.args.as_str().len() + record.result.as_str().len() + 256;
+                if !budget.fits(bytes) && !items.is_empty() {
+                    break;
+                }
+                items.push(record);
+            }
+            items
         });
         Ok(Page::new(items, total, query.page))
     }
