@@ -11,7 +11,7 @@ use std::time::Instant;
 use rquickjs::context::intrinsic;
 use rquickjs::{Context, Ctx, Function, Runtime, Value};
 
-use super::memory::CappedAllocator;
+use super::memory::{CappedAllocator, Deadline};
 use super::{ScriptError, ScriptLimits};
 
 /// The intrinsics a script gets: the ECMAScript language and nothing of the host.
@@ -214,12 +214,19 @@ pub fn run(
 ) -> Result<serde_json::Value, ScriptError> {
     let started = Instant::now();
     let memory_hit = Arc::new(AtomicBool::new(false));
-    let allocator = CappedAllocator::new(limits.memory_bytes, memory_hit.clone());
+    let deadline = started + limits.time;
+    let expired = Arc::new(AtomicBool::new(false));
+    let allocator = CappedAllocator::new(
+        limits.memory_bytes,
+        memory_hit.clone(),
+        Deadline {
+            at: deadline,
+            expired: expired.clone(),
+        },
+    );
     let runtime =
         Runtime::new_with_alloc(allocator).map_err(|err| ScriptError::Engine(err.to_string()))?;
     runtime.set_max_stack_size(limits.stack_bytes);
-    let deadline = started + limits.time;
-    let expired = Arc::new(AtomicBool::new(false));
     {
         let expired = expired.clone();
         // QuickJS calls this every few thousand operations (and from the regex

@@ -455,6 +455,35 @@ mod tests {
     }
 
     #[test]
+    fn natives_that_never_poll_the_interrupt_stop_soon_after_the_deadline() {
+        // Each conversion of a large BigInt to a string is one operation to
+        // QuickJS's interrupt counter, polled every 10,000: a loop of them
+        // ran minutes past a one-second limit (probe J). Caught or not, the
+        // script stops within one conversion of its deadline.
+        for script in [
+            "const x = (1n << 300000n) - 1n; let s = 0; \
+             for (let i = 0; i < 1e6; i++) s += String(x + BigInt(i)).length; return s;",
+            "const x = (1n << 300000n) - 1n; let s = 0; \
+             for (let i = 0; i < 1e6; i++) { try { s += String(x + BigInt(i)).length; } catch (e) {} } \
+             return s;",
+        ] {
+            let (sender, receiver) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = sender.send(run_within(script, Duration::from_millis(300)));
+            });
+            // A hang detector, not a measurement: without the heap's deadline
+            // this loop runs for hours.
+            let outcome = receiver
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the script ran minutes past its time limit");
+            assert!(
+                matches!(outcome, Err(ScriptError::TimeLimit(_))),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
     fn each_failure_has_its_own_reason_code() {
         let failures = [
             ScriptError::Thrown(String::new()),
