@@ -711,6 +711,42 @@ async fn memories_api_validates_and_lists() {
     assert_eq!(reply.body["data"][0]["content"], "Likes rainy days.");
     let reply = server.get("/sessions/sess_missing/memories").await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
+
+    // Listed by page as every list is (probe J: `limit` was ignored and a
+    // session's 1,000 memories of 16 KB went out whole, 16 MB a request).
+    for n in 2..=5 {
+        let reply = server
+            .post(&path, json!({"content": format!("Memory {n}.")}))
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let contents = |reply: &Reply| -> Vec<String> {
+        reply.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let first = server.get(&format!("{path}?limit=2")).await;
+    assert_eq!(contents(&first), ["Likes rainy days.", "Memory 2."]);
+    assert_eq!(first.body["meta"]["total"], 5);
+    assert_eq!(first.body["meta"]["has_more"], true);
+    let newest = server.get(&format!("{path}?limit=2&sort_order=desc")).await;
+    assert_eq!(contents(&newest), ["Memory 5.", "Memory 4."]);
+    let last = server.get(&format!("{path}?limit=2&offset=4")).await;
+    assert_eq!(contents(&last), ["Memory 5."]);
+    assert_eq!(last.body["meta"]["has_more"], false);
+    for bad in [
+        "limit=0",
+        "limit=201",
+        "offset=-1",
+        "sort_order=up",
+        "sort_by=content",
+    ] {
+        let reply = server.get(&format!("{path}?{bad}")).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{bad}: {reply:?}");
+    }
 }
 
 async fn list(server: &TestServer, session: &str) -> Value {

@@ -8,9 +8,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::CurrentAccount;
-use super::envelope::Data;
+use super::envelope::{Data, List, ListParams};
 use super::error::ApiResult;
-use super::extract::{Json, Path};
+use super::extract::{Json, Path, Query};
+use crate::domain::Page;
 use crate::state::AppState;
 use crate::store::Memory;
 
@@ -44,20 +45,21 @@ async fn add_memory(
     Ok((StatusCode::CREATED, axum::Json(Data { data: memory })))
 }
 
-/// List the session's memories, oldest first.
+/// A page of the session's memories, oldest first unless `sort_order=desc`.
 #[utoipa::path(get, path = "/sessions/{id}/memories", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, description = "the session's memories, oldest first", body = Data<Vec<Memory>>), (status = 404)))]
+    params(("id" = String, Path), ListParams),
+    responses((status = 200, description = "a page of the session's memories, oldest first by default", body = List<Memory>), (status = 400), (status = 404)))]
 async fn list_memories(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(session_id): Path<String>,
-) -> ApiResult<axum::Json<Data<Vec<Memory>>>> {
-    Ok(axum::Json(Data {
-        data: state
-            .runtime
-            .store
-            .list_memories(&account.id, &session_id)
-            .await?,
-    }))
+    Query(params): Query<ListParams>,
+) -> ApiResult<axum::Json<List<Memory>>> {
+    let page = params.oldest_first(&["created_at"])?;
+    let (memories, total) = state
+        .runtime
+        .store
+        .list_memories(&account.id, &session_id, &page)
+        .await?;
+    Ok(axum::Json(Page::new(memories, total, page).into()))
 }

@@ -4,6 +4,7 @@
 //! every write path is covered.
 
 use serde::Serialize;
+use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Backend, Record, sql};
@@ -173,23 +174,40 @@ impl Store {
     }
 
     /// The account's session's memories, oldest first.
-    pub async fn list_memories(&self, account_id: &str, session_id: &str) -> Result<Vec<Memory>> {
+    pub async fn list_memories(
+        &self,
+        account_id: &str,
+        session_id: &str,
+        range: &crate::domain::PageRequest,
+    ) -> Result<(Vec<Memory>, i64)> {
         let session = self.session(account_id, session_id).await?;
-        Ok(sql!(self.conn().await?, c => query(
+        let order = range.sort_order.sql();
+        let sql = format!(
             "SELECT id, session_id, content, created_at FROM session_memories \
-             WHERE session_id = ? ORDER BY created_at, id",
+             WHERE session_id = ? ORDER BY created_at {order}, id {order} LIMIT ? OFFSET ?"
+        );
+        let mut conn = self.conn().await?;
+        let memories = sql!(conn, c => query(AssertSqlSafe(sql))
+            .bind(&session.id)
+            .bind(range.limit)
+            .bind(range.offset)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(|row| Memory {
+                id: row.get("id"),
+                session_id: row.get("session_id"),
+                content: row.get("content"),
+                created_at: row.get("created_at"),
+            })
+            .collect::<Vec<_>>());
+        let total = sql!(conn, c => query_scalar::<i64>(
+            "SELECT COUNT(*) FROM session_memories WHERE session_id = ?",
         )
         .bind(&session.id)
-        .fetch_all(c)
-        .await?
-        .iter()
-        .map(|row| Memory {
-            id: row.get("id"),
-            session_id: row.get("session_id"),
-            content: row.get("content"),
-            created_at: row.get("created_at"),
-        })
-        .collect::<Vec<_>>()))
+        .fetch_one(c)
+        .await?);
+        Ok((memories, total))
     }
 
     /// Full-text search over one session's text, best match first. Reply pages
