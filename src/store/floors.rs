@@ -6,6 +6,7 @@ use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Record, sql};
+use super::page_bytes::{row_bytes, take_within};
 use crate::domain::PageRequest;
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
@@ -41,12 +42,6 @@ pub struct FloorRef {
 
 /// Largest user message a floor accepts, in bytes.
 pub const MAX_FLOOR_CONTENT_BYTES: usize = 256 * 1024;
-
-/// How many bytes of floors (their messages and all their pages' texts) a
-/// page of `GET /sessions/{id}/floors` holds past its first floor: it ends
-/// early there, as the journal's pages do. 200 floors of a few pages of
-/// model replies each would otherwise be read whole for one request.
-pub const MAX_FLOORS_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 impl Store {
     /// Appends a user turn to the account's session.
@@ -138,9 +133,9 @@ impl Store {
     ) -> Result<(Vec<Floor>, i64)> {
         let session = self.session(account_id, session_id).await?;
         let order = range.sort_order.sql();
-        // Each floor's size (its message and its pages' texts) comes from the
-        // lengths SQLite and PostgreSQL keep beside a text, not by reading
-        // the pages: the page ends once its floors pass MAX_FLOORS_PAGE_BYTES.
+        // A floor's size is its message and all its pages' texts (200 floors
+        // of a few pages of model replies each would otherwise be read whole
+        // for one request), from the lengths, without reading the pages.
         let sql = format!(
             "SELECT id, session_id, seq, user_content, active_page_id, created_at, \
              CAST(octet_length(user_content) + COALESCE((SELECT SUM(octet_length(p.content)) \
@@ -148,24 +143,15 @@ impl Store {
              FROM floors WHERE session_id = ? ORDER BY seq {order} LIMIT ? OFFSET ?"
         );
         let mut conn = self.conn().await?;
-        let floors = sql!(conn, c => {
-            let mut rows = query(AssertSqlSafe(sql))
+        let (floors, _) = sql!(conn, c => take_within(
+            query(AssertSqlSafe(sql))
                 .bind(&session.id)
                 .bind(range.limit)
                 .bind(range.offset)
-                .fetch(c);
-            let mut floors = Vec::new();
-            let mut bytes = 0usize;
-            while let Some(row) = rows.try_next().await? {
-                let floor_bytes = usize::try_from(row.get::<i64>("floor_bytes")).unwrap_or(0);
-                bytes = bytes.saturating_add(floor_bytes);
-                if bytes > MAX_FLOORS_PAGE_BYTES && !floors.is_empty() {
-                    break;
-                }
-                floors.push(floor_from_row(&row));
-            }
-            floors
-        });
+                .fetch(c),
+            |row| (floor_from_row(row), row_bytes(row, "floor_bytes")),
+        )
+        .await?);
         let total = sql!(conn, c => query_scalar::<i64>("SELECT COUNT(*) FROM floors WHERE session_id = ?")
             .bind(&session.id)
             .fetch_one(c)

@@ -1,11 +1,11 @@
 //! Durable runtime jobs with leases, and the results they deliver to sessions.
 
-use futures::TryStreamExt;
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
+use super::page_bytes::{row_bytes, take_within};
 use crate::domain::PageRequest;
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
@@ -53,11 +53,6 @@ pub struct Delivery {
     pub execution_reason_code: Option<ReasonCode>,
     pub created_at: i64,
 }
-
-/// Bytes of outputs past which a page of delivered results ends early (it
-/// always holds one): `has_more` stays true and the next page starts after
-/// the results it holds.
-pub const MAX_RESULTS_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 /// A delivered result's columns, in `delivery_from_row`'s terms.
 const DELIVERY_COLUMNS: &str = "id, session_id, execution_id, runtime_job_id, call_id, tool_name, \
@@ -342,30 +337,21 @@ impl Store {
         let session = self.session(account_id, session_id).await?;
         let order = range.sort_order.sql();
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM session_deliveries \
+            "SELECT {DELIVERY_COLUMNS}, CAST(octet_length(output_json) AS BIGINT) AS output_bytes \
+             FROM session_deliveries \
              WHERE session_id = ? ORDER BY created_at {order}, id {order} LIMIT ? OFFSET ?"
         );
         let mut conn = self.conn().await?;
-        // Rows are taken one at a time, and the page ends once its outputs
-        // pass MAX_RESULTS_PAGE_BYTES: 200 results of 1 MB read whole took
-        // the server 700 MB a request.
-        let deliveries = sql!(conn, c => {
-            let mut rows = query(AssertSqlSafe(sql))
+        // 200 results of 1 MB read whole took the server 700 MB a request.
+        let (deliveries, _) = sql!(conn, c => take_within(
+            query(AssertSqlSafe(sql))
                 .bind(&session.id)
                 .bind(range.limit)
                 .bind(range.offset)
-                .fetch(c);
-            let mut page = Vec::new();
-            let mut bytes = 0;
-            while let Some(row) = rows.try_next().await? {
-                bytes += row.get::<String>("output_json").len();
-                if !page.is_empty() && bytes > MAX_RESULTS_PAGE_BYTES {
-                    break;
-                }
-                page.push(delivery_from_row(&row));
-            }
-            page
-        });
+                .fetch(c),
+            |row| (delivery_from_row(row), row_bytes(row, "output_bytes")),
+        )
+        .await?);
         let total = sql!(conn, c => query_scalar::<i64>(
             "SELECT COUNT(*) FROM session_deliveries WHERE session_id = ?",
         )

@@ -2,13 +2,13 @@
 
 use std::borrow::Cow;
 
-use futures::TryStreamExt;
 use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_queue::JournalWrite;
 use super::journal_reader::{ReadParam, ReaderRow};
+use super::page_bytes::{PageBytes, take_within};
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -377,7 +377,7 @@ impl Store {
         )
     }
 
-    /// The journal rows `sql` selects, up to [`MAX_JOURNAL_PAGE_BYTES`]: on
+    /// The journal rows `sql` selects, up to `page_bytes::MAX_PAGE_BYTES`: on
     /// an SQLite file through the journal reader (each row built on its
     /// thread), else through the pool, a row at a time.
     async fn read_page_rows<T: PageRow>(
@@ -386,8 +386,8 @@ impl Store {
         binds: Vec<ReadParam>,
         sort_by: &'static str,
     ) -> Result<PageRows<T>> {
-        let mut budget = PageBytes::default();
         if let Some(reader) = &self.journal_reader {
+            let mut budget = PageBytes::default();
             let (items, cut) = reader
                 .rows_while(
                     sql,
@@ -398,7 +398,7 @@ impl Store {
                 .await?;
             return Ok(PageRows { items, cut });
         }
-        Ok(sql!(self.conn().await?, c => {
+        let (items, cut) = sql!(self.conn().await?, c => {
             let mut rows = query(AssertSqlSafe(sql));
             for bind in &binds {
                 rows = match bind {
@@ -406,18 +406,14 @@ impl Store {
                     ReadParam::Int(n) => rows.bind(*n),
                 };
             }
-            let mut rows = rows.fetch(c);
-            let mut page = PageRows { items: Vec::new(), cut: false };
-            while let Some(row) = rows.try_next().await? {
-                let row = T::from_record(record_from_row(&row), sort_by);
-                if !budget.fits(row.size_bytes()) && !page.items.is_empty() {
-                    page.cut = true;
-                    break;
-                }
-                page.items.push(row);
-            }
-            page
-        }))
+            take_within(rows.fetch(c), |row| {
+                let row = T::from_record(record_from_row(row), sort_by);
+                let bytes = row.size_bytes();
+                (row, bytes)
+            })
+            .await?
+        });
+        Ok(PageRows { items, cut })
     }
 
     /// Matching rows, counted exactly up to [`TOTAL_EXACT_UP_TO`] or the
@@ -488,25 +484,19 @@ impl Store {
         let sql = format!(
             "SELECT * FROM ({base}) AS records {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?"
         );
-        // Rows are taken one at a time up to MAX_JOURNAL_PAGE_BYTES, as the
-        // journal's own pages; `has_more` follows from the exact total.
-        let mut budget = PageBytes::default();
-        let items = sql!(self.conn().await?, c => {
+        // A page bounded as the journal's own; `has_more` follows from the
+        // exact total.
+        let (items, _) = sql!(self.conn().await?, c => {
             let mut rows = query(AssertSqlSafe(sql));
             for bind in binds.iter().chain(&outer_binds) {
                 rows = rows.bind(bind);
             }
-            let mut rows = rows.bind(page.limit).bind(page.offset).fetch(c);
-            let mut items = Vec::new();
-            while let Some(row) = rows.try_next().await? {
-                let record = call_record_from_row(&row);
+            take_within(rows.bind(page.limit).bind(page.offset).fetch(c), |row| {
+                let record = call_record_from_row(row);
                 let bytes = record.args.as_str().len() + record.result.as_str().len() + 256;
-                if !budget.fits(bytes) && !items.is_empty() {
-                    break;
-                }
-                items.push(record);
-            }
-            items
+                (record, bytes)
+            })
+            .await?
         });
         Ok(Page::new(items, total, query.page))
     }
@@ -968,29 +958,12 @@ fn next_cursor(key: (Option<i64>, &str), page: &crate::domain::PageRequest) -> S
     .encode(page)
 }
 
-/// How many bytes of rows a journal page holds at most (past its first row):
-/// a page ends early there, `has_more` true and its `next_cursor` after its
-/// last row. 200 rows with 1 MB arguments read whole took the server 531 MB
-/// a request.
-pub const MAX_JOURNAL_PAGE_BYTES: usize = 8 * 1024 * 1024;
-
 /// The rows of a journal page as read, and whether the read stopped at
-/// [`MAX_JOURNAL_PAGE_BYTES`] with rows left.
+/// `page_bytes::MAX_PAGE_BYTES` with rows left (then `has_more` is true and the
+/// `next_cursor` follows its last row).
 struct PageRows<T> {
     items: Vec<T>,
     cut: bool,
-}
-
-/// The bytes a page's rows took so far.
-#[derive(Default)]
-struct PageBytes(usize);
-
-impl PageBytes {
-    /// Counts a row of `bytes`; whether the page is still within its bound.
-    fn fits(&mut self, bytes: usize) -> bool {
-        self.0 = self.0.saturating_add(bytes);
-        self.0 <= MAX_JOURNAL_PAGE_BYTES
-    }
 }
 
 /// A form the rows of a journal page are read in.

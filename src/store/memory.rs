@@ -173,7 +173,7 @@ impl Store {
         Ok(memory)
     }
 
-    /// The account's session's memories, oldest first.
+    /// A page of the account's session's memories (`range`), and how many it has.
     pub async fn list_memories(
         &self,
         account_id: &str,

@@ -26,6 +26,7 @@ mod journal_transaction;
 mod journal_writer;
 mod mcp;
 pub mod memory;
+pub mod page_bytes;
 pub mod resources;
 pub mod run_effects;
 pub mod run_generation;
