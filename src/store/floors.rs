@@ -149,7 +149,7 @@ impl Store {
                 .bind(range.limit)
                 .bind(range.offset)
                 .fetch(c),
-            |row| (floor_from_row(row), row_bytes(row, "floor_bytes")),
+            |row| (floor_from_row(&row), row_bytes(&row, "floor_bytes")),
         )
         .await?);
         let total = sql!(conn, c => query_scalar::<i64>("SELECT COUNT(*) FROM floors WHERE session_id = ?")

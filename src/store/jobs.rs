@@ -349,7 +349,7 @@ impl Store {
                 .bind(range.limit)
                 .bind(range.offset)
                 .fetch(c),
-            |row| (delivery_from_row(row), row_bytes(row, "output_bytes")),
+            |row| (delivery_from_row(&row), row_bytes(&row, "output_bytes")),
         )
         .await?);
         let total = sql!(conn, c => query_scalar::<i64>(

@@ -8,7 +8,7 @@ use super::Store;
 use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_queue::JournalWrite;
 use super::journal_reader::{ReadParam, ReaderRow};
-use super::page_bytes::{PageBytes, take_within};
+use super::page_bytes::take_within;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -387,13 +387,12 @@ impl Store {
         sort_by: &'static str,
     ) -> Result<PageRows<T>> {
         if let Some(reader) = &self.journal_reader {
-            let mut budget = PageBytes::default();
             let (items, cut) = reader
-                .rows_while(
+                .rows_within(
                     sql,
                     binds,
                     move |row| T::from_reader(row, sort_by),
-                    move |row: &T| budget.fits(row.size_bytes()),
+                    T::size_bytes,
                 )
                 .await?;
             return Ok(PageRows { items, cut });
@@ -407,7 +406,7 @@ impl Store {
                 };
             }
             take_within(rows.fetch(c), |row| {
-                let row = T::from_record(record_from_row(row), sort_by);
+                let row = T::from_record(record_from_row(&row), sort_by);
                 let bytes = row.size_bytes();
                 (row, bytes)
             })
@@ -492,7 +491,7 @@ impl Store {
                 rows = rows.bind(bind);
             }
             take_within(rows.bind(page.limit).bind(page.offset).fetch(c), |row| {
-                let record = call_record_from_row(row);
+                let record = call_record_from_row(&row);
                 let bytes = record.args.as_str().len() + record.result.as_str().len() + 256;
                 (record, bytes)
             })

@@ -74,19 +74,19 @@ impl JournalReader {
         params: Vec<ReadParam>,
         map: impl Fn(&ReaderRow<'_, '_>) -> T + Send + 'static,
     ) -> Result<Vec<T>> {
-        let (rows, _) = self.rows_while(sql, params, map, |_: &T| true).await?;
+        let (rows, _) = self.rows_within(sql, params, map, |_: &T| 0).await?;
         Ok(rows)
     }
 
     /// The rows of `sql` with `params`, each mapped by `map` on the reading
-    /// thread, up to the first that `fits` refuses (after the first row,
-    /// which is always taken); and whether one was refused.
-    pub async fn rows_while<T: Send + 'static>(
+    /// thread, up to a page's byte bound with each row's size told by `size`
+    /// (`page_bytes::take_within`); and whether rows were left there.
+    pub async fn rows_within<T: Send + 'static>(
         &self,
         sql: String,
         params: Vec<ReadParam>,
         map: impl Fn(&ReaderRow<'_, '_>) -> T + Send + 'static,
-        fits: impl FnMut(&T) -> bool + Send + 'static,
+        size: impl Fn(&T) -> usize + Send + 'static,
     ) -> Result<(Vec<T>, bool)> {
         let _permit = self
             .inner
@@ -95,7 +95,7 @@ impl JournalReader {
             .await
             .map_err(|_| internal("the journal reader is closed"))?;
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.read(&sql, &params, map, fits))
+        tokio::task::spawn_blocking(move || inner.read(&sql, &params, map, size))
             .await
             .map_err(|join| internal(format!("a journal read failed: {join}")))?
     }
@@ -118,7 +118,7 @@ impl Inner {
         sql: &str,
         params: &[ReadParam],
         map: impl Fn(&ReaderRow<'_, '_>) -> T,
-        fits: impl FnMut(&T) -> bool,
+        size: impl Fn(&T) -> usize,
     ) -> Result<(Vec<T>, bool)> {
         let popped = self.idle().pop();
         let connection = match popped {
@@ -126,7 +126,7 @@ impl Inner {
             None => open(&self.path)
                 .map_err(|err| internal(format!("opening a journal reader: {err}")))?,
         };
-        let rows = query_while(&connection, sql, params, map, fits);
+        let rows = query_within(&connection, sql, params, map, size);
         // A connection whose read failed is still sound (the failure was the
         // statement's); it goes back for the next read, unless the reader
         // closed meanwhile.
@@ -145,19 +145,18 @@ pub(super) fn query<T>(
     params: &[ReadParam],
     map: impl Fn(&ReaderRow<'_, '_>) -> T,
 ) -> rusqlite::Result<Vec<T>> {
-    let (rows, _) = query_while(connection, sql, params, map, |_: &T| true)?;
+    let (rows, _) = query_within(connection, sql, params, map, |_: &T| 0)?;
     Ok(rows)
 }
 
-/// The rows of `sql` up to the first that `fits` refuses (the first row is
-/// always taken), and whether one was refused: the rows after it are never
-/// stepped to.
-fn query_while<T>(
+/// The rows of `sql` up to a page's byte bound, each row's size told by
+/// `size`; and whether rows were left there (never stepped to).
+fn query_within<T>(
     connection: &Connection,
     sql: &str,
     params: &[ReadParam],
     map: impl Fn(&ReaderRow<'_, '_>) -> T,
-    mut fits: impl FnMut(&T) -> bool,
+    size: impl Fn(&T) -> usize,
 ) -> rusqlite::Result<(Vec<T>, bool)> {
     let mut statement = connection.prepare_cached(sql)?;
     // Row mappers read by column name; rusqlite finds a name by asking
@@ -177,15 +176,10 @@ fn query_while<T>(
             reads: Cell::new(0),
         }))
     })?;
-    let mut taken = Vec::new();
-    for row in rows {
-        let row = row?;
-        if !fits(&row) && !taken.is_empty() {
-            return Ok((taken, true));
-        }
-        taken.push(row);
-    }
-    Ok((taken, false))
+    super::page_bytes::take_within_blocking(rows, |row| {
+        let bytes = size(&row);
+        (row, bytes)
+    })
 }
 
 /// A statement's column names, in order.

@@ -11,18 +11,6 @@ use super::backend::Record;
 /// Bytes of rows past which a page ends (it always holds its first row).
 pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 
-/// The bytes a page's rows took so far.
-#[derive(Default)]
-pub(super) struct PageBytes(usize);
-
-impl PageBytes {
-    /// Counts a row of `bytes`; whether the page is still within its bound.
-    pub fn fits(&mut self, bytes: usize) -> bool {
-        self.0 = self.0.saturating_add(bytes);
-        self.0 <= MAX_PAGE_BYTES
-    }
-}
-
 /// A size the statement computed (`octet_length` of the texts that make a
 /// row large, which both backends know without reading the text).
 pub(super) fn row_bytes(row: &impl Record, column: &'static str) -> usize {
@@ -35,19 +23,59 @@ pub(super) fn row_bytes(row: &impl Record, column: &'static str) -> usize {
 /// never fetched.
 pub(super) async fn take_within<R, T, E>(
     rows: impl Stream<Item = Result<R, E>>,
-    mut item: impl FnMut(&R) -> (T, usize),
+    mut item: impl FnMut(R) -> (T, usize),
 ) -> Result<(Vec<T>, bool), E> {
     let mut rows = std::pin::pin!(rows);
-    let mut budget = PageBytes::default();
-    let mut items = Vec::new();
+    let mut page = Page::default();
     while let Some(row) = rows.try_next().await? {
-        let (taken, bytes) = item(&row);
-        if !budget.fits(bytes) && !items.is_empty() {
-            return Ok((items, true));
+        if !page.take(item(row)) {
+            return Ok((page.items, true));
         }
-        items.push(taken);
     }
-    Ok((items, false))
+    Ok((page.items, false))
+}
+
+/// [`take_within`] of rows read by a blocking statement (the journal
+/// reader's).
+pub(super) fn take_within_blocking<R, T, E>(
+    rows: impl IntoIterator<Item = Result<R, E>>,
+    mut item: impl FnMut(R) -> (T, usize),
+) -> Result<(Vec<T>, bool), E> {
+    let mut page = Page::default();
+    for row in rows {
+        if !page.take(item(row?)) {
+            return Ok((page.items, true));
+        }
+    }
+    Ok((page.items, false))
+}
+
+/// The items of a page being read, and the bytes they take.
+struct Page<T> {
+    items: Vec<T>,
+    bytes: usize,
+}
+
+impl<T> Default for Page<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<T> Page<T> {
+    /// Takes an item of `bytes` unless it would pass the bound of a page
+    /// that already holds one; whether it took it.
+    fn take(&mut self, (item, bytes): (T, usize)) -> bool {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > MAX_PAGE_BYTES && !self.items.is_empty() {
+            return false;
+        }
+        self.items.push(item);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -56,7 +84,10 @@ mod tests {
 
     fn sizes(rows: &[usize]) -> (Vec<usize>, bool) {
         let stream = futures::stream::iter(rows.iter().map(|&n| Ok::<_, ()>(n)));
-        futures::executor::block_on(take_within(stream, |&n| (n, n))).unwrap()
+        let streamed = futures::executor::block_on(take_within(stream, |n| (n, n))).unwrap();
+        let blocking = take_within_blocking(rows.iter().map(|&n| Ok::<_, ()>(n)), |n| (n, n));
+        assert_eq!(blocking.unwrap(), streamed);
+        streamed
     }
 
     #[test]
