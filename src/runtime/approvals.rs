@@ -61,6 +61,7 @@ impl ToolRuntime {
             Opened::Refused(refusal) => {
                 return journal.refused_admission(entry, refusal, permissions).await;
             }
+            Opened::ReplayBlocked(result) => return Ok(result),
             Opened::Running(_) => unreachable!("a held call never runs inline"),
         };
         let event = crate::model_sessions::ModelSessionEvent::new(

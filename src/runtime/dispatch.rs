@@ -130,6 +130,7 @@ impl ToolRuntime {
             Opened::Refused(refusal) => {
                 return Box::pin(journal.refused_admission(entry, refusal, &permissions)).await;
             }
+            Opened::ReplayBlocked(result) => return Ok(result),
         };
         let cx = CallContext {
             session: &session,
@@ -228,50 +229,49 @@ impl ToolRuntime {
                 }));
             }
         };
-        Ok(match self.replay_check(replay, entry, &args).await? {
-            ReplayCheck::Proceed(replay) => Ok(Checked {
-                entry,
-                args,
-                replay,
-                permissions,
-            }),
-            ReplayCheck::Blocked(parent) => Err(NotRun::ReplayBlocked {
-                entry,
-                args,
-                parent,
-            }),
-        })
+        Ok(
+            match replay_check(&self.store, replay, entry, &args).await? {
+                ReplayCheck::Proceed(replay) => Ok(Checked {
+                    entry,
+                    args,
+                    replay,
+                    permissions,
+                }),
+                ReplayCheck::Blocked(parent) => Err(NotRun::ReplayBlocked {
+                    entry,
+                    args,
+                    parent,
+                }),
+            },
+        )
     }
+}
 
-    /// Whether this call repeats an execution of an earlier attempt on the floor
-    /// that may not be repeated without confirmation.
-    async fn replay_check(
-        &self,
-        scope: Option<ReplayScope<'_>>,
-        entry: &CatalogEntry,
-        args: &Value,
-    ) -> Result<ReplayCheck> {
-        let Some(scope) = scope else {
-            return Ok(ReplayCheck::Proceed(None));
-        };
-        let canonical = canonical_json(args);
-        // Boxed: only calls in a floor or run read a replay parent, and the
-        // read's futures would otherwise make every call's future larger.
-        let Some(parent) = Box::pin(self.store.replay_parent(
-            scope.floor_id,
-            scope.run_id,
-            &entry.spec.name,
-            &canonical,
-        ))
-        .await?
-        else {
-            return Ok(ReplayCheck::Proceed(None));
-        };
-        if parent.replay_safety != "safe" && !scope.confirmed.contains(&parent.id) {
-            return Ok(ReplayCheck::Blocked(parent));
-        }
-        Ok(ReplayCheck::Proceed(Some(parent)))
+/// Whether this call repeats an execution of an earlier attempt on the floor
+/// that may not be repeated without confirmation. Its answer is checked again
+/// by the row's insert (`Admitted::ReplayChanged`), under the write lock.
+pub(super) async fn replay_check(
+    store: &crate::store::Store,
+    scope: Option<ReplayScope<'_>>,
+    entry: &CatalogEntry,
+    args: &Value,
+) -> Result<ReplayCheck> {
+    let Some(scope) = scope else {
+        return Ok(ReplayCheck::Proceed(None));
+    };
+    let canonical = canonical_json(args);
+    // Boxed: only calls in a floor or run read a replay parent, and the
+    // read's futures would otherwise make every call's future larger.
+    let Some(parent) =
+        Box::pin(store.replay_parent(scope.floor_id, scope.run_id, &entry.spec.name, &canonical))
+            .await?
+    else {
+        return Ok(ReplayCheck::Proceed(None));
+    };
+    if parent.replay_safety != "safe" && !scope.confirmed.contains(&parent.id) {
+        return Ok(ReplayCheck::Blocked(parent));
     }
+    Ok(ReplayCheck::Proceed(Some(parent)))
 }
 
 /// What the checks before a call's first row decided (see
@@ -326,7 +326,7 @@ pub(super) struct ReplayScope<'a> {
 
 impl<'a> ReplayScope<'a> {
     /// The replay scope of a call in its run; none outside runs.
-    fn of(scope: &'a CallScope) -> Option<Self> {
+    pub(super) fn of(scope: &'a CallScope) -> Option<Self> {
         let (Some(run), Some(floor_id)) = (&scope.run, &scope.floor_id) else {
             return None;
         };
@@ -376,9 +376,13 @@ pub(super) enum Opened {
     Deferred(ToolCallResult),
     /// The row was not admitted (its run's steps or budget are used up).
     Refused(Admitted),
+    /// Another run made the same call first, and the replay guard, deciding
+    /// again, blocked this one: the answer of its `blocked` row.
+    ReplayBlocked(ToolCallResult),
 }
 
-enum ReplayCheck {
+/// The replay guard's answer for a call.
+pub(super) enum ReplayCheck {
     Proceed(Option<ReplayParent>),
     Blocked(ReplayParent),
 }
@@ -470,7 +474,9 @@ impl CallJournal<'_> {
                 self.denied(entry, Refusal::CallLimitReached { limit })
                     .await
             }
-            Admitted::RunNotOpen | Admitted::Yes => Err(self.run_not_open()),
+            Admitted::RunNotOpen | Admitted::Yes | Admitted::ReplayChanged => {
+                Err(self.run_not_open())
+            }
         }
     }
 }

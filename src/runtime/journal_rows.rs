@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::dispatch::Opened;
+use super::dispatch::{Opened, ReplayCheck, ReplayScope, replay_check};
 use crate::call::{JobInvocation, ToolCall, ToolCallResult, ToolOutcome, settle};
 use crate::catalog::{CatalogEntry, NotCallable};
 use crate::error::{Error, ErrorCode, Result};
@@ -13,6 +13,12 @@ use crate::reason::ReasonCode;
 use crate::store::{
     Admission, Admitted, ExecutionFinish, NewExecution, NewJob, ReplayParent, Run, Session, Store,
 };
+
+/// How many times a started row's insert may find the replay guard's answer
+/// changed (another run on the floor made the same call meanwhile) before the
+/// call fails: each recheck needs yet another run's row, so this is reached
+/// only under contention no client should cause.
+const MAX_REPLAY_RECHECKS: usize = 8;
 
 /// The run, floor and page a call belongs to (all optional outside runs).
 #[derive(Debug, Default)]
@@ -249,11 +255,56 @@ impl CallJournal<'_> {
         replay: Option<&ReplayParent>,
         admission: Admission,
     ) -> Result<Opened> {
-        let row = self.started_row(entry, args, ExecutionStatus::Running, replay, admission);
-        Ok(match self.insert(&row).await? {
-            Admitted::Yes => Opened::Running(row.id),
-            refused => Opened::Refused(refused),
-        })
+        let mut row = self.started_row(entry, args, ExecutionStatus::Running, replay, admission);
+        for _ in 0..MAX_REPLAY_RECHECKS {
+            match self.insert(&row).await? {
+                Admitted::Yes => return Ok(Opened::Running(row.id)),
+                Admitted::ReplayChanged => {
+                    if let Some(answer) = self.recheck_replay(entry, args, &mut row).await? {
+                        return Ok(Opened::ReplayBlocked(answer));
+                    }
+                }
+                refused => return Ok(Opened::Refused(refused)),
+            }
+        }
+        Err(self.replay_guard_contended())
+    }
+
+    /// Decides the replay guard again when a started row's insert found that
+    /// another run on the floor made the same call after the guard looked:
+    /// the row now repeats that execution (its attempt and parent say so), or
+    /// the call is journalled as blocked and this is its answer.
+    async fn recheck_replay(
+        &self,
+        entry: &CatalogEntry,
+        args: &Value,
+        row: &mut NewExecution,
+    ) -> Result<Option<ToolCallResult>> {
+        let scope = ReplayScope::of(self.scope);
+        match replay_check(self.store, scope, entry, args).await? {
+            ReplayCheck::Proceed(parent) => {
+                row.attempt_no = parent.as_ref().map_or(1, |p| p.attempt_no + 1);
+                row.replay_parent_execution_id = parent.map(|p| p.id);
+                Ok(None)
+            }
+            ReplayCheck::Blocked(parent) => {
+                Ok(Some(self.replay_blocked(entry, args, &parent).await?))
+            }
+        }
+    }
+
+    /// A call whose replay guard kept changing under it: each recheck found
+    /// yet another run's newer execution of the same call on the floor.
+    fn replay_guard_contended(&self) -> Error {
+        tracing::warn!(
+            tool = ?self.call.name,
+            floor_id = ?self.scope.floor_id,
+            rechecks = MAX_REPLAY_RECHECKS,
+            "the replay guard's answer changed at every recheck (other runs on the floor keep making the same call); the call was not run"
+        );
+        Error::Internal(anyhow::anyhow!(
+            "the replay guard could not settle for a call on a contended floor"
+        ))
     }
 
     /// Writes a deferred call: a `queued` row and its job, staged until the run
@@ -315,10 +366,21 @@ impl CallJournal<'_> {
                 .map_err(|err| Error::Internal(anyhow::Error::new(err)))?,
             approval_deadline_at: hold.deadline_at(),
         };
-        match self.store.insert_deferred(&row, &job).await? {
-            Admitted::Yes => {}
-            Admitted::RunNotOpen => return Err(self.run_not_open()),
-            refused => return Ok(Opened::Refused(refused)),
+        let mut rechecks = 0;
+        loop {
+            match self.store.insert_deferred(&row, &job).await? {
+                Admitted::Yes => break,
+                Admitted::RunNotOpen => return Err(self.run_not_open()),
+                Admitted::ReplayChanged if rechecks < MAX_REPLAY_RECHECKS => {
+                    rechecks += 1;
+                    let args = row.args.clone();
+                    if let Some(answer) = self.recheck_replay(entry, &args, &mut row).await? {
+                        return Ok(Opened::ReplayBlocked(answer));
+                    }
+                }
+                Admitted::ReplayChanged => return Err(self.replay_guard_contended()),
+                refused => return Ok(Opened::Refused(refused)),
+            }
         }
         tracing::debug!(tool = ?self.call.name, execution_id = %row.id, job_id, state = job.state, "tool call handed to a runtime job");
         let receipt = serde_json::json!({

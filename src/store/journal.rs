@@ -81,6 +81,10 @@ pub enum Admitted {
     StepLimit,
     /// The row would exceed `max_calls_per_turn`.
     CallLimit,
+    /// Another run on the row's floor made the same call (tool and
+    /// arguments) after the replay guard looked: the guard must decide again
+    /// against that execution before the row may be written.
+    ReplayChanged,
 }
 
 /// The end of an execution.
@@ -592,6 +596,16 @@ const ADMISSION_STEP: &str = "(?29 = 0 OR ?28 IS NULL OR ?30 IS NULL \
     OR EXISTS (SELECT 1 FROM tool_execution_record WHERE run_id = ?4 AND provider_started = 1 AND step_key = ?28) \
     OR (SELECT COUNT(DISTINCT step_key) FROM tool_execution_record \
         WHERE run_id = ?4 AND provider_started = 1 AND step_key IS NOT NULL) < ?30)";
+/// The replay guard's answer still holds: the newest started execution of
+/// the same tool with the same arguments (`?11`, `?13`) on the floor by
+/// another run is the one the guard decided against (`?26`, none if it found
+/// none). Without it, two runs making the same irreversible call at once both
+/// pass the guard and both run (issue 20, probe J).
+const ADMISSION_REPLAY: &str = "(?29 = 0 OR ?4 IS NULL OR ?5 IS NULL \
+    OR COALESCE((SELECT id FROM tool_execution_record \
+        WHERE floor_id = ?5 AND run_id IS NOT NULL AND run_id <> ?4 AND tool_name = ?11 \
+        AND args_canonical = ?13 AND provider_started = 1 \
+        ORDER BY created_at DESC, id DESC LIMIT 1), '') = COALESCE(?26, ''))";
 const ADMISSION_CALLS: &str = "(?29 = 0 OR ?31 IS NULL \
     OR (CASE WHEN ?4 IS NOT NULL \
         THEN (SELECT COUNT(*) FROM tool_execution_record WHERE run_id = ?4 AND provider_started = 1) \
@@ -610,7 +624,7 @@ const INSERT_VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, 
 static GUARDED_INSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "{INSERT_COLUMNS} SELECT {INSERT_VALUES} \
-         WHERE {ADMISSION_RUN_OPEN} AND {ADMISSION_STEP} AND {ADMISSION_CALLS}"
+         WHERE {ADMISSION_RUN_OPEN} AND {ADMISSION_REPLAY} AND {ADMISSION_STEP} AND {ADMISSION_CALLS}"
     )
 });
 
@@ -778,15 +792,18 @@ pub(super) fn is_guarded(row: &NewExecution) -> bool {
 /// number, so the row's other values are ignored.
 pub(super) static ADMISSION_VERDICT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_STEP} AS step_ok, \
-         {ADMISSION_CALLS} AS calls_ok"
+        "SELECT {ADMISSION_RUN_OPEN} AS run_open, {ADMISSION_REPLAY} AS replay_ok, \
+         {ADMISSION_STEP} AS step_ok, {ADMISSION_CALLS} AS calls_ok"
     )
 });
 
-/// What a refused row's verdict (run open, step within the limit) means.
-pub(super) fn refusal(run_open: bool, step_ok: bool) -> Admitted {
+/// What a refused row's verdict (run open, replay guard unchanged, step
+/// within the limit) means.
+pub(super) fn refusal(run_open: bool, replay_ok: bool, step_ok: bool) -> Admitted {
     if !run_open {
         Admitted::RunNotOpen
+    } else if !replay_ok {
+        Admitted::ReplayChanged
     } else if !step_ok {
         Admitted::StepLimit
     } else {
@@ -813,13 +830,17 @@ pub(super) async fn insert_execution_with(
     // Another connection may have changed the run in between (this is not
     // always inside a transaction), but a run never reopens, so "not open"
     // stays true; the counts only matter while it is open.
-    let (run_open, step_ok) = sql!(*conn, c => {
+    let (run_open, replay_ok, step_ok) = sql!(*conn, c => {
         let verdict = bind_params!(query(AssertSqlSafe(ADMISSION_VERDICT.as_str())), params)
             .fetch_one(c)
             .await?;
-        (verdict.get::<bool>("run_open"), verdict.get::<bool>("step_ok"))
+        (
+            verdict.get::<bool>("run_open"),
+            verdict.get::<bool>("replay_ok"),
+            verdict.get::<bool>("step_ok"),
+        )
     });
-    Ok(refusal(run_open, step_ok))
+    Ok(refusal(run_open, replay_ok, step_ok))
 }
 
 /// Finishes an opened row at `now` on any connection or transaction.

@@ -543,8 +543,9 @@ fn apply(connection: &Connection, write: &JournalWrite) -> Result<Admitted> {
                 Error::Internal(anyhow::anyhow!("admission verdict returned no row"))
             })?;
             let run_open: bool = row.get("run_open").map_err(database_error)?;
+            let replay_ok: bool = row.get("replay_ok").map_err(database_error)?;
             let step_ok: bool = row.get("step_ok").map_err(database_error)?;
-            Ok(refusal(run_open, step_ok))
+            Ok(refusal(run_open, replay_ok, step_ok))
         }
         JournalWrite::Finish { id, finish, at } => {
             let mut update = prepared(connection, FINISH_SQL)?;
