@@ -444,6 +444,54 @@ async fn append_floor(server: &TestServer, session: &str, content: &str) -> Stri
     reply.body["data"]["id"].as_str().unwrap().to_owned()
 }
 
+/// A text repeating the searched word in every place is the worst case of a
+/// passage search that scores every match against every other (FTS5's
+/// `snippet()`: 33 s of CPU for one such floor in a release build, probe I).
+/// The search must answer with a bounded passage; the detector only catches
+/// a search gone quadratic again (the old search took 18 s a floor in the
+/// test build), it does not time the search.
+#[tokio::test]
+async fn query_memory_over_long_texts_repeating_the_word_answers_a_bounded_passage() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let repeated = "ember ".repeat(256 * 1024 / 6 - 1);
+    for _ in 0..6 {
+        append_floor(&server, &session, &repeated).await;
+    }
+    let dragon = append_floor(&server, &session, "the dragon sleeps by the ember").await;
+    let result = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        call(
+            &server,
+            &session,
+            "query_memory",
+            json!({"query": "ember dragon", "limit": 10}),
+        ),
+    )
+    .await
+    .expect("a search over six 256 KiB floors of one word must not take a minute");
+    let output = assert_success(&result);
+    let hits = output["results"].as_array().unwrap();
+    assert_eq!(hits.len(), 7, "{output}");
+    assert_eq!(hits[0]["id"], dragon.as_str(), "{output}");
+    let snippet = hits[0]["snippet"].as_str().unwrap();
+    assert!(
+        snippet.contains("[dragon] sleeps by the [ember]"),
+        "{snippet}"
+    );
+    for hit in &hits[1..] {
+        let snippet = hit["snippet"].as_str().unwrap();
+        assert!(snippet.starts_with("[ember] [ember]"), "{snippet}");
+        assert!(snippet.chars().count() <= 260, "{snippet}");
+        let content = hit["content"].as_str().unwrap();
+        assert_eq!(
+            content.chars().count(),
+            1001,
+            "cut to 1,000 characters and …"
+        );
+    }
+}
+
 #[tokio::test]
 async fn query_memory_finds_and_ranks_floor_content() {
     let server = spawn_app().await;

@@ -90,18 +90,85 @@ pub fn tsquery(text: &str) -> Option<String> {
     (!terms.is_empty()).then(|| terms.join(" | "))
 }
 
-/// The search of `search_session_text` on SQLite: FTS5's own ranking and
-/// snippets. Binds the FTS5 query, the session twice and the limit.
-const SQLITE_SEARCH: &str = "SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, t.content, \
-        snippet(session_texts_fts, 0, '[', ']', '…', 24) AS snippet, \
-        bm25(session_texts_fts) AS rank \
-    FROM session_texts_fts \
-    JOIN session_texts t ON t.id = session_texts_fts.rowid \
+/// The search of `search_session_text` on SQLite: FTS5's bm25 ranks every
+/// match of the session in `ranked`, and only the rows kept by the limit are
+/// read whole and marked. FTS5's own `snippet()` is not used: it scores a
+/// window at every match against every other match of the text, so one long
+/// text repeating a searched word cost minutes of CPU (probe I: 33 s for a
+/// 256 KiB floor of "the the …"), and run before the limit it did so for
+/// every match. `highlight()` is linear; [`snippet_of`] cuts the passage.
+/// Binds the FTS5 query, the session and the limit (numbered: the query is
+/// used twice).
+const SQLITE_SEARCH: &str = "WITH ranked AS ( \
+        SELECT t.id AS text_id, bm25(session_texts_fts) AS rank \
+        FROM session_texts_fts \
+        JOIN session_texts t ON t.id = session_texts_fts.rowid \
+        WHERE session_texts_fts MATCH ?1 AND t.session_id = ?2 \
+          AND (t.source <> 'page' OR t.ref_id IN \
+               (SELECT active_page_id FROM floors WHERE session_id = ?2 AND active_page_id IS NOT NULL)) \
+        ORDER BY rank, t.id DESC LIMIT ?3) \
+    SELECT t.source, t.ref_id, t.floor_id, f.seq AS floor_seq, \
+        substr(t.content, 1, 1001) AS content, \
+        highlight(session_texts_fts, 0, char(57344), char(57345)) AS marked, r.rank \
+    FROM ranked r \
+    JOIN session_texts_fts ON session_texts_fts.rowid = r.text_id AND session_texts_fts MATCH ?1 \
+    JOIN session_texts t ON t.id = r.text_id \
     LEFT JOIN floors f ON f.id = t.floor_id \
-    WHERE session_texts_fts MATCH ? AND t.session_id = ? \
-      AND (t.source <> 'page' OR t.ref_id IN \
-           (SELECT active_page_id FROM floors WHERE session_id = ? AND active_page_id IS NOT NULL)) \
-    ORDER BY rank, t.id DESC LIMIT ?";
+    ORDER BY r.rank, t.id DESC";
+
+/// Where `highlight()` (in [`SQLITE_SEARCH`]) opens and closes a match:
+/// characters of Unicode's private use area, which texts do not carry.
+const MARK_OPEN: char = '\u{E000}';
+const MARK_CLOSE: char = '\u{E001}';
+/// Characters of a snippet before its first match, and in all.
+const SNIPPET_LEAD_CHARS: usize = 60;
+const SNIPPET_CHARS: usize = 200;
+
+/// The passage of a `highlight()`ed text around its first match, with matches
+/// in [brackets] and `…` where the text goes on, cut at spaces where it has
+/// them: what FTS5's `snippet()` gave, in time linear in the text.
+fn snippet_of(marked: &str) -> String {
+    let chars: Vec<char> = marked.chars().collect();
+    let first = chars.iter().position(|&c| c == MARK_OPEN).unwrap_or(0);
+    let mut start = first.saturating_sub(SNIPPET_LEAD_CHARS);
+    if start > 0
+        && !chars[start - 1].is_whitespace()
+        && let Some(space) = chars[start..first].iter().position(|c| c.is_whitespace())
+    {
+        start += space + 1;
+    }
+    let mut end = (start + SNIPPET_CHARS).min(chars.len());
+    if end < chars.len()
+        && let Some(space) = chars[first..end].iter().rposition(|c| c.is_whitespace())
+    {
+        end = first + space;
+    }
+    let mut snippet = String::new();
+    if start > 0 {
+        snippet.push('…');
+    }
+    let mut open = false;
+    for &c in &chars[start..end] {
+        match c {
+            MARK_OPEN => {
+                open = true;
+                snippet.push('[');
+            }
+            MARK_CLOSE => {
+                open = false;
+                snippet.push(']');
+            }
+            c => snippet.push(c),
+        }
+    }
+    if open {
+        snippet.push(']');
+    }
+    if end < chars.len() {
+        snippet.push('…');
+    }
+    snippet
+}
 
 /// The same search on PostgreSQL, over `session_texts.content_tsv` (there is no
 /// FTS5 table): ts_rank negated, so that, like bm25, lower ranks first.
@@ -225,22 +292,30 @@ impl Store {
         }
         .ok_or_else(|| Error::validation("the query contains no word to search for"))?;
         let hits = sql!(self.conn().await?, c => {
-            query(if POSTGRES { POSTGRES_SEARCH } else { SQLITE_SEARCH })
-                .bind(&words)
-                .bind(session_id)
-                .bind(session_id)
+            let search = if POSTGRES {
+                query(POSTGRES_SEARCH)
+                    .bind(&words)
+                    .bind(session_id)
+                    .bind(session_id)
+            } else {
+                query(SQLITE_SEARCH).bind(&words).bind(session_id)
+            };
+            search
                 .bind(limit)
                 .fetch_all(c)
                 .await?
                 .iter()
-                .map(hit_from_row)
+                .map(|row| hit_from_row(row, POSTGRES))
                 .collect::<Vec<_>>()
         });
         Ok(hits)
     }
 }
 
-fn hit_from_row(row: &impl Record) -> MemoryHit {
+/// A hit from a search's row: PostgreSQL's rows carry the passage
+/// `ts_headline` cut (`cut_by_database`), SQLite's the whole text marked
+/// ([`SQLITE_SEARCH`]).
+fn hit_from_row(row: &impl Record, cut_by_database: bool) -> MemoryHit {
     let content: String = row.get("content");
     let rank: f64 = row.get("rank");
     MemoryHit {
@@ -249,7 +324,11 @@ fn hit_from_row(row: &impl Record) -> MemoryHit {
         floor_id: row.get("floor_id"),
         floor_seq: row.get("floor_seq"),
         content: truncate_chars(&content, MAX_HIT_CHARS),
-        snippet: row.get("snippet"),
+        snippet: if cut_by_database {
+            row.get("snippet")
+        } else {
+            snippet_of(row.text("marked"))
+        },
         score: -rank,
     }
 }
@@ -257,6 +336,41 @@ fn hit_from_row(row: &impl Record) -> MemoryHit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `highlight()`'s marks as [`SQLITE_SEARCH`] asks for them.
+    fn marked(text: &str) -> String {
+        text.replace('[', &MARK_OPEN.to_string())
+            .replace(']', &MARK_CLOSE.to_string())
+    }
+
+    #[test]
+    fn a_snippet_is_the_passage_around_the_first_match_cut_at_spaces() {
+        assert_eq!(
+            snippet_of(&marked("the [dragon] sleeps")),
+            "the [dragon] sleeps"
+        );
+        let before = "lead ".repeat(100);
+        let after = "tail ".repeat(100);
+        let snippet = snippet_of(&marked(&format!("{before}[dragon] {after}")));
+        assert!(snippet.starts_with("…lead "), "{snippet}");
+        assert!(snippet.contains(" [dragon] tail "), "{snippet}");
+        assert!(snippet.ends_with(" tail…"), "{snippet}");
+        assert!(snippet.chars().count() <= SNIPPET_CHARS + 2, "{snippet}");
+        assert_eq!(
+            snippet.find("[dragon]").unwrap(),
+            "…".len() + "lead ".len() * 12,
+            "{snippet}"
+        );
+        // A text without spaces is cut by characters, and a match the cut
+        // goes through is still closed.
+        let unbroken = format!("{}[{}]", "x".repeat(10), "y".repeat(400));
+        let snippet = snippet_of(&marked(&unbroken));
+        assert!(snippet.starts_with("xxxxxxxxxx[yyy"), "{snippet}");
+        assert!(snippet.ends_with("y]…"), "{snippet}");
+        // Only a text with no mark at all (no such row is selected) starts at
+        // its beginning.
+        assert_eq!(snippet_of("plain text"), "plain text");
+    }
 
     #[test]
     fn queries_quote_every_word() {
