@@ -262,6 +262,122 @@ impl CatalogEntry {
     }
 }
 
+/// A catalog entry as the seed's runtime-catalog JSON shows it, written
+/// straight from the entry: the schema is serialised from the spec's shared
+/// copy, never copied into a new JSON value (a catalog of 256 tools with
+/// 64 KiB schemas cost a gigabyte a request that way, probe I). Fields in
+/// the order [`entry_json`] writes them (its object's keys are sorted), so
+/// both give the same text.
+#[derive(serde::Serialize)]
+pub struct EntryView<'a> {
+    allowed_slots: &'a [crate::domain::tool::Slot],
+    allowed_slots_basis: crate::domain::tool::Basis,
+    async_capability: crate::domain::tool::AsyncCapability,
+    availability: &'static str,
+    availability_reason: Option<&'a str>,
+    catalog_source: Option<&'static str>,
+    default_delivery_mode: crate::domain::tool::DeliveryMode,
+    description: &'a str,
+    metadata_basis_detail: BasisDetails,
+    name: &'a str,
+    parameter_schema_basis: crate::domain::tool::Basis,
+    parameters: &'a Value,
+    provider_id: &'a str,
+    provider_type: crate::domain::tool::ProviderType,
+    replay_safety: crate::domain::tool::ReplaySafety,
+    replay_safety_basis: crate::domain::tool::Basis,
+    result_visibility: crate::domain::tool::ResultVisibility,
+    side_effect_level: crate::domain::tool::SideEffectLevel,
+    side_effect_level_basis: crate::domain::tool::Basis,
+    source: &'a str,
+}
+
+/// `metadata_basis_detail` of an [`EntryView`].
+#[derive(serde::Serialize)]
+struct BasisDetails {
+    allowed_slots: BasisDetail,
+    parameter_schema: BasisDetail,
+    replay_safety: BasisDetail,
+    side_effect_level: BasisDetail,
+}
+
+#[derive(serde::Serialize)]
+struct BasisDetail {
+    basis: crate::domain::tool::Basis,
+    scope: &'static str,
+}
+
+impl From<crate::domain::tool::Basis> for BasisDetail {
+    fn from(basis: crate::domain::tool::Basis) -> Self {
+        Self {
+            basis,
+            scope: basis.scope(),
+        }
+    }
+}
+
+/// One element of an OpenAI chat-completions `tools` array, written straight
+/// from the entry (see [`EntryView`]).
+#[derive(serde::Serialize)]
+pub struct OpenAiToolView<'a> {
+    function: OpenAiFunction<'a>,
+    r#type: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct OpenAiFunction<'a> {
+    description: &'a str,
+    name: &'a str,
+    parameters: &'a Value,
+}
+
+impl CatalogEntry {
+    /// The entry as the runtime catalog shows it, to serialise.
+    pub fn view(&self) -> EntryView<'_> {
+        let spec = &*self.spec;
+        let meta = &spec.metadata;
+        EntryView {
+            allowed_slots: &meta.allowed_slots,
+            allowed_slots_basis: meta.allowed_slots_basis,
+            async_capability: meta.async_capability,
+            availability: self.availability.as_str(),
+            availability_reason: self.availability_reason.as_deref(),
+            catalog_source: self.catalog_source.map(CatalogSource::as_str),
+            default_delivery_mode: meta.default_delivery_mode,
+            description: &spec.description,
+            metadata_basis_detail: BasisDetails {
+                allowed_slots: meta.allowed_slots_basis.into(),
+                parameter_schema: meta.parameter_schema_basis.into(),
+                replay_safety: meta.replay_safety_basis.into(),
+                side_effect_level: meta.side_effect_level_basis.into(),
+            },
+            name: &spec.name,
+            parameter_schema_basis: meta.parameter_schema_basis,
+            parameters: &spec.parameters,
+            provider_id: &spec.provider_id,
+            provider_type: spec.provider_type,
+            replay_safety: meta.replay_safety,
+            replay_safety_basis: meta.replay_safety_basis,
+            result_visibility: meta.result_visibility(),
+            side_effect_level: meta.side_effect_level,
+            side_effect_level_basis: meta.side_effect_level_basis,
+            source: &spec.source,
+        }
+    }
+
+    /// The entry as an OpenAI `tools` element, to serialise.
+    pub fn openai_view(&self) -> OpenAiToolView<'_> {
+        OpenAiToolView {
+            function: OpenAiFunction {
+                description: &self.spec.description,
+                name: &self.spec.name,
+                parameters: &self.spec.parameters,
+            },
+            r#type: "function",
+        }
+    }
+}
+
 /// A catalog entry's JSON (the seed's runtime-catalog shape) from its parts.
 pub fn entry_json(
     spec: &ToolSpec,
@@ -516,6 +632,38 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::entry;
     use super::*;
+
+    #[test]
+    fn an_entry_written_from_its_view_is_the_text_of_its_json_value() {
+        use crate::domain::tool::{
+            AsyncCapability, DeliveryMode, SideEffectLevel, Slot, ToolMetadata,
+        };
+        let mut metadata = ToolMetadata::declared(
+            SideEffectLevel::Irreversible,
+            vec![Slot::Director, Slot::Narrator],
+            None,
+        );
+        metadata.async_capability = AsyncCapability::DeferredOk;
+        metadata.default_delivery_mode = DeliveryMode::AsyncJob;
+        let plain = entry("post", "remote:a", metadata.clone());
+        let mut described = entry("gift", "mcp:b", metadata).unavailable("the server is down");
+        described.catalog_source = Some(CatalogSource::Cached);
+        let spec = Arc::make_mut(&mut described.spec);
+        spec.description = "Sends a \"gift\" ✨".into();
+        spec.parameters = json!({"type": "object", "required": ["to"],
+            "properties": {"to": {"type": "string", "maxLength": 40}}})
+        .into();
+        for entry in [plain, described] {
+            assert_eq!(
+                serde_json::to_string(&entry.view()).unwrap(),
+                serde_json::to_string(&entry.to_json()).unwrap()
+            );
+            assert_eq!(
+                serde_json::to_string(&entry.openai_view()).unwrap(),
+                serde_json::to_string(&entry.to_openai_tool()).unwrap()
+            );
+        }
+    }
 
     /// A provider of fixed entries, deciding calls by the default
     /// `entries_named`.

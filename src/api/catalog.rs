@@ -10,7 +10,9 @@ use utoipa_axum::routes;
 use super::auth::CurrentAccount;
 use super::error::{ApiError, ApiResult};
 use super::extract::{Path, Query};
-use crate::catalog::Availability;
+use axum::response::IntoResponse;
+
+use crate::catalog::{Availability, CatalogEntry};
 use crate::domain::tool::Slot;
 use crate::state::AppState;
 
@@ -51,7 +53,7 @@ async fn runtime_catalog(
     CurrentAccount(account): CurrentAccount,
     Path(session_id): Path<String>,
     Query(params): Query<RuntimeCatalogParams>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::response::Response> {
     let slot = params.slot.as_deref().map(Slot::parse).transpose()?;
     let openai = match params.format.as_deref() {
         None => false,
@@ -72,29 +74,59 @@ async fn runtime_catalog(
     // live whose tools the catalog read a moment before it connected).
     let mcp_servers = state.runtime.mcp.catalog_servers(&session.account_id);
     let catalog = state.runtime.offered_catalog(&session, slot).await?;
-    let tools: Vec<Value> = if openai {
-        catalog
-            .entries
-            .iter()
-            .filter(|entry| entry.availability == Availability::Available)
-            .map(|entry| entry.to_openai_tool())
-            .collect()
+    let tools = if openai {
+        CatalogTools::OpenAi(
+            catalog
+                .entries
+                .iter()
+                .filter(|entry| entry.availability == Availability::Available)
+                .map(CatalogEntry::openai_view)
+                .collect(),
+        )
     } else {
-        catalog
-            .entries
-            .iter()
-            .map(|entry| entry.to_json())
-            .collect()
+        CatalogTools::Runtime(catalog.entries.iter().map(CatalogEntry::view).collect())
     };
-    Ok(axum::Json(json!({
-        "data": {
-            "session_id": catalog.session_id,
-            "generated_at": catalog.generated_at,
-            "tools": tools,
-            "conflicts": catalog.conflicts,
+    // Serialised once, from the catalog's own entries: a JSON value of the
+    // answer would copy every tool's schema (twice, with `json!`).
+    let body = serde_json::to_vec(&CatalogBody {
+        data: CatalogData {
+            conflicts: &catalog.conflicts,
+            generated_at: catalog.generated_at,
             // One per enabled MCP server, so that a server whose tools are
             // unknown is never mistaken for one with no tools.
-            "mcp_servers": mcp_servers,
-        }
-    })))
+            mcp_servers: &mcp_servers,
+            session_id: &catalog.session_id,
+            tools,
+        },
+    })
+    .map_err(|err| ApiError::from(crate::error::Error::Internal(err.into())))?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+/// The runtime catalog's answer, keys in the order `json!` wrote them
+/// (sorted), so that the text is what it was.
+#[derive(serde::Serialize)]
+struct CatalogBody<'a, M: serde::Serialize> {
+    data: CatalogData<'a, M>,
+}
+
+#[derive(serde::Serialize)]
+struct CatalogData<'a, M: serde::Serialize> {
+    conflicts: &'a [crate::catalog::Conflict],
+    generated_at: i64,
+    mcp_servers: &'a M,
+    session_id: &'a str,
+    tools: CatalogTools<'a>,
+}
+
+/// The catalog's tools in the format asked for.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum CatalogTools<'a> {
+    Runtime(Vec<crate::catalog::EntryView<'a>>),
+    OpenAi(Vec<crate::catalog::OpenAiToolView<'a>>),
 }

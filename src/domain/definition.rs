@@ -81,9 +81,11 @@ pub struct ToolDefinition {
     pub account_id: String,
     pub name: String,
     pub description: String,
-    /// JSON Schema of the arguments.
+    /// JSON Schema of the arguments, shared: every catalog built from the
+    /// definition holds this one copy (a schema may be 64 KiB and a catalog
+    /// hundreds of tools).
     #[schema(value_type = Object)]
-    pub parameters: Value,
+    pub parameters: std::sync::Arc<Value>,
     /// `parameters` compiled once per stored version (the definition cache
     /// keeps it between calls).
     #[serde(skip)]
@@ -183,7 +185,7 @@ pub fn create(changes: DefinitionChanges) -> Result<ToolDefinition> {
         account_id: String::new(),
         name,
         description: String::new(),
-        parameters: default_parameters(),
+        parameters: default_parameters().into(),
         validator: Default::default(),
         side_effect_level: SideEffectLevel::None,
         allowed_slots: Vec::new(),
@@ -222,7 +224,7 @@ fn apply(definition: &mut ToolDefinition, changes: DefinitionChanges) -> Result<
     }
     if let Some(parameters) = changes.parameters {
         check_parameters(&parameters)?;
-        definition.parameters = parameters;
+        definition.parameters = parameters.into();
         // The compiled form belongs to the schema it was compiled from.
         definition.validator = Default::default();
     }
@@ -412,7 +414,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(def.description, "");
-        assert_eq!(def.parameters, default_parameters());
+        assert_eq!(*def.parameters, default_parameters());
         assert_eq!(def.side_effect_level, SideEffectLevel::None);
         assert!(def.allowed_slots.is_empty());
         assert_eq!(def.source, DefinitionSource::Custom);

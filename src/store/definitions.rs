@@ -58,7 +58,7 @@ fn from_row(row: &impl Record) -> Result<ToolDefinition> {
         account_id: row.get("account_id"),
         name: row.get("name"),
         description: row.get("description"),
-        parameters: json("parameters_json")?,
+        parameters: std::sync::Arc::new(json("parameters_json")?),
         side_effect_level,
         allowed_slots,
         source,

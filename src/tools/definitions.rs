@@ -127,7 +127,7 @@ fn entry(definition: ToolDefinition, tool: DefinitionHandler) -> CatalogEntry {
         ),
         name: definition.name,
         description: definition.description,
-        parameters: definition.parameters.into(),
+        parameters: definition.parameters,
         validator: definition.validator,
     };
     let entry = CatalogEntry::available(spec, Arc::new(tool));
@@ -230,6 +230,17 @@ mod tests {
             Basis::ToolDeclared
         );
         assert_eq!(json["catalog_source"], Value::Null);
+    }
+
+    #[test]
+    fn entries_share_the_definitions_schema_instead_of_copying_it() {
+        let definition = script_definition();
+        let stored = definition.parameters.clone();
+        let entry = entry(definition, handler(true));
+        // Every catalog built from the cached definitions holds this one
+        // copy: a catalog of 256 tools with 64 KiB schemas cost a gigabyte a
+        // request when each entry copied its own (probe I).
+        assert!(Arc::ptr_eq(&stored, &entry.spec.parameters));
     }
 
     #[test]
