@@ -70,9 +70,9 @@ impl ToolRuntime {
     pub async fn dry_run_replay(&self, account_id: &str, run_id: &str) -> Result<DryRun> {
         let run = self.store.run(account_id, run_id).await?;
         let session = self.store.session(account_id, &run.session_id).await?;
-        let rows = self
+        let ids = self
             .store
-            .run_executions(account_id, &run.id, DRY_RUN_MAX_CALLS)
+            .run_execution_ids(account_id, &run.id, DRY_RUN_MAX_CALLS)
             .await?;
         let catalog = self.catalog(&session).await?;
         // A run that does not exist yet: every execution on the floor is an
@@ -83,8 +83,14 @@ impl ToolRuntime {
             run_id: &next_run_id,
             confirmed: &run.confirmed_execution_ids,
         };
-        let mut calls = Vec::with_capacity(rows.len());
-        for row in &rows {
+        let mut calls = Vec::with_capacity(ids.len());
+        // One row at a time: a run's thousand rows of megabyte arguments read
+        // at once took gigabytes (probe I); each is dropped once decided.
+        for id in &ids {
+            let Some(row) = self.store.execution(account_id, id).await? else {
+                continue; // its session was deleted meanwhile
+            };
+            let row = &row;
             let call = recorded_call(row, &run)?;
             let verdict = self
                 .evaluate(&session, &catalog, &call, Some(replay))

@@ -230,29 +230,27 @@ impl Store {
             .map(record_from_row)))
     }
 
-    /// The journal rows of the account's run, oldest first, at most `limit` of
-    /// them (a run holds at most `max_calls_per_turn` started calls, but its
-    /// refused ones are not counted against it).
-    pub async fn run_executions(
+    /// The ids of the account's run's journal rows, oldest first, at most
+    /// `limit` of them (a run holds at most `max_calls_per_turn` started
+    /// calls, but its refused ones are not counted against it). Ids only: a
+    /// row may hold megabytes of arguments, and a caller going through a
+    /// thousand of them reads each with [`Store::execution`] in turn.
+    pub async fn run_execution_ids(
         &self,
         account_id: &str,
         run_id: &str,
         limit: i64,
-    ) -> Result<Vec<ExecutionRecord>> {
+    ) -> Result<Vec<String>> {
         self.settle_journal().await?;
-        let sql = format!(
-            "SELECT {COLUMNS} FROM tool_execution_record WHERE run_id = ? AND account_id = ? \
-             ORDER BY created_at, id LIMIT ?"
-        );
-        Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
-            .bind(run_id)
-            .bind(account_id)
-            .bind(limit)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(record_from_row)
-            .collect()))
+        Ok(sql!(self.conn().await?, c => query_scalar::<String>(
+            "SELECT id FROM tool_execution_record WHERE run_id = ? AND account_id = ? \
+             ORDER BY created_at, id LIMIT ?",
+        )
+        .bind(run_id)
+        .bind(account_id)
+        .bind(limit)
+        .fetch_all(c)
+        .await?))
     }
 
     /// A page of the journal matching `query`, as records (the console
