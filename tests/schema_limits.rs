@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::try_register_remote as post_register;
-use common::{SpawnOptions, register_remote, spawn_with};
+use common::{SpawnOptions, TestServer, register_remote, spawn_with};
 use serde_json::{Map, Value, json};
 
 /// Ten levels of five references each: about 2 KB of text, 5^10 expanded.
@@ -32,22 +32,15 @@ async fn a_fanning_out_schema_is_refused_at_registration_and_definition_write() 
     .await;
     let schema = fan_out_schema();
     assert!(schema.to_string().len() < 3000);
-    let started = Instant::now();
     let reply = post_register(
         &server,
         json!({"name": "fan_out", "callback_url": "http://127.0.0.1:9/cb", "parameters": schema}),
     )
     .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(reply.status, 422, "{reply:?}");
     assert_eq!(reply.code(), "validation_error");
     assert!(reply.text.contains("expand"), "{reply:?}");
 
-    let started = Instant::now();
     let reply = server
         .post(
             "/tools/definitions",
@@ -55,11 +48,6 @@ async fn a_fanning_out_schema_is_refused_at_registration_and_definition_write() 
                    "handler_type": "script", "handler": {"script": "return 1;"}}),
         )
         .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(reply.status, 400, "{reply:?}");
     assert_eq!(reply.code(), "validation_error");
 
@@ -86,8 +74,11 @@ fn slow_schema() -> Value {
     json!({"type": "object", "properties": {"items": {"type": "array", "items": {"anyOf": branches}}}})
 }
 
-#[tokio::test]
-async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server() {
+/// A server with a 50 ms validation budget and `bulk_import` (of
+/// [`slow_schema`]) registered, and the tool-calls path of a new session. The
+/// callback's port is closed: a call that got past validation says so
+/// ("could not connect").
+async fn slow_tool_server() -> (TestServer, String) {
     let server = spawn_with(SpawnOptions {
         env: vec![(
             "TOOLGATE_ARGUMENT_VALIDATION_TIMEOUT_MS".into(),
@@ -96,42 +87,32 @@ async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server
         ..Default::default()
     })
     .await;
-    // The callback's port is closed: a call that got past validation would
-    // say so ("could not connect").
     register_remote(
         &server,
         json!({"name": "bulk_import", "callback_url": "http://127.0.0.1:9/cb", "parameters": slow_schema()}),
     )
     .await;
     let session = server.create_session().await;
+    (server, format!("/sessions/{session}/tool-calls"))
+}
+
+#[tokio::test]
+async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server() {
+    let (server, path) = slow_tool_server().await;
     let items: Vec<Value> = (0..40_000).map(|_| json!({"k1499": 1})).collect();
-    let path = format!("/sessions/{session}/tool-calls");
     let call = server.post(
         &path,
         json!({"name": "bulk_import", "arguments": {"items": items}}),
     );
     let probes = async {
-        // While the call validates, the server keeps answering.
-        let mut slowest = Duration::ZERO;
+        // While the call validates, the server keeps answering (how fast is
+        // the benchmarks' business, not a test's).
         for _ in 0..10 {
-            let started = Instant::now();
             let reply = server.get("/healthz").await;
             assert_eq!(reply.status, 200);
-            slowest = slowest.max(started.elapsed());
         }
-        slowest
     };
-    let started = Instant::now();
-    let (reply, slowest) = tokio::join!(call, probes);
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
-    assert!(
-        slowest < Duration::from_millis(500),
-        "healthz took {slowest:?}"
-    );
+    let (reply, ()) = tokio::join!(call, probes);
     assert_eq!(reply.status, 200, "{reply:?}");
     let result = &reply.body["data"];
     assert_eq!(result["status"], "error", "{result}");
@@ -152,7 +133,7 @@ async fn validation_over_its_budget_refuses_the_call_and_never_stalls_the_server
     // A small argument validates within the budget and reaches the provider.
     let reply = server
         .post(
-            &format!("/sessions/{session}/tool-calls"),
+            &path,
             json!({"name": "bulk_import", "arguments": {"items": [{"k1499": 1}]}}),
         )
         .await;
@@ -174,4 +155,48 @@ fn the_budget_flag_must_be_positive() {
         .expect("run toolgate");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("budget"));
+}
+
+/// A validation cannot be stopped, so the ones refused calls leave running
+/// are bounded: at most four run at once, a call finding every slot taken is
+/// refused within its budget without starting another, and the slots come
+/// back as the validations end.
+#[tokio::test]
+async fn costly_validations_hold_at_most_four_slots_and_further_calls_are_refused_unvalidated() {
+    let (server, path) = slow_tool_server().await;
+    let items: Vec<Value> = (0..40_000).map(|_| json!({"k1499": 1})).collect();
+    let body = json!({"name": "bulk_import", "arguments": {"items": items}});
+    let replies = futures::future::join_all((0..8).map(|_| server.post(&path, body.clone()))).await;
+    let mut busy = 0;
+    for reply in &replies {
+        let result = &reply.body["data"];
+        assert_eq!(
+            result["execution_reason_code"], "argument_validation_timeout",
+            "{reply:?}"
+        );
+        let message = result["output"].as_str().unwrap();
+        if message.contains("every validation slot is busy") {
+            busy += 1;
+        }
+    }
+    assert!(
+        busy >= 4,
+        "eight costly calls at once: four validate, the others find no slot ({busy} did)"
+    );
+    // Once the validations end, a small call validates and reaches the
+    // provider again (its port is closed).
+    common::wait_until(
+        Duration::from_secs(120),
+        "the validation slots to come back",
+        || async {
+            let reply = server
+                .post(
+                    &path,
+                    json!({"name": "bulk_import", "arguments": {"items": [{"k1499": 1}]}}),
+                )
+                .await;
+            reply.body["data"]["execution_reason_code"] == "remote_connection_failed"
+        },
+    )
+    .await;
 }

@@ -150,8 +150,8 @@ impl ToolRuntime {
     /// the reason code and the model-visible message. Validation is CPU work of a size the tool's
     /// author and the model chose, so unless the schema is known to be cheap
     /// and the arguments small it runs on the blocking pool within a time
-    /// budget: a schema that takes too long refuses the call instead of
-    /// stalling the async workers.
+    /// budget, in one of [`MAX_VALIDATIONS_RUNNING`] slots: a schema that
+    /// takes too long refuses the call instead of stalling the async workers.
     async fn checked_arguments(
         &self,
         entry: &CatalogEntry,
@@ -168,12 +168,45 @@ impl ToolRuntime {
                 .map_err(|problem| invalid(format!("invalid arguments: {problem}")));
         }
         let budget = Duration::from_millis(self.settings.argument_validation_timeout_ms);
+        let deadline = tokio::time::Instant::now() + budget;
+        let over_budget = |why: &str| {
+            (
+                ReasonCode::ArgumentValidationTimeout,
+                format!(
+                    "the arguments were not validated within the time budget of {} ms ({why}); the call was not run",
+                    budget.as_millis()
+                ),
+            )
+        };
+        // A validation cannot be stopped once it runs, and one its caller gave
+        // up on keeps its slot to the end: the slots bound the CPU that
+        // refused calls can leave burning (probe J: 8 refused calls left 211
+        // CPU-seconds of validations running).
+        let Ok(Ok(slot)) =
+            tokio::time::timeout_at(deadline, self.validations.clone().acquire_owned()).await
+        else {
+            tracing::warn!(tool = ?call.name, slots = MAX_VALIDATIONS_RUNNING, "every argument-validation slot is busy with costly validations; call refused without validating");
+            return Err(over_budget(
+                "every validation slot is busy with costly schemas",
+            ));
+        };
         let schema = entry.spec.parameters.clone();
         // The arguments travel to the blocking thread and back: no copy of
         // what may be a body-sized value.
-        let validation =
-            tokio::task::spawn_blocking(move || validator.validate(&schema, &args).map(|()| args));
-        match tokio::time::timeout(budget, validation).await {
+        let validation = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            let began = std::time::Instant::now();
+            let result = validator.validate(&schema, &args).map(|()| args);
+            if began.elapsed() > budget {
+                tracing::warn!(
+                    ran_ms = began.elapsed().as_millis() as u64,
+                    budget_ms = budget.as_millis() as u64,
+                    "an argument validation ran past its budget (its call was refused); its slot is free again"
+                );
+            }
+            result
+        });
+        match tokio::time::timeout_at(deadline, validation).await {
             Ok(Ok(Ok(args))) => Ok(args),
             Ok(Ok(Err(problem))) => Err(invalid(format!("invalid arguments: {problem}"))),
             Ok(Err(join)) => {
@@ -185,13 +218,7 @@ impl ToolRuntime {
             }
             Err(_) => {
                 tracing::warn!(tool = ?call.name, budget_ms = budget.as_millis() as u64, "argument validation over its time budget; call refused");
-                Err((
-                    ReasonCode::ArgumentValidationTimeout,
-                    format!(
-                        "the arguments were not validated within the time budget of {} ms (the tool's schema is too costly); the call was not run",
-                        budget.as_millis()
-                    ),
-                ))
+                Err(over_budget("the tool's schema is too costly"))
             }
         }
     }
@@ -246,6 +273,11 @@ impl ToolRuntime {
         )
     }
 }
+
+/// How many argument validations may run on the blocking pool at once
+/// (cheap ones run inline and take no slot). A call that finds every slot
+/// taken waits within its time budget, then is refused as over it.
+pub(super) const MAX_VALIDATIONS_RUNNING: usize = 4;
 
 /// Whether this call repeats an execution of an earlier attempt on the floor
 /// that may not be repeated without confirmation. Its answer is checked again

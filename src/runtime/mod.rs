@@ -86,6 +86,9 @@ pub struct RuntimeParts {
     turns: generation::ActiveTurns,
     /// Cancelled at shutdown: running generations stop between steps.
     stopping: tokio_util::sync::CancellationToken,
+    /// Slots of argument validations on the blocking pool (see
+    /// `ToolRuntime::checked_arguments`).
+    validations: Arc<tokio::sync::Semaphore>,
 }
 
 impl ToolRuntime {
@@ -132,6 +135,9 @@ impl ToolRuntime {
             model_sessions: Arc::new(ModelSessionHub::default()),
             jobs: Arc::new(JobSignal::default()),
             started_work: TaskTracker::new(),
+            validations: Arc::new(tokio::sync::Semaphore::new(
+                dispatch::MAX_VALIDATIONS_RUNNING,
+            )),
             store,
             settings,
         })))
