@@ -827,3 +827,51 @@ async fn of_concurrent_deletes_of_one_thing_exactly_one_succeeds() {
         }
     }
 }
+
+/// An account holds at most 1,000 characters (each a role of `/api/tools`
+/// with texts of up to 64 KiB), counted and written in one step: creates
+/// racing at the cap do not pass it together.
+#[tokio::test]
+async fn an_account_holds_at_most_1000_characters_even_when_creates_race() {
+    let server = spawn_app().await;
+    let create = |name: String| {
+        let server = &server;
+        async move { server.post("/characters", json!({"name": name})).await }
+    };
+    // The admin account has Lanlan; 998 more leave one place.
+    for chunk in 0..998 / 50 + 1 {
+        let names = (chunk * 50..((chunk + 1) * 50).min(998)).map(|n| format!("Mio{n}"));
+        for reply in futures::future::join_all(names.map(create)).await {
+            assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        }
+    }
+    let racing = (0..5).map(|n| create(format!("Last{n}")));
+    let replies = futures::future::join_all(racing).await;
+    let created = replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 1, "one place, one create: {replies:?}");
+    for refused in replies.iter().filter(|r| r.status != StatusCode::CREATED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+        assert_eq!(refused.code(), "limit_exceeded");
+        assert!(refused.text.contains("1000"), "{refused:?}");
+    }
+    let list = server.get("/characters").await;
+    assert_eq!(list.body["meta"]["total"], 1000, "{list:?}");
+    // Another account's place is its own; a delete makes room.
+    let other = server.create_account("other").await;
+    let theirs = server
+        .send_as(
+            &other,
+            Method::POST,
+            "/characters",
+            Some(json!({"name": "Theirs"})),
+        )
+        .await;
+    assert_eq!(theirs.status, StatusCode::CREATED, "{theirs:?}");
+    let deleted = server.delete("/characters/Mio0").await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    let again = create("Again".into()).await;
+    assert_eq!(again.status, StatusCode::CREATED, "{again:?}");
+}

@@ -23,17 +23,15 @@ pub const DEFERRED_RESULTS_BUDGET_BYTES: usize = 4 * 1024 * 1024;
 pub const HISTORY_BUDGET_BYTES: usize = 6 * 1024 * 1024;
 
 impl ToolRuntime {
-    /// The session's character (from the cached character list).
+    /// The session's character.
     pub(super) async fn character_of(
         &self,
         account_id: &str,
         session: &Session,
     ) -> Result<Option<Character>> {
-        let characters = self.store.all_characters().await?;
-        Ok(characters
-            .iter()
-            .find(|c| c.id == session.character_id && c.account_id == account_id)
-            .cloned())
+        self.store
+            .character_by_id(account_id, &session.character_id)
+            .await
     }
 
     /// The committed floors before this run's floor, as user and assistant

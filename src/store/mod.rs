@@ -45,7 +45,7 @@ use std::sync::Arc;
 pub use accounts::{Account, NewAccount};
 pub use approvals::{ApprovalDecision, Decided};
 pub use backend::Backend;
-pub use characters::{Character, CharacterPatch};
+pub use characters::{Character, CharacterPatch, CharacterRole};
 pub use cluster::{ClusterEvent, STALE_AFTER_MS, TAKEN_FOR_DEAD};
 pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
@@ -82,7 +82,7 @@ pub struct Store {
     session_cache: Arc<cache::GenerationCache<Arc<Session>>>,
     /// Every character (the roles of `/api/tools`): read by every registration
     /// inside the catalog mutation.
-    character_cache: Arc<cache::GenerationCache<Arc<Vec<Character>>>>,
+    character_cache: Arc<cache::GenerationCache<Arc<Vec<CharacterRole>>>>,
     /// Seals and opens stored secrets (MCP servers' env and headers).
     secrets: SecretsKey,
     /// This instance among the others on the database (PostgreSQL).

@@ -10,7 +10,7 @@ use super::{NewRemoteTool, Registered, RemoteRegistry, RemoteTool};
 use crate::catalog::{CatalogChange, CatalogEvents, CatalogScope, mutate_with};
 use crate::error::{Error, Result};
 use crate::fast_map::FastSet;
-use crate::store::{Character, Store};
+use crate::store::{CharacterRole, Store};
 
 /// Which characters a Runtime Tools request addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +97,7 @@ fn change_for(role: &Role) -> (String, CatalogChange) {
 /// issue 20, fifteenth pass).
 fn resolve_roles<'a>(store: &'a Store, target: Target<'a>) -> BoxFuture<'a, Result<Vec<Role>>> {
     Box::pin(async move {
-        let to_role = |c: &Character| Role {
+        let to_role = |c: &CharacterRole| Role {
             character_id: c.id.clone(),
             name: c.name.clone(),
         };
