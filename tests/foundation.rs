@@ -847,16 +847,7 @@ async fn an_account_holds_at_most_1000_characters_even_when_creates_race() {
     }
     let racing = (0..5).map(|n| create(format!("Last{n}")));
     let replies = futures::future::join_all(racing).await;
-    let created = replies
-        .iter()
-        .filter(|reply| reply.status == StatusCode::CREATED)
-        .count();
-    assert_eq!(created, 1, "one place, one create: {replies:?}");
-    for refused in replies.iter().filter(|r| r.status != StatusCode::CREATED) {
-        assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
-        assert_eq!(refused.code(), "limit_exceeded");
-        assert!(refused.text.contains("1000"), "{refused:?}");
-    }
+    common::assert_one_created_rest_over_limit(&replies, "1000");
     let list = server.get("/characters").await;
     assert_eq!(list.body["meta"]["total"], 1000, "{list:?}");
     // Another account's place is its own; a delete makes room.

@@ -1560,3 +1560,42 @@ async fn a_damaged_key_check_is_written_again_when_the_key_opens_the_stored_secr
         .await;
     assert_refused_for_its_key(&server.start_refused(Vec::new()).await);
 }
+
+/// An account holds at most 64 MCP servers (each enabled one a connection,
+/// a child process for stdio), counted and written in one step: creates
+/// racing at the cap do not pass it together.
+#[tokio::test]
+async fn an_account_holds_at_most_64_mcp_servers_even_when_creates_race() {
+    let server = spawn_app().await;
+    let disabled = |name: String| {
+        let mut body = stdio_body(&name);
+        body["enabled"] = json!(false);
+        body
+    };
+    let mut first = String::new();
+    for n in 0..63 {
+        let created = create(&server, disabled(format!("s{n}"))).await;
+        if n == 0 {
+            first = id_of(&created);
+        }
+    }
+    let racing = (0..5).map(|n| server.post("/mcp/servers", disabled(format!("last{n}"))));
+    let replies = futures::future::join_all(racing).await;
+    common::assert_one_created_rest_over_limit(&replies, "64");
+    let list = server.get("/mcp/servers?limit=1").await;
+    assert_eq!(list.body["meta"]["total"], 64, "{list:?}");
+    // Another account's place is its own; a delete makes room.
+    let other = server.create_account("other").await;
+    let theirs = server
+        .send_as(
+            &other,
+            Method::POST,
+            "/mcp/servers",
+            Some(disabled("theirs".into())),
+        )
+        .await;
+    assert_eq!(theirs.status, StatusCode::CREATED, "{theirs:?}");
+    let deleted = server.delete(&format!("/mcp/servers/{first}")).await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    create(&server, disabled("again".into())).await;
+}

@@ -57,6 +57,10 @@ struct StoredServer {
     sealed: Option<Vec<u8>>,
 }
 
+/// Most MCP servers one account holds: each enabled one is a connection (a
+/// child process for stdio) this server keeps open and refreshes.
+pub const MAX_MCP_SERVERS_PER_ACCOUNT: i64 = 64;
+
 impl Store {
     fn server_from_row(&self, row: &impl Record) -> Result<StoredServer> {
         let id: String = row.get("id");
@@ -107,7 +111,8 @@ impl Store {
     }
 
     /// Stores a new server for `account_id`, giving it an id and timestamps.
-    /// A name the account already uses is refused (`mcp_server_conflict`).
+    /// A name the account already uses is refused (`mcp_server_conflict`), and
+    /// one past [`MAX_MCP_SERVERS_PER_ACCOUNT`] (`limit_exceeded`).
     pub async fn create_mcp_server(
         &self,
         account_id: &str,
@@ -125,8 +130,12 @@ impl Store {
         let sealed = self.seal_secrets(&server.id, config)?;
         let public = serde_json::to_string(&config.without_secrets())
             .map_err(|err| Error::Internal(err.into()))?;
-        let result = sql!(self.conn().await?, c => query(AssertSqlSafe(format!(
-            "INSERT INTO mcp_servers ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        // Counted and inserted by one statement under the write lock: two
+        // creates at the cap cannot both pass it.
+        let mut tx = self.begin_write().await?;
+        let result = sql!(tx, c => query(AssertSqlSafe(format!(
+            "INSERT INTO mcp_servers ({COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, ?, ? \
+             WHERE (SELECT COUNT(*) FROM mcp_servers WHERE account_id = ?) < ?"
         )))
         .bind(&server.id)
         .bind(account_id)
@@ -136,10 +145,22 @@ impl Store {
         .bind(sealed)
         .bind(now)
         .bind(now)
+        .bind(account_id)
+        .bind(MAX_MCP_SERVERS_PER_ACCOUNT)
         .execute(c)
         .await
-        .map(|_| ()));
+        .map(|done| done.rows_affected()));
+        let result = match result {
+            Ok(inserted) => tx.commit().await.map(|()| inserted),
+            Err(err) => Err(err),
+        };
         match result {
+            Ok(0) => Err(Error::refused(
+                crate::error::ErrorCode::LimitExceeded,
+                format!(
+                    "the account holds {MAX_MCP_SERVERS_PER_ACCOUNT} MCP servers, the most it may (MAX_MCP_SERVERS_PER_ACCOUNT); delete some first"
+                ),
+            )),
             Ok(_) => Ok(server),
             Err(err) if super::is_unique_violation(&err) => Err(conflict(&config.name)),
             Err(err) => Err(err.into()),

@@ -594,3 +594,18 @@ impl TestServer {
         Some(status.expect("wait"))
     }
 }
+
+/// Creates racing for the last place under a cap: exactly one is 201, every
+/// other 409 `limit_exceeded` naming the cap's value `limit`.
+pub fn assert_one_created_rest_over_limit(replies: &[Reply], limit: &str) {
+    let created = replies
+        .iter()
+        .filter(|reply| reply.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(created, 1, "one place, one create: {replies:?}");
+    for refused in replies.iter().filter(|r| r.status != StatusCode::CREATED) {
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+        assert_eq!(refused.code(), "limit_exceeded");
+        assert!(refused.text.contains(limit), "{refused:?}");
+    }
+}
