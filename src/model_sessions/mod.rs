@@ -12,6 +12,7 @@
 //! event) or after it.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -38,6 +39,11 @@ const EVENT_BUFFER: usize = 1024;
 /// than the model streams loses tokens (`run_finished` repeats the whole
 /// text), never the events that say what happened.
 const KEPT_FOR_OTHER_EVENTS: usize = 64;
+/// Bytes of event bodies a stream may hold unread before it counts as stuck
+/// (a token is skipped instead): counting events alone let one unread stream
+/// hold 1,024 deferred results of a megabyte each (probe I: 1.26 GB). An
+/// empty queue always takes one event, however large.
+const MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 /// The kind of the generation loop's text deltas, the one kind a stream that
 /// has fallen behind may go without.
 pub const TOKEN_EVENT: &str = "token";
@@ -241,6 +247,9 @@ struct ModelSession {
     /// What names this session in its `catalog_changed` bodies, serialized
     /// once (see [`ChangedBodies`]).
     names_json: SessionNames,
+    /// Bytes of the bodies queued and not yet read (see [`MAX_QUEUED_BYTES`]);
+    /// the subscription takes off what it reads.
+    queued_bytes: Arc<AtomicUsize>,
 }
 
 /// A sync's `catalog_changed` events, each with the queue place taken for it,
@@ -308,6 +317,7 @@ impl ModelSession {
             accepted: Mutex::new(accepted),
             observer,
             names_json,
+            queued_bytes: Arc::default(),
         }
     }
 
@@ -315,22 +325,53 @@ impl ModelSession {
         if event.may_be_skipped() && self.events.capacity() <= KEPT_FOR_OTHER_EVENTS {
             return Delivery::Skipped;
         }
+        let bytes = event.data.as_str().len();
+        if let Some(refused) = self.take_bytes(&event) {
+            return refused;
+        }
         match self.events.try_send(event) {
             Ok(()) => Delivery::Queued,
-            Err(refused) => refused.into(),
+            Err(refused) => {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                refused.into()
+            }
         }
+    }
+
+    /// Counts `event`'s body among the queued bytes, unless that would pass
+    /// [`MAX_QUEUED_BYTES`]: then what the stream gets instead (a token is
+    /// skipped, any other event finds the stream stuck).
+    fn take_bytes(&self, event: &ModelSessionEvent) -> Option<Delivery> {
+        let bytes = event.data.as_str().len();
+        let before = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        if before == 0 || before + bytes <= MAX_QUEUED_BYTES {
+            return None;
+        }
+        self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        Some(if event.may_be_skipped() {
+            Delivery::Skipped
+        } else {
+            Delivery::Stuck
+        })
     }
 
     /// Takes `event`'s place in the queue now, and adds the event to `held`
     /// to be queued when the sync ends: what [`Self::deliver`] would answer,
     /// without waking the stream yet.
     fn deliver_later(&self, event: ModelSessionEvent, held: &mut HeldEvents) -> Delivery {
+        let bytes = event.data.as_str().len();
+        if let Some(refused) = self.take_bytes(&event) {
+            return refused;
+        }
         match self.events.clone().try_reserve_owned() {
             Ok(place) => {
                 held.0.push((place, event));
                 Delivery::Queued
             }
-            Err(refused) => refused.into(),
+            Err(refused) => {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                refused.into()
+            }
         }
     }
 
@@ -737,6 +778,7 @@ impl ModelSessionHub {
     ) -> Result<Subscription> {
         let character_id = model_session.session.character_id.clone();
         let id = model_session.id.clone();
+        let queued_bytes = model_session.queued_bytes.clone();
         let mut live = self.live();
         if live.closed {
             return Err(shutting_down());
@@ -759,6 +801,7 @@ impl ModelSessionHub {
             character_id,
             id,
             events,
+            queued_bytes,
         })
     }
 
@@ -1127,6 +1170,8 @@ pub struct Subscription {
     character_id: String,
     id: String,
     events: mpsc::Receiver<ModelSessionEvent>,
+    /// The model session's count of queued bytes, which reading lowers.
+    queued_bytes: Arc<AtomicUsize>,
 }
 
 impl Subscription {
@@ -1139,7 +1184,12 @@ impl futures::Stream for Subscription {
     type Item = ModelSessionEvent;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.events.poll_recv(cx)
+        let polled = self.events.poll_recv(cx);
+        if let Poll::Ready(Some(event)) = &polled {
+            self.queued_bytes
+                .fetch_sub(event.data.as_str().len(), Ordering::AcqRel);
+        }
+        polled
     }
 }
 
@@ -1394,6 +1444,54 @@ mod tests {
             read += 1;
         }
         assert_eq!(read, EVENT_BUFFER);
+    }
+
+    #[tokio::test]
+    async fn a_stream_holds_at_most_its_byte_budget_unread_and_reading_frees_it() {
+        use futures::StreamExt;
+        let hub = Arc::new(ModelSessionHub::default());
+        let mut stream = open(&hub).await.unwrap();
+        let session_id = session().id;
+        let result = || {
+            ModelSessionEvent::new(
+                "tool_result",
+                &serde_json::json!({"output": "x".repeat(1 << 20)}),
+            )
+        };
+        let size = result().data.as_str().len();
+        let fitting = MAX_QUEUED_BYTES / size;
+        assert!(
+            fitting < EVENT_BUFFER / 4,
+            "bytes, not places, are the bound here"
+        );
+        stream.next().await.expect("ready");
+        for _ in 0..fitting {
+            assert_eq!(hub.publish_to_session(&session_id, result()), 1);
+        }
+        // A token past the budget (the room left is less than a result) is
+        // skipped and closes nothing.
+        let text = "x".repeat(size);
+        let token = ModelSessionEvent::new(TOKEN_EVENT, &serde_json::json!({"text": text}));
+        assert_eq!(hub.publish_to_session(&session_id, token), 0);
+        // Reading frees what was read.
+        for _ in 0..4 {
+            stream.next().await.expect("a queued result");
+        }
+        for _ in 0..4 {
+            assert_eq!(hub.publish_to_session(&session_id, result()), 1);
+        }
+        // One more result finds the stream stuck: it is closed, as a full
+        // queue's is, and what it holds is still read.
+        assert_eq!(hub.publish_to_session(&session_id, result()), 0);
+        assert!(
+            hub.live().by_character.is_empty(),
+            "the stuck stream was closed"
+        );
+        let mut read = 0;
+        while stream.next().await.is_some() {
+            read += 1;
+        }
+        assert_eq!(read, fitting);
     }
 
     /// Empty catalogs whose second offer waits until `second` is notified.
