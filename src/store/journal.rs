@@ -477,13 +477,24 @@ impl Store {
         let order = page.sort_order.sql();
         // page_id is NULL for calls outside pages: first, as SQLite sorts NULL
         // ascending (PostgreSQL would put them last).
-        let sort = if page.sort_by == "seq" {
-            format!("page_id ASC NULLS FIRST, seq {order}")
-        } else {
-            format!("created_at {order}, id {order}")
+        let sort = |of: &str| {
+            if page.sort_by == "seq" {
+                format!("{of}page_id ASC NULLS FIRST, {of}seq {order}")
+            } else {
+                format!("{of}created_at {order}, {of}id {order}")
+            }
         };
+        // The page is chosen on the numbered rows' narrow columns; only its
+        // rows are joined to their arguments and results (numbered with
+        // them, every row of the account's matching pages carried its
+        // arguments through the window: +273 MB for one floor, probe I).
         let sql = format!(
-            "SELECT * FROM ({base}) AS records {outer_sql} ORDER BY {sort} LIMIT ? OFFSET ?"
+            "SELECT r.id, r.page_id, r.caller_slot, r.created_at, r.legacy_status, r.seq, \
+             t.tool_name, t.args_json, t.result_json, t.duration_ms \
+             FROM (SELECT * FROM ({base}) AS records {outer_sql} ORDER BY {} LIMIT ? OFFSET ?) AS r \
+             JOIN tool_execution_record t ON t.id = r.id ORDER BY {}",
+            sort(""),
+            sort("r.")
         );
         // A page bounded as the journal's own; `has_more` follows from the
         // exact total.
@@ -569,7 +580,7 @@ fn call_record_sql(account_id: &str, query: &CallRecordQuery) -> CallRecordSql {
     // seq numbers the calls of each page in the order they were made, before
     // any filter, so a record keeps its seq whatever the query.
     let base = format!(
-        "SELECT id, page_id, caller_slot, tool_name, args_json, result_json, duration_ms, created_at, \
+        "SELECT id, page_id, caller_slot, created_at, \
          {} AS legacy_status, \
          ROW_NUMBER() OVER (PARTITION BY page_id ORDER BY created_at, id) - 1 AS seq \
          FROM tool_execution_record WHERE {}",
