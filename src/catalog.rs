@@ -365,6 +365,15 @@ impl CatalogEntry {
         }
     }
 
+    /// The entry's JSON without its schema (`parameters` null): what the
+    /// console's catalog tables show, without copying every schema.
+    pub fn summary_json(&self) -> Value {
+        static NO_SCHEMA: Value = Value::Null;
+        let mut view = self.view();
+        view.parameters = &NO_SCHEMA;
+        serde_json::to_value(view).unwrap_or(Value::Null)
+    }
+
     /// The entry as an OpenAI `tools` element, to serialise.
     pub fn openai_view(&self) -> OpenAiToolView<'_> {
         OpenAiToolView {
@@ -658,6 +667,9 @@ mod tests {
                 serde_json::to_string(&entry.view()).unwrap(),
                 serde_json::to_string(&entry.to_json()).unwrap()
             );
+            let mut summary = entry.to_json();
+            summary["parameters"] = Value::Null;
+            assert_eq!(entry.summary_json(), summary);
             assert_eq!(
                 serde_json::to_string(&entry.openai_view()).unwrap(),
                 serde_json::to_string(&entry.to_openai_tool()).unwrap()

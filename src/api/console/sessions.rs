@@ -102,7 +102,11 @@ pub async fn page_of(
     let account_id = viewer.account_id();
     let session = runtime.store.session(account_id, id).await?;
     let catalog = runtime.offered_catalog(&session, None).await?;
-    let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
+    let tools: Vec<serde_json::Value> = catalog
+        .entries
+        .iter()
+        .map(crate::catalog::CatalogEntry::summary_json)
+        .collect();
     let mcp_servers = runtime.mcp.catalog_servers(&session.account_id);
     let permissions = ToolPermissions::from_metadata(&session.metadata)?;
     let newest = crate::domain::PageRequest {
@@ -278,7 +282,11 @@ async fn catalog_event(
             return None;
         }
     };
-    let tools: Vec<serde_json::Value> = catalog.entries.iter().map(|e| e.to_json()).collect();
+    let tools: Vec<serde_json::Value> = catalog
+        .entries
+        .iter()
+        .map(crate::catalog::CatalogEntry::summary_json)
+        .collect();
     Some(
         Event::default()
             .event("catalog")
