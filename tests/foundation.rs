@@ -866,3 +866,30 @@ async fn an_account_holds_at_most_1000_characters_even_when_creates_race() {
     let again = create("Again".into()).await;
     assert_eq!(again.status, StatusCode::CREATED, "{again:?}");
 }
+
+/// An account holds at most 100,000 sessions (its sessions list counts them
+/// exactly), counted and written in one step: creates racing at the cap do
+/// not pass it together.
+#[tokio::test]
+async fn an_account_holds_at_most_100000_sessions_even_when_creates_race() {
+    let server = spawn_app().await;
+    let first = server.create_session().await;
+    // 99,998 more, written as an operator's bulk import would: one place is left.
+    server
+        .execute_sql(format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 99998) \
+             INSERT INTO sessions (id, account_id, character_id, title, metadata_json, created_at, updated_at) \
+             SELECT 'sess_bulk_' || i, s.account_id, s.character_id, '', '{{}}', 0, 0 \
+             FROM n, sessions s WHERE s.id = '{first}'"
+        ))
+        .await;
+    let racing =
+        (0..5).map(|_| server.post("/sessions", serde_json::json!({"character": "Lanlan"})));
+    let replies = futures::future::join_all(racing).await;
+    common::assert_one_created_rest_over_limit(&replies, "100000");
+    let list = server.get("/sessions?limit=1").await;
+    assert_eq!(list.body["meta"]["total"], 100_000, "{list:?}");
+    let deleted = server.delete(&format!("/sessions/{first}")).await;
+    assert!(deleted.status.is_success(), "{deleted:?}");
+    server.create_session().await;
+}
