@@ -8,7 +8,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::call::{JobInvocation, ToolCall, ToolOutcome};
 use crate::domain::tool::ToolSpec;
@@ -292,6 +292,46 @@ pub struct EntryView<'a> {
     source: &'a str,
 }
 
+impl<'a> EntryView<'a> {
+    /// The view of an entry's parts (an MCP server's tool is shown before it
+    /// is an entry).
+    pub fn of(
+        spec: &'a ToolSpec,
+        availability: Availability,
+        availability_reason: Option<&'a str>,
+        catalog_source: Option<CatalogSource>,
+    ) -> Self {
+        let meta = &spec.metadata;
+        EntryView {
+            allowed_slots: &meta.allowed_slots,
+            allowed_slots_basis: meta.allowed_slots_basis,
+            async_capability: meta.async_capability,
+            availability: availability.as_str(),
+            availability_reason,
+            catalog_source: catalog_source.map(CatalogSource::as_str),
+            default_delivery_mode: meta.default_delivery_mode,
+            description: &spec.description,
+            metadata_basis_detail: BasisDetails {
+                allowed_slots: meta.allowed_slots_basis.into(),
+                parameter_schema: meta.parameter_schema_basis.into(),
+                replay_safety: meta.replay_safety_basis.into(),
+                side_effect_level: meta.side_effect_level_basis.into(),
+            },
+            name: &spec.name,
+            parameter_schema_basis: meta.parameter_schema_basis,
+            parameters: &spec.parameters,
+            provider_id: &spec.provider_id,
+            provider_type: spec.provider_type,
+            replay_safety: meta.replay_safety,
+            replay_safety_basis: meta.replay_safety_basis,
+            result_visibility: meta.result_visibility(),
+            side_effect_level: meta.side_effect_level,
+            side_effect_level_basis: meta.side_effect_level_basis,
+            source: &spec.source,
+        }
+    }
+}
+
 /// `metadata_basis_detail` of an [`EntryView`].
 #[derive(serde::Serialize)]
 struct BasisDetails {
@@ -334,35 +374,12 @@ struct OpenAiFunction<'a> {
 impl CatalogEntry {
     /// The entry as the runtime catalog shows it, to serialise.
     pub fn view(&self) -> EntryView<'_> {
-        let spec = &*self.spec;
-        let meta = &spec.metadata;
-        EntryView {
-            allowed_slots: &meta.allowed_slots,
-            allowed_slots_basis: meta.allowed_slots_basis,
-            async_capability: meta.async_capability,
-            availability: self.availability.as_str(),
-            availability_reason: self.availability_reason.as_deref(),
-            catalog_source: self.catalog_source.map(CatalogSource::as_str),
-            default_delivery_mode: meta.default_delivery_mode,
-            description: &spec.description,
-            metadata_basis_detail: BasisDetails {
-                allowed_slots: meta.allowed_slots_basis.into(),
-                parameter_schema: meta.parameter_schema_basis.into(),
-                replay_safety: meta.replay_safety_basis.into(),
-                side_effect_level: meta.side_effect_level_basis.into(),
-            },
-            name: &spec.name,
-            parameter_schema_basis: meta.parameter_schema_basis,
-            parameters: &spec.parameters,
-            provider_id: &spec.provider_id,
-            provider_type: spec.provider_type,
-            replay_safety: meta.replay_safety,
-            replay_safety_basis: meta.replay_safety_basis,
-            result_visibility: meta.result_visibility(),
-            side_effect_level: meta.side_effect_level,
-            side_effect_level_basis: meta.side_effect_level_basis,
-            source: &spec.source,
-        }
+        EntryView::of(
+            &self.spec,
+            self.availability,
+            self.availability_reason.as_deref(),
+            self.catalog_source,
+        )
     }
 
     /// The entry's JSON without its schema (`parameters` null): what the
@@ -387,56 +404,23 @@ impl CatalogEntry {
     }
 }
 
-/// A catalog entry's JSON (the seed's runtime-catalog shape) from its parts.
+/// A catalog entry's JSON (the seed's runtime-catalog shape) from its parts,
+/// as a value: for answers that hold a few entries; a whole catalog is
+/// written from [`EntryView`]s without one.
 pub fn entry_json(
     spec: &ToolSpec,
     availability: Availability,
     availability_reason: Option<&str>,
     catalog_source: Option<CatalogSource>,
 ) -> Value {
-    let meta = &spec.metadata;
-    let detail =
-        |basis: crate::domain::tool::Basis| json!({"basis": basis, "scope": basis.scope()});
-    json!({
-        "name": spec.name,
-        "description": spec.description,
-        "parameters": spec.parameters,
-        "provider_id": spec.provider_id,
-        "provider_type": spec.provider_type,
-        "source": spec.source,
-        "side_effect_level": meta.side_effect_level,
-        "allowed_slots": meta.allowed_slots,
-        "availability": availability.as_str(),
-        "availability_reason": availability_reason,
-        "async_capability": meta.async_capability,
-        "default_delivery_mode": meta.default_delivery_mode,
-        "catalog_source": catalog_source.map(CatalogSource::as_str),
-        "replay_safety": meta.replay_safety,
-        "result_visibility": meta.result_visibility(),
-        "side_effect_level_basis": meta.side_effect_level_basis,
-        "allowed_slots_basis": meta.allowed_slots_basis,
-        "parameter_schema_basis": meta.parameter_schema_basis,
-        "replay_safety_basis": meta.replay_safety_basis,
-        "metadata_basis_detail": {
-            "side_effect_level": detail(meta.side_effect_level_basis),
-            "allowed_slots": detail(meta.allowed_slots_basis),
-            "parameter_schema": detail(meta.parameter_schema_basis),
-            "replay_safety": detail(meta.replay_safety_basis),
-        },
-    })
+    let view = EntryView::of(spec, availability, availability_reason, catalog_source);
+    serde_json::to_value(view).unwrap_or(Value::Null)
 }
 
 impl CatalogEntry {
     /// The entry as one element of an OpenAI chat-completions `tools` array.
     pub fn to_openai_tool(&self) -> Value {
-        json!({
-            "type": "function",
-            "function": {
-                "name": self.spec.name,
-                "description": self.spec.description,
-                "parameters": self.spec.parameters,
-            },
-        })
+        serde_json::to_value(self.openai_view()).unwrap_or(Value::Null)
     }
 }
 
@@ -641,9 +625,10 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::entry;
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn an_entry_written_from_its_view_is_the_text_of_its_json_value() {
+    fn an_entry_is_written_in_the_seeds_shape_with_sorted_keys() {
         use crate::domain::tool::{
             AsyncCapability, DeliveryMode, SideEffectLevel, Slot, ToolMetadata,
         };
@@ -662,19 +647,19 @@ mod tests {
         spec.parameters = json!({"type": "object", "required": ["to"],
             "properties": {"to": {"type": "string", "maxLength": 40}}})
         .into();
-        for entry in [plain, described] {
-            assert_eq!(
-                serde_json::to_string(&entry.view()).unwrap(),
-                serde_json::to_string(&entry.to_json()).unwrap()
-            );
-            let mut summary = entry.to_json();
-            summary["parameters"] = Value::Null;
-            assert_eq!(entry.summary_json(), summary);
-            assert_eq!(
-                serde_json::to_string(&entry.openai_view()).unwrap(),
-                serde_json::to_string(&entry.to_openai_tool()).unwrap()
-            );
-        }
+        // The text the runtime catalog answered when it was built with
+        // `json!` (keys sorted), byte for byte.
+        let expected = r#"{"allowed_slots":["director","narrator"],"allowed_slots_basis":"tool_declared","async_capability":"deferred_ok","availability":"unavailable","availability_reason":"the server is down","catalog_source":"cached","default_delivery_mode":"async_job","description":"Sends a \"gift\" ✨","metadata_basis_detail":{"allowed_slots":{"basis":"tool_declared","scope":"tool"},"parameter_schema":{"basis":"tool_declared","scope":"tool"},"replay_safety":{"basis":"inferred_from_execution_policy","scope":"inference"},"side_effect_level":{"basis":"tool_declared","scope":"tool"}},"name":"gift","parameter_schema_basis":"tool_declared","parameters":{"properties":{"to":{"maxLength":40,"type":"string"}},"required":["to"],"type":"object"},"provider_id":"mcp:b","provider_type":"remote","replay_safety":"never_auto_replay","replay_safety_basis":"inferred_from_execution_policy","result_visibility":"deferred_receipt","side_effect_level":"irreversible","side_effect_level_basis":"tool_declared","source":"plugin:test"}"#;
+        assert_eq!(serde_json::to_string(&described.view()).unwrap(), expected);
+        assert_eq!(described.to_json().to_string(), expected);
+        let mut summary = described.to_json();
+        summary["parameters"] = Value::Null;
+        assert_eq!(described.summary_json(), summary);
+        assert_eq!(
+            plain.to_openai_tool(),
+            json!({"function": {"description": "", "name": "post",
+                "parameters": {"type": "object", "properties": {}}}, "type": "function"})
+        );
     }
 
     /// A provider of fixed entries, deciding calls by the default
