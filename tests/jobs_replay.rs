@@ -275,6 +275,21 @@ async fn an_unconfirmed_repeat_is_blocked_and_journalled() {
     );
 }
 
+/// Opens the session's event stream and reads its `ready`; the stream and
+/// what was read past it.
+async fn open_events(server: &TestServer, session: &str) -> (reqwest::Response, String) {
+    let mut events = server
+        .client
+        .get(server.url(&format!("/sessions/{session}/events")))
+        .bearer_auth(&server.token)
+        .send()
+        .await
+        .unwrap();
+    let mut buffer = String::new();
+    next_event(&mut events, &mut buffer, "ready").await;
+    (events, buffer)
+}
+
 /// Reads `tool_result` events from the session's event stream.
 async fn next_event(response: &mut reqwest::Response, buffer: &mut String, kind: &str) -> Value {
     tokio::time::timeout(Duration::from_secs(20), async {
@@ -327,15 +342,7 @@ async fn deferred_calls_run_as_jobs_after_commit_and_never_after_discard() {
     assert_eq!(entry["default_delivery_mode"], "async_job");
     assert_eq!(entry["result_visibility"], "deferred_receipt");
 
-    let mut events = server
-        .client
-        .get(server.url(&format!("/sessions/{session}/events")))
-        .bearer_auth(&server.token)
-        .send()
-        .await
-        .unwrap();
-    let mut buffer = String::new();
-    next_event(&mut events, &mut buffer, "ready").await;
+    let (mut events, mut buffer) = open_events(&server, &session).await;
 
     let floor_id = floor(&server, &session).await;
     let run = open_run(&server, &floor_id, json!([])).await.body["data"]["run_id"]
@@ -793,4 +800,62 @@ async fn sigterm_stops_claiming_queued_jobs_while_requests_drain() {
     for job in &queued[1..] {
         assert_eq!(server.job_state(job).await, "queued", "{job}");
     }
+}
+
+/// An event stream nobody reads holds at most 32 MiB of event bodies, not
+/// only 1,024 events: deferred results of a megabyte each close it long
+/// before its places run out (it held 1.26 GB of them, probe I), as a stream
+/// whose queue is full is closed.
+#[tokio::test]
+async fn an_unread_event_stream_is_closed_once_its_results_pass_the_byte_budget() {
+    let server = spawn_app().await;
+    let app = axum::Router::new().route(
+        "/big",
+        post(|| async { Json(json!({"output": "x".repeat(1_000_000), "is_error": false})) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    register(
+        &server,
+        json!({"name": "render_big", "callback_url": format!("{base}/big"),
+               "async_capability": "deferred_ok", "default_delivery_mode": "async_job"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    let (mut events, _) = open_events(&server, &session).await;
+    // 80 results of 1 MB: under the 1,024 places, over the 32 MiB and
+    // whatever the sockets between the two hold.
+    for n in 0..80 {
+        let receipt = call(
+            &server,
+            &session,
+            json!({"name": "render_big", "arguments": {"n": n}}),
+        )
+        .await;
+        assert_eq!(receipt["status"], "queued", "{receipt}");
+    }
+    let log = server.data_dir.join("..").join("server.log");
+    common::wait_until(
+        Duration::from_secs(120),
+        "the unread stream to be closed",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            async move { text.contains("an event stream is not being read and was closed") }
+        },
+    )
+    .await;
+    // What the stream held is still sent, then it ends.
+    let mut read = 0usize;
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), events.chunk())
+        .await
+        .expect("the closed stream ends")
+        .unwrap()
+    {
+        read += chunk.len();
+    }
+    assert!(
+        read > 32 << 20,
+        "the queued results were sent first ({read} bytes)"
+    );
 }

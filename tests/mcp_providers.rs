@@ -246,6 +246,18 @@ async fn a_crash_mid_call_is_followed_by_a_supervised_restart() {
     // Tools stay listed (cached) while the child is restarted, then live again.
     let listed = catalog(&server, &session).await;
     assert!(tool(&listed, "echo").is_some(), "{listed:#}");
+    // The crash may not have been noticed yet, and the old connection would
+    // still read as live: wait for the restart's connection (the counter is
+    // raised as it publishes its tools), then for it to be live.
+    common::wait_until(
+        Duration::from_secs(30),
+        "the supervised restart",
+        || async {
+            let text = common::metrics::scrape(&server).await;
+            common::metrics::sample(&text, "toolgate_mcp_reconnects_total") >= 1.0
+        },
+    )
+    .await;
     wait_for_source(&server, &session, &id, "live", CONNECTED).await;
     let echoed = call(&server, &session, "echo", json!({"text": "back"})).await;
     assert_eq!(echoed["status"], "success", "{echoed}");
