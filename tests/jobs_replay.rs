@@ -216,10 +216,7 @@ async fn an_unconfirmed_repeat_is_blocked_and_journalled() {
     .await;
     let session = server.create_session().await;
     server
-        .patch(
-            &format!("/sessions/{session}/tool-permissions"),
-            json!({"allow_irreversible": true}),
-        )
+        .set_permissions(&session, json!({"allow_irreversible": true}))
         .await;
     let floor_id = floor(&server, &session).await;
     // Two attempts opened side by side, before either ran anything.

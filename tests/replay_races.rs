@@ -82,10 +82,7 @@ async fn two_runs_making_the_same_irreversible_call_at_once_start_it_once() {
     .await;
     let session = server.create_session().await;
     server
-        .patch(
-            &format!("/sessions/{session}/tool-permissions"),
-            json!({"allow_irreversible": true}),
-        )
+        .set_permissions(&session, json!({"allow_irreversible": true}))
         .await;
     let mut inline_rounds = 0;
     for round in 0..ROUNDS {

@@ -353,6 +353,14 @@ impl TestServer {
         (floor, run)
     }
 
+    /// Changes the session's tool permissions, which must answer 200.
+    pub async fn set_permissions(&self, session: &str, body: Value) {
+        let reply = self
+            .patch(&format!("/sessions/{session}/tool-permissions"), body)
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    }
+
     /// A tool call on the session, which must answer 200; its `data`.
     pub async fn tool_call(&self, session: &str, body: Value) -> Value {
         let reply = self
