@@ -854,23 +854,40 @@ async fn deleting_a_session_on_one_instance_stops_its_generation_on_the_other() 
     model.wait_for_abandoned(1).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_it() {
-    let database = shared_database().await;
-    let (model, a, b) = two_generating_instances(&database).await;
+/// A generation on A, with A stopped (SIGSTOP) while its model request
+/// hangs: (model, A, B, the session, A's run).
+async fn a_paused_generation(
+    database: &TestDatabase,
+) -> (
+    common::model::StandIn,
+    TestServer,
+    TestServer,
+    String,
+    String,
+) {
+    let (model, a, b) = two_generating_instances(database).await;
     let session = a.create_session().await;
     let started = common::model::turn(&a, &session, "hello").await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
     model.wait_for_requests(1).await;
-    let signal = |name: &str| {
-        let sent = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(a.pid().to_string())
-            .status()
-            .expect("kill(1)");
-        assert!(sent.success(), "kill -{name}");
-    };
-    signal("STOP");
+    signal(&a, "STOP");
+    (model, a, b, session, run_id)
+}
+
+/// Sends the signal `name` (`STOP`, `CONT`) to the server's process.
+fn signal(server: &TestServer, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(server.pid().to_string())
+        .status()
+        .expect("kill(1)");
+    assert!(sent.success(), "kill -{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_it() {
+    let database = shared_database().await;
+    let (model, a, b, session, run_id) = a_paused_generation(&database).await;
     // B takes A for dead and discards its generation; the session is B's to use.
     common::wait_until(Duration::from_secs(60), "B to discard A's run", || async {
         run_state(&b, &run_id).await == "discarded"
@@ -883,7 +900,7 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
         )
         .await;
     assert_eq!(next.status, StatusCode::ACCEPTED, "{next:?}");
-    signal("CONT");
+    signal(&a, "CONT");
     // A, resumed, finds itself taken for dead and stops what it generated.
     model.wait_for_abandoned(1).await;
     let db = pool(&database).await;
@@ -894,6 +911,69 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
         .unwrap()
         .get("generation");
     assert_eq!(generation.as_deref(), Some("failed"), "B's ending stands");
+}
+
+/// Probe J: B could claim a paused instance's session (A's heartbeat stale)
+/// before B's sweep discarded A's run, so the session had two generations
+/// once A resumed. Taking the claim now discards the run in one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claiming_a_paused_instances_session_discards_its_generation_in_the_same_step() {
+    let database = shared_database().await;
+    let (model, a, b, session, run_id) = a_paused_generation(&database).await;
+    let path = format!("/sessions/{session}/floors");
+    // Posted as soon as A is taken for dead, mostly before B's sweep (every
+    // 5 s) would have discarded A's run on its own.
+    let next = Mutex::new(None);
+    common::wait_until(Duration::from_secs(60), "B to take the session", || {
+        let (b, path, next) = (&b, &path, &next);
+        async move {
+            let reply = b.post(path, json!({"content": "on b"})).await;
+            if reply.status == StatusCode::ACCEPTED {
+                *next.lock().unwrap() = Some(reply);
+                return true;
+            }
+            assert_still_generating(&reply, "a floor on B while A is live");
+            false
+        }
+    })
+    .await;
+    let db = pool(&database).await;
+    let generation = |run_id: String| {
+        let db = db.clone();
+        async move {
+            sqlx::query("SELECT state, generation FROM floor_runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_one(&db)
+                .await
+                .map(|row| {
+                    (
+                        row.get::<String, _>("state"),
+                        row.get::<Option<String>, _>("generation"),
+                    )
+                })
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        generation(run_id.clone()).await,
+        ("discarded".to_owned(), Some("failed".to_owned())),
+        "A's run is closed before B's generation of the session starts"
+    );
+    let b_run = next.into_inner().unwrap().unwrap().body["data"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    signal(&a, "CONT");
+    // A, resumed, stops what it generated; B's generation goes on alone.
+    model.wait_for_abandoned(1).await;
+    assert_eq!(
+        generation(run_id.clone()).await,
+        ("discarded".to_owned(), Some("failed".to_owned()))
+    );
+    assert_eq!(
+        generation(b_run).await,
+        ("open".to_owned(), Some("running".to_owned()))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,15 +142,20 @@ impl ToolRuntime {
             claim
         };
         // Dropped on refusal or error: the in-process claim goes with it.
-        if !self
+        let (taken, discarded) = self
             .store
             .claim_generation(session_id, &claim.claim_id)
-            .await?
-        {
+            .await?;
+        if !taken {
             let running = self.store.running_run_of_session(session_id).await?;
             return Err(still_generating(running.as_deref()));
         }
         claim.held_in_store = true;
+        for run_id in &discarded {
+            tracing::warn!(%run_id, "a generation a dead instance left running was discarded as its session was claimed");
+            // An instance only paused, not dead, hears it on resuming.
+            super::cluster::announce_run_cancel(self, run_id).await;
+        }
         Ok(Some(claim))
     }
 
@@ -304,6 +309,11 @@ impl ToolRuntime {
                     Err(Error::NotFound(_)) => {
                         tracing::debug!(run_id = %run.id, "the failed run's session is gone")
                     }
+                    // Discarded already, by an instance that took this one for dead.
+                    Err(Error::Refused {
+                        code: ErrorCode::RunNotOpen,
+                        ..
+                    }) => tracing::debug!(run_id = %run.id, "the failed run was discarded already"),
                     Err(error) => {
                         tracing::warn!(run_id = %run.id, %error, "could not discard the failed run")
                     }
@@ -320,9 +330,19 @@ impl ToolRuntime {
 
     async fn finish_answered(&self, run: &Run, text: &str) -> Result<()> {
         self.store.set_page_content(&run.page_id, text).await?;
-        self.store
+        if self
+            .store
             .end_run_generation(&run.id, GenerationState::Finished)
-            .await
+            .await?
+        {
+            return Ok(());
+        }
+        // Taken for dead while it generated: another instance discarded the
+        // run (and its page) and may be generating in the session now.
+        Err(Error::refused(
+            ErrorCode::RunNotOpen,
+            format!("run {} was discarded by another instance", run.id),
+        ))
     }
 
     async fn finish_failed(&self, account_id: &str, run: &Run) -> Result<()> {

@@ -13,7 +13,15 @@ impl Store {
     /// live instance holds it. A dead instance's claim is taken over, and so
     /// is one of this instance's own: the caller holds the session's
     /// in-process claim, so such a row is one a release never removed.
-    pub async fn claim_generation(&self, session_id: &str, claim_id: &str) -> Result<bool> {
+    /// The generations dead instances left running in the session are
+    /// discarded in the same transaction: one only paused may resume, and its
+    /// run must be closed before another generation of the session starts.
+    /// Their run ids come back with the answer.
+    pub async fn claim_generation(
+        &self,
+        session_id: &str,
+        claim_id: &str,
+    ) -> Result<(bool, Vec<String>)> {
         let now = now_ms();
         let claim = format!(
             "INSERT INTO generation_claims (session_id, instance_id, claim_id, claimed_at) \
@@ -23,8 +31,9 @@ impl Store {
              WHERE generation_claims.instance_id = ?2 OR {}",
             of_a_dead_instance("generation_claims.instance_id", [3, 2, 6])
         );
+        let mut tx = self.begin_write().await?;
         // Built from a fixed column name and placeholder numbers only.
-        let taken = sql!(self.conn().await?, c => query(sqlx::AssertSqlSafe(claim))
+        let taken = sql!(tx, c => query(sqlx::AssertSqlSafe(claim))
             .bind(session_id)
             .bind(self.instance_id())
             .bind(self.previous_instance())
@@ -34,7 +43,14 @@ impl Store {
             .execute(c)
             .await?
             .rows_affected());
-        Ok(taken == 1)
+        if taken != 1 {
+            return Ok((false, Vec::new()));
+        }
+        let discarded = self
+            .discard_dead_generations_in(&mut tx, session_id, now - STALE_AFTER_MS)
+            .await?;
+        tx.commit().await?;
+        Ok((true, discarded))
     }
 
     /// Gives the session's right to generate back, if `claim_id` still holds it.

@@ -37,19 +37,19 @@ impl GenerationState {
 const MAX_FLOORS_COMMITTED_AT_ONCE: i64 = 64;
 
 impl Store {
-    /// Records how the loop ended `run_id`, if the run is still generating:
-    /// one that another instance already ended (it took this one for dead
-    /// and discarded the run) keeps what that instance wrote.
-    pub async fn end_run_generation(&self, run_id: &str, state: GenerationState) -> Result<()> {
-        sql!(self.conn().await?, c => query(
+    /// Records how the loop ended `run_id`, if the run is still generating;
+    /// false for one that another instance already ended (it took this one
+    /// for dead and discarded the run), which keeps what that instance wrote.
+    pub async fn end_run_generation(&self, run_id: &str, state: GenerationState) -> Result<bool> {
+        let ended = sql!(self.conn().await?, c => query(
             "UPDATE floor_runs SET generation = ? WHERE id = ? AND generation = 'running'",
         )
             .bind(state.as_str())
             .bind(run_id)
             .execute(c)
-            .await
-            .map(|_| ())?);
-        Ok(())
+            .await?
+            .rows_affected());
+        Ok(ended == 1)
     }
 
     /// For each floor of the session, its newest run the loop finished and

@@ -304,6 +304,45 @@ impl Store {
         self.run(account_id, run_id).await
     }
 
+    /// Discards, in `tx`, the session's runs that a dead instance left
+    /// generating (see [`super::cluster`]'s rule; placeholders 1-4 bind the
+    /// session, [`Store::previous_instance`], this instance and the oldest
+    /// live heartbeat time). Their ids, for the cancel a paused instance hears.
+    pub(super) async fn discard_dead_generations_in(
+        &self,
+        tx: &mut Tx,
+        session_id: &str,
+        stale_before: i64,
+    ) -> Result<Vec<String>> {
+        let left = format!(
+            "SELECT {COLUMNS} FROM floor_runs WHERE session_id = ?1 AND generation = 'running' \
+             AND state = 'open' AND {}",
+            super::cluster::of_a_dead_instance("generation_instance", [2, 3, 4])
+        );
+        // Built from fixed column names and placeholder numbers only.
+        let runs: Vec<Run> = sql!(*tx, c => query(AssertSqlSafe(left))
+            .bind(session_id)
+            .bind(self.previous_instance())
+            .bind(self.instance_id())
+            .bind(stale_before)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(from_row)
+            .collect());
+        for run in &runs {
+            sql!(*tx, c => query(
+                "UPDATE floor_runs SET generation = 'failed' WHERE id = ? AND generation = 'running'",
+            )
+            .bind(&run.id)
+            .execute(c)
+            .await
+            .map(|_| ())?);
+            self.discard_in(tx, run).await?;
+        }
+        Ok(runs.into_iter().map(|run| run.id).collect())
+    }
+
     /// Discards `run` in `tx`: its page goes, its effects are dropped.
     async fn discard_in(&self, tx: &mut Tx, run: &Run) -> Result<()> {
         close_run(tx, run, "discarded").await?;
