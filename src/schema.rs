@@ -262,13 +262,24 @@ impl Drop for Retained {
 
 /// A tool's compiled validator, compiled on first use and then shared by every
 /// copy of the tool's spec: a schema is compiled once, not per call (within
-/// [`RETAINED_NODES_BUDGET`]).
+/// [`RETAINED_NODES_BUDGET`]). It keeps the schema's object form for MCP the
+/// same way ([`Self::object_form`]).
 #[derive(Clone, Default)]
-pub struct SchemaValidator(Arc<OnceLock<Retained>>);
+pub struct SchemaValidator(Arc<Derived>);
+
+/// What is derived from one schema, each on first use.
+#[derive(Default)]
+struct Derived {
+    compiled: OnceLock<Retained>,
+    /// The schema as a JSON object: MCP carries a tool's schema as one
+    /// (rmcp's `Arc<JsonObject>`), and listing tools must not copy every
+    /// schema per request.
+    object: OnceLock<Arc<serde_json::Map<String, Value>>>,
+}
 
 impl std::fmt::Debug for SchemaValidator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.0.get().map(|kept| &kept.compiled) {
+        f.write_str(match self.0.compiled.get().map(|kept| &kept.compiled) {
             None => "SchemaValidator(not kept)",
             Some(Ok(_)) => "SchemaValidator(compiled)",
             Some(Err(_)) => "SchemaValidator(unusable)",
@@ -299,16 +310,29 @@ impl SchemaValidator {
     pub fn is_cheap_for(&self, args_bytes: usize) -> bool {
         args_bytes <= CHEAP_ARGUMENT_BYTES
             && matches!(
-                self.0.get().map(|kept| &kept.compiled),
+                self.0.compiled.get().map(|kept| &kept.compiled),
                 Some(Ok(Compiled { cheap: true, .. }))
             )
+    }
+
+    /// `schema` (the one this validator belongs to) as a JSON object, copied
+    /// on first use and then shared. A schema that is not an object (a
+    /// catalog's always is) gives an empty one, which accepts anything.
+    pub fn object_form(&self, schema: &Value) -> Arc<serde_json::Map<String, Value>> {
+        self.0
+            .object
+            .get_or_init(|| match schema {
+                Value::Object(object) => Arc::new(object.clone()),
+                _ => Arc::default(),
+            })
+            .clone()
     }
 
     /// Validates `args` against `schema`, compiling it first unless it is kept
     /// from an earlier call. CPU-heavy unless [`Self::is_cheap_for`]: run it off
     /// the async workers.
     pub fn validate(&self, schema: &Value, args: &Value) -> Result<(), String> {
-        if let Some(kept) = self.0.get() {
+        if let Some(kept) = self.0.compiled.get() {
             return Self::check(&kept.compiled, args);
         }
         let cost = measure(schema);
@@ -325,8 +349,12 @@ impl SchemaValidator {
         }
         // A concurrent first call may have kept its own copy; this one is then
         // dropped, and its nodes with it.
-        let _ = self.0.set(Retained { compiled, nodes });
-        let kept = self.0.get().expect("set above or by a concurrent call");
+        let _ = self.0.compiled.set(Retained { compiled, nodes });
+        let kept = self
+            .0
+            .compiled
+            .get()
+            .expect("set above or by a concurrent call");
         Self::check(&kept.compiled, args)
     }
 

@@ -11,7 +11,7 @@ use super::auth::CurrentAccount;
 use super::envelope::Data;
 use super::error::{ApiError, ApiResult};
 use super::extract::Path;
-use crate::catalog::{Availability, CatalogSource, entry_json};
+use crate::catalog::{Availability, CatalogSource, EntryView};
 use crate::domain::mcp::McpServer;
 use crate::error::ErrorCode;
 use crate::state::AppState;
@@ -150,7 +150,7 @@ async fn server_tools(
     State(state): State<AppState>,
     CurrentAccount(account): CurrentAccount,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Data<Vec<Value>>>> {
+) -> ApiResult<axum::response::Response> {
     let server = state.runtime.store.mcp_server(&account.id, &id).await?;
     if !server.config.enabled {
         return Err(disabled(&server));
@@ -167,11 +167,15 @@ async fn server_tools(
             ),
         ));
     }
-    let data = tools
+    // Written from views of the tools: a server's schemas are never copied
+    // into JSON values per request.
+    let data: Vec<EntryView<'_>> = tools
         .iter()
-        .map(|tool| entry_json(&tool.spec, Availability::Available, None, Some(source)))
+        .map(|tool| EntryView::of(&tool.spec, Availability::Available, None, Some(source)))
         .collect();
-    Ok(axum::Json(Data { data }))
+    Ok(axum::response::IntoResponse::into_response(axum::Json(
+        Data { data },
+    )))
 }
 
 fn disabled(server: &McpServer) -> ApiError {

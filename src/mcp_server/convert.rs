@@ -2,8 +2,6 @@
 //! annotations derived from the tool's metadata), a call result as a
 //! `tools/call` result, a domain error as a JSON-RPC error.
 
-use std::sync::Arc;
-
 use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, ContentBlock, Tool, ToolAnnotations};
 use serde_json::{Value, json};
@@ -18,22 +16,13 @@ use crate::error::Error;
 /// repeating it is safe (its replay safety).
 pub fn tool(entry: &CatalogEntry) -> Tool {
     let spec = &entry.spec;
-    let schema = match spec.parameters.as_ref() {
-        Value::Object(schema) => schema.clone(),
-        // A catalog schema is always an object; an empty one accepts anything.
-        _ => serde_json::Map::new(),
-    };
+    let schema = spec.validator.object_form(&spec.parameters);
     let level = spec.metadata.side_effect_level;
     let annotations = ToolAnnotations::new()
         .read_only(level == SideEffectLevel::None)
         .destructive(level == SideEffectLevel::Irreversible)
         .idempotent(spec.metadata.replay_safety == crate::domain::tool::ReplaySafety::Safe);
-    Tool::new(
-        spec.name.clone(),
-        spec.description.clone(),
-        Arc::new(schema),
-    )
-    .with_annotations(annotations)
+    Tool::new(spec.name.clone(), spec.description.clone(), schema).with_annotations(annotations)
 }
 
 /// The call's result as MCP answers it. A refusal or failure is an
@@ -112,6 +101,24 @@ mod tests {
         let meta = answer.meta.unwrap();
         assert_eq!(meta.0["toolgate/status"], "denied");
         assert_eq!(meta.0["toolgate/execution_id"], "tool_exec_1");
+    }
+
+    #[test]
+    fn every_listing_of_a_tool_shares_one_copy_of_its_schema() {
+        use crate::domain::tool::ToolMetadata;
+        let metadata = ToolMetadata::declared(SideEffectLevel::None, vec![], None);
+        let entry = crate::catalog::testing::entry("t", "p", metadata);
+        // Another catalog's entry of the same tool: a copy of the spec.
+        let again = CatalogEntry::available((*entry.spec).clone(), entry.handler.clone());
+        let (first, second) = (tool(&entry), tool(&again));
+        assert_eq!(
+            *first.input_schema,
+            entry.spec.parameters.as_object().unwrap().clone()
+        );
+        assert!(std::sync::Arc::ptr_eq(
+            &first.input_schema,
+            &second.input_schema
+        ));
     }
 
     #[test]
