@@ -153,6 +153,38 @@ fn last_step_ids(request: &Value) -> (Vec<String>, Vec<String>) {
     (called, answered)
 }
 
+/// Probe I: a page held whatever the model wrote (up to its 4 MiB answer),
+/// so a floor of 100 pages read back as 400 MB.
+#[tokio::test]
+async fn a_reply_longer_than_a_page_holds_fails_the_run_and_stores_no_page() {
+    let piece = "x".repeat(32 * 1024);
+    let pieces = vec![piece.as_str(); 9];
+    let stand_in = StandIn::start(vec![text_answer(&pieces)]).await;
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    let started = turn(&server, &session, "tell me everything").await;
+    let seen = until_run_ends(&mut events).await;
+    let (last, data) = seen.last().unwrap();
+    assert_eq!(last, "run_failed", "{:?}", kinds(&seen));
+    let message = data["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("294912 bytes, more than a page holds (262144 bytes)"),
+        "{data}"
+    );
+    let run = server
+        .get(&format!("/runs/{}", started["run_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(run.body["data"]["state"], "discarded", "{run:?}");
+    let floor = server
+        .get(&format!(
+            "/floors/{}",
+            started["floor_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(floor.body["data"]["pages"], json!([]), "{floor:?}");
+}
+
 #[tokio::test]
 async fn calls_that_share_an_id_are_answered_under_ids_of_their_own() {
     let json_call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "get_time", "arguments": "{}"}});
@@ -359,29 +391,44 @@ async fn a_models_nul_characters_and_endless_names_are_stored_as_safe_text() {
 }
 
 /// The history a turn sends keeps the newest committed turns within 6 MiB:
-/// four 3 MB replies kept whole would grow every later request past the
-/// model request's 16 MiB cap and fail every turn of the session.
+/// every turn kept whole would grow every later request past the model
+/// request's 16 MiB cap and fail every turn of the session. Twenty turns of
+/// a 200 KB message and a 200 KB reply (pages hold at most 256 KiB) are 8 MB.
 #[tokio::test]
 async fn the_history_sent_keeps_the_newest_turns_within_its_budget() {
-    let reply = |n: usize| format!("reply{n}:{}", "r".repeat(3_000_000));
-    let stand_in = StandIn::start((0..5).map(|n| text_answer(&[&reply(n)])).collect()).await;
+    const TURNS: usize = 20;
+    let reply = |n: usize| format!("reply{n}:{}", "r".repeat(200_000));
+    let stand_in = StandIn::start((0..TURNS).map(|n| text_answer(&[&reply(n)])).collect()).await;
     let server = with_model(&stand_in).await;
     let session = server.create_session().await;
     let mut events = Events::open(&server, &session).await;
-    for n in 0..5 {
-        turn(&server, &session, &format!("turn {n}")).await;
+    for n in 0..TURNS {
+        let message = format!("turn {n}:{}", "t".repeat(200_000));
+        turn(&server, &session, &message).await;
         let seen = until_run_ends(&mut events).await;
         assert_eq!(seen.last().unwrap().0, "run_finished", "turn {n}");
     }
     let requests = stand_in.requests();
     let last = requests.last().unwrap().to_string();
     assert!(last.len() < 7 * 1024 * 1024, "{} bytes", last.len());
-    // The two newest committed turns fit, the two oldest do not.
-    for (n, sent) in [(0, false), (1, false), (2, true), (3, true)] {
-        assert_eq!(last.contains(&format!("reply{n}:")), sent, "reply {n}");
-        assert_eq!(last.contains(&format!("turn {n}")), sent, "turn {n}");
-    }
-    assert!(last.contains("turn 4"));
+    // The newest committed turns fit whole, the oldest do not.
+    let sent: Vec<(bool, bool)> = (0..TURNS - 1)
+        .map(|n| {
+            (
+                last.contains(&format!("turn {n}:")),
+                last.contains(&format!("reply{n}:")),
+            )
+        })
+        .collect();
+    let first_kept = sent.iter().position(|&(turn, _)| turn).unwrap();
+    assert!(first_kept > 0, "every turn was sent: {sent:?}");
+    assert!(
+        sent[first_kept..] == vec![(true, true); sent.len() - first_kept][..]
+            && sent[..first_kept].iter().all(|&(_, reply)| !reply),
+        "the newest turns are kept whole and the older left out: {sent:?}"
+    );
+    assert!(TURNS - 1 - first_kept >= 10, "{sent:?}");
+    assert!(last.contains(&format!("turn {}:", TURNS - 1)));
 }
 
 #[tokio::test]
