@@ -894,3 +894,76 @@ async fn an_account_holds_at_most_256_definitions() {
     assert!(deleted.status.is_success(), "{deleted:?}");
     create(&server, json!({"name": "one_more"})).await;
 }
+
+/// Reads every page of `path` (a list with `limit=200`), checking that each
+/// page past the first byte bound says `has_more`; the ids in order and the
+/// number of pages.
+async fn read_all_pages(server: &TestServer, path: &str, total: usize) -> (Vec<String>, usize) {
+    let (mut ids, mut pages) = (Vec::new(), 0);
+    while ids.len() < total {
+        let reply = server
+            .get(&format!("{path}?limit=200&offset={}", ids.len()))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+        let data = reply.body["data"].as_array().unwrap();
+        assert!(!data.is_empty(), "a page before the end holds a row");
+        ids.extend(data.iter().map(id_of));
+        pages += 1;
+        assert_eq!(reply.body["meta"]["total"], total, "{path}");
+        assert_eq!(reply.body["meta"]["has_more"], ids.len() < total, "{path}");
+    }
+    (ids, pages)
+}
+
+/// Probe I: a page of 200 definitions with large schemas was read, copied
+/// and written whole (over 100 MB); it ends past 8 MiB, as journal pages do.
+#[tokio::test]
+async fn a_page_of_large_definitions_ends_past_8_mib_and_the_next_offset_reads_on() {
+    let server = spawn_app().await;
+    // 120 definitions of 76 KB (a 60 KB schema, a 16 KB description).
+    let (schema_text, description) = ("s".repeat(60_000), "d".repeat(16_000));
+    for n in 0..120 {
+        create(
+            &server,
+            json!({"name": format!("big_{n:03}"), "description": description,
+                   "parameters": {"type": "object", "description": schema_text}}),
+        )
+        .await;
+    }
+    let (ids, pages) = read_all_pages(&server, "/tools/definitions", 120).await;
+    assert!(
+        pages >= 2,
+        "120 definitions of 76 KB are more than one page"
+    );
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 120, "each definition once: {ids:?}");
+}
+
+/// A page of characters (three texts of up to 64 KiB each) ends past 8 MiB
+/// too.
+#[tokio::test]
+async fn a_page_of_large_characters_ends_past_8_mib_and_the_next_offset_reads_on() {
+    let server = spawn_app().await;
+    let before = server.get("/characters?limit=200").await;
+    let existing = before.body["meta"]["total"].as_u64().unwrap() as usize;
+    // 50 characters of 180 KB (three 60 KB texts).
+    let text = "p".repeat(60_000);
+    for n in 0..50 {
+        let reply = server
+            .post(
+                "/characters",
+                json!({"name": format!("Big{n}"), "description": text, "persona": text,
+                       "system_prompt": text}),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let (ids, pages) = read_all_pages(&server, "/characters", existing + 50).await;
+    assert!(pages >= 2, "50 characters of 180 KB are more than one page");
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), existing + 50, "each character once: {ids:?}");
+}

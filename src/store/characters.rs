@@ -7,6 +7,7 @@ use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Record, sql};
+use super::page_bytes::{row_bytes, take_within};
 use crate::domain::{CharacterName, Page, PageRequest};
 use crate::error::{Error, Result};
 use crate::ids::{new_id, now_ms};
@@ -227,21 +228,26 @@ impl Store {
         .fetch_one(c)
         .await?);
         // sort_by comes from a closed list validated by PageRequest, never from input.
+        // A character's size is its texts': the page ends early past
+        // `MAX_PAGE_BYTES`, `has_more` true.
         let sql = format!(
-            "SELECT {COLUMNS} FROM characters WHERE account_id = ? ORDER BY {} {}, id {} LIMIT ? OFFSET ?",
+            "SELECT {COLUMNS}, CAST(COALESCE(octet_length(description), 0) \
+             + COALESCE(octet_length(persona), 0) + COALESCE(octet_length(system_prompt), 0) \
+             AS BIGINT) AS character_bytes \
+             FROM characters WHERE account_id = ? ORDER BY {} {}, id {} LIMIT ? OFFSET ?",
             page.sort_by,
             page.sort_order.sql(),
             page.sort_order.sql()
         );
-        let characters = sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(page.limit)
-            .bind(page.offset)
-            .fetch_all(c)
-            .await?
-            .iter()
-            .map(from_row)
-            .collect::<Vec<_>>());
+        let (characters, _) = sql!(self.conn().await?, c => take_within(
+            query(AssertSqlSafe(sql))
+                .bind(account_id)
+                .bind(page.limit)
+                .bind(page.offset)
+                .fetch(c),
+            |row| (from_row(&row), row_bytes(&row, "character_bytes")),
+        )
+        .await?);
         Ok(Page::new(characters, total, page))
     }
 

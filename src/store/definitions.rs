@@ -4,6 +4,7 @@ use sqlx::AssertSqlSafe;
 
 use super::Store;
 use super::backend::{Record, sql};
+use super::page_bytes::{row_bytes, take_within};
 use crate::domain::definition::{DefinitionSource, HandlerType, ScriptHandler, ToolDefinition};
 use crate::domain::tool::{SideEffectLevel, Slot};
 use crate::domain::{Page, PageRequest};
@@ -237,20 +238,25 @@ impl Store {
         });
         // sort_by comes from a closed list validated by PageRequest, never from input.
         let order = page.sort_order.sql();
+        // A definition's size is its texts' (a schema may be 256 KiB): the
+        // page ends early past `MAX_PAGE_BYTES`, `has_more` true.
         let sql = format!(
-            "SELECT {COLUMNS} FROM tool_definitions WHERE {where_clause} ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
+            "SELECT {COLUMNS}, CAST(octet_length(description) + octet_length(parameters_json) \
+             + COALESCE(octet_length(handler_json), 0) AS BIGINT) AS definition_bytes \
+             FROM tool_definitions WHERE {where_clause} ORDER BY {} {order}, id {order} LIMIT ? OFFSET ?",
             page.sort_by
         );
-        let definitions = sql!(self.conn().await?, c => {
-            bind_filters!(query(AssertSqlSafe(sql)), account_id, filter)
-                .bind(page.limit)
-                .bind(page.offset)
-                .fetch_all(c)
-                .await?
-                .iter()
-                .map(from_row)
-                .collect::<Result<Vec<_>>>()
-        })?;
+        let (definitions, _) = sql!(self.conn().await?, c => {
+            take_within(
+                bind_filters!(query(AssertSqlSafe(sql)), account_id, filter)
+                    .bind(page.limit)
+                    .bind(page.offset)
+                    .fetch(c),
+                |row| (from_row(&row), row_bytes(&row, "definition_bytes")),
+            )
+            .await?
+        });
+        let definitions = definitions.into_iter().collect::<Result<Vec<_>>>()?;
         Ok(Page::new(definitions, total, page))
     }
 

@@ -1,5 +1,6 @@
 //! The byte bound of a page of any list whose rows can be large (journal
-//! rows, call records, delivered results, floors): read a row at a time, a
+//! rows, call records, delivered results, floors, tool definitions,
+//! characters): read a row at a time, a
 //! page ends early once its rows pass [`MAX_PAGE_BYTES`], with `has_more`
 //! true. A bound on the row count alone let one request of 200 rows with
 //! 1 MB arguments take the server 531 MB.
