@@ -17,7 +17,7 @@ impl ToolRuntime {
         floor_id: &str,
         confirmed: Vec<String>,
     ) -> Result<Run> {
-        let floor = self.store.floor(account_id, floor_id).await?;
+        let floor = self.store.floor_without_pages(account_id, floor_id).await?;
         let (Some(llm), Some(claim)) =
             (self.llm.clone(), self.claim_turn(&floor.session_id).await?)
         else {

@@ -108,7 +108,15 @@ impl Store {
     /// The account's floor with every page: that floor's rows only, however
     /// long its session.
     pub async fn floor(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
-        let found = sql!(self.conn().await?, c => query(
+        let found = self.floor_without_pages(account_id, floor_id).await?;
+        let mut floors = self.attach_pages(vec![found]).await?;
+        Ok(floors.remove(0))
+    }
+
+    /// The account's floor with `pages` left empty: what starting a new page
+    /// needs (its session and message) without reading up to 100 replies.
+    pub async fn floor_without_pages(&self, account_id: &str, floor_id: &str) -> Result<Floor> {
+        sql!(self.conn().await?, c => query(
             "SELECT f.id, f.session_id, f.seq, f.user_content, f.active_page_id, f.created_at \
              FROM floors f JOIN sessions s ON s.id = f.session_id WHERE f.id = ? AND s.account_id = ?",
         )
@@ -118,9 +126,7 @@ impl Store {
         .await?
         .as_ref()
         .map(floor_from_row))
-        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))?;
-        let mut floors = self.attach_pages(vec![found]).await?;
-        Ok(floors.remove(0))
+        .ok_or_else(|| Error::not_found(format!("floor {floor_id:?}")))
     }
 
     /// A page of the account's session's floors with their pages, oldest
