@@ -141,13 +141,6 @@ async fn register(server: &TestServer, body: Value) {
     common::register_remote(server, body).await;
 }
 
-async fn set_permissions(server: &TestServer, session: &str, body: Value) {
-    let reply = server
-        .patch(&format!("/sessions/{session}/tool-permissions"), body)
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-}
-
 async fn floor(server: &TestServer, session: &str) -> String {
     let reply = server
         .post(
@@ -430,12 +423,12 @@ async fn an_irreversible_call_refused_for_its_arguments_is_no_replay_parent_nor_
     )
     .await;
     let session = server.create_session().await;
-    set_permissions(
-        &server,
-        &session,
-        json!({"allow_irreversible": true, "max_steps_per_generation": 1}),
-    )
-    .await;
+    server
+        .set_permissions(
+            &session,
+            json!({"allow_irreversible": true, "max_steps_per_generation": 1}),
+        )
+        .await;
     let floor_id = floor(&server, &session).await;
 
     let run1 = open_run(&server, &floor_id).await;
@@ -507,12 +500,12 @@ async fn an_irreversible_call_whose_connection_is_refused_is_no_replay_parent_no
     )
     .await;
     let session = server.create_session().await;
-    set_permissions(
-        &server,
-        &session,
-        json!({"allow_irreversible": true, "max_steps_per_generation": 1}),
-    )
-    .await;
+    server
+        .set_permissions(
+            &session,
+            json!({"allow_irreversible": true, "max_steps_per_generation": 1}),
+        )
+        .await;
     let floor_id = floor(&server, &session).await;
 
     let run1 = open_run(&server, &floor_id).await;
@@ -606,7 +599,9 @@ async fn calls_racing_their_runs_close_leave_no_staged_job_and_no_pending_row() 
     )
     .await;
     let session = server.create_session().await;
-    set_permissions(&server, &session, json!({"max_calls_per_turn": 1000})).await;
+    server
+        .set_permissions(&session, json!({"max_calls_per_turn": 1000}))
+        .await;
     let floor_id = floor(&server, &session).await;
 
     let (mut total_accepted, mut lost) = (0, 0);
@@ -700,12 +695,12 @@ async fn calls_racing_their_runs_close_leave_no_staged_job_and_no_pending_row() 
 async fn parallel_calls_of_two_steps_cannot_both_take_the_last_step() {
     let server = Arc::new(spawn_app().await);
     let session = server.create_session().await;
-    set_permissions(
-        &server,
-        &session,
-        json!({"max_steps_per_generation": 1, "max_calls_per_turn": 1000}),
-    )
-    .await;
+    server
+        .set_permissions(
+            &session,
+            json!({"max_steps_per_generation": 1, "max_calls_per_turn": 1000}),
+        )
+        .await;
     let floor_id = floor(&server, &session).await;
     for round in 0..6 {
         let run = open_run(&server, &floor_id).await;
@@ -773,7 +768,9 @@ fn assert_budget_refusal(result: &Value) {
 
 async fn budget_session(server: &TestServer) -> String {
     let session = server.create_session().await;
-    set_permissions(server, &session, json!({"max_calls_per_turn": 2})).await;
+    server
+        .set_permissions(&session, json!({"max_calls_per_turn": 2}))
+        .await;
     session
 }
 
@@ -856,7 +853,9 @@ async fn a_side_effecting_async_job_that_times_out_is_uncertain() {
     let server = spawn_app().await;
     let callbacks = start_callbacks().await;
     let session = server.create_session().await;
-    set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": true}))
+        .await;
     let mut receipts = Vec::new();
     for (name, level, expected, code) in [
         (
@@ -967,12 +966,12 @@ async fn a_live_model_session_is_offered_exactly_what_its_calls_allow() {
     )
     .await;
     let session = server.create_session().await;
-    set_permissions(
-        &server,
-        &session,
-        json!({"allow_irreversible": false, "slot_deny_list": {"narrator": ["roll_dice"]}}),
-    )
-    .await;
+    server
+        .set_permissions(
+            &session,
+            json!({"allow_irreversible": false, "slot_deny_list": {"narrator": ["roll_dice"]}}),
+        )
+        .await;
     let everything = catalog_names(&server, &session, "").await;
     for name in ["launch_rocket", "roll_dice", "get_time"] {
         assert!(everything.contains(name), "{name} missing: {everything:?}");

@@ -24,13 +24,6 @@ fn schema(extra: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required})
 }
 
-async fn set_permissions(server: &TestServer, session: &str, body: Value) {
-    let reply = server
-        .patch(&format!("/sessions/{session}/tool-permissions"), body)
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-}
-
 /// A call in `run`; its `data`.
 async fn call_in(server: &TestServer, session: &str, run: &str, name: &str, args: Value) -> Value {
     server
@@ -112,7 +105,9 @@ async fn a_dry_run_after_a_permission_change_reports_the_denied_call_and_runs_no
         .await;
     }
     let session = server.create_session().await;
-    set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": true}))
+        .await;
     let (_floor, run) = server.floor_and_run(&session, "hello").await;
     let look = call_in(&server, &session, &run, "look", json!({"q": "door"})).await;
     let search = call_in(&server, &session, &run, "search", json!({"q": "key"})).await;
@@ -140,12 +135,9 @@ async fn a_dry_run_after_a_permission_change_reports_the_denied_call_and_runs_no
 
     // Today: the narrator may no longer call `look`, and `search` (a plugin
     // update) needs a field the recorded call did not send.
-    set_permissions(
-        &server,
-        &session,
-        json!({"slot_deny_list": {"narrator": ["look"]}}),
-    )
-    .await;
+    server
+        .set_permissions(&session, json!({"slot_deny_list": {"narrator": ["look"]}}))
+        .await;
     common::register_remote(
         &server,
         json!({"name": "search", "callback_url": callbacks.url("/ok"), "parameters": schema(&["lang"])}),
@@ -242,7 +234,9 @@ async fn needs_replay_confirmation_follows_the_replay_guard_of_a_new_run() {
     )
     .await;
     let session = server.create_session().await;
-    set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": true}))
+        .await;
     let (floor, run_a) = server.floor_and_run(&session, "hello").await;
     let first = call_in(&server, &session, &run_a, "post_tweet", json!({"q": "hi"})).await;
     assert_eq!(first["status"], "success", "{first}");
@@ -261,12 +255,16 @@ async fn needs_replay_confirmation_follows_the_replay_guard_of_a_new_run() {
         .await;
     assert_eq!(run_b.status, StatusCode::CREATED, "{run_b:?}");
     let run_b = run_b.body["data"]["id"].as_str().unwrap().to_owned();
-    set_permissions(&server, &session, json!({"allow_irreversible": false})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": false}))
+        .await;
     let refused = call_in(&server, &session, &run_b, "post_tweet", json!({"q": "hi"})).await;
     assert_eq!(refused["status"], "denied", "{refused}");
     let other = call_in(&server, &session, &run_b, "post_tweet", json!({"q": "new"})).await;
     assert_eq!(other["status"], "denied", "{other}");
-    set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": true}))
+        .await;
     let rows_before = journal_rows(&server, &session).await;
 
     // Run A: its tweet reached the callback and run A confirmed nothing, so a

@@ -47,13 +47,6 @@ fn assert_outcome(what: &str, (result, row): &(Value, Value), status: &str, code
     assert_eq!(row["execution_reason_code"], code, "{what}: {row}");
 }
 
-async fn set_permissions(server: &TestServer, session: &str, body: Value) {
-    let reply = server
-        .patch(&format!("/sessions/{session}/tool-permissions"), body)
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-}
-
 // ---------------------------------------------------------------------------
 // Callback servers.
 // ---------------------------------------------------------------------------
@@ -219,7 +212,9 @@ async fn every_remote_callback_failure_has_its_code() {
     let refused = call_and_row(&server, &session, call("posts")).await;
     let code = Some("permission_irreversible_not_allowed");
     assert_outcome("posts, not allowed", &refused, "denied", code);
-    set_permissions(&server, &session, json!({"allow_irreversible": true})).await;
+    server
+        .set_permissions(&session, json!({"allow_irreversible": true}))
+        .await;
 
     let expected = [
         ("fine", "success", None),
@@ -430,7 +425,9 @@ async fn refusals_and_builtin_errors_have_their_codes() {
     }
 
     // The call budget of a floor.
-    set_permissions(&server, &session, json!({"max_calls_per_turn": 1})).await;
+    server
+        .set_permissions(&session, json!({"max_calls_per_turn": 1}))
+        .await;
     let reply = server
         .post(
             &format!("/sessions/{session}/floors"),
