@@ -315,28 +315,30 @@ async fn an_instance_killed_mid_job_leaves_it_uncertain_and_the_other_finishes_t
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_uncertain_once_it_dies()
-{
-    let database = shared_database().await;
-    let mut a = instance(&database, &[]).await;
+/// A `slow` call on `server` that its callback holds: the callbacks, the
+/// session, and the call's answer (none if the server never answers).
+async fn a_call_held_on(
+    server: &TestServer,
+) -> (
+    Callbacks,
+    String,
+    tokio::task::JoinHandle<Option<(StatusCode, Value)>>,
+) {
     let (base, callbacks) = start_callbacks().await;
     common::register_remote(
-        &a,
+        server,
         json!({"name": "slow", "callback_url": format!("{base}/work"), "timeout_seconds": 300}),
     )
     .await;
-    let session = a.create_session().await;
-    let a_url = a.url(&format!("/sessions/{session}/tool-calls"));
-    let client = a.client.clone();
-    let token = a.token.clone();
-    tokio::spawn(async move {
-        let _ = client
-            .post(a_url)
-            .bearer_auth(token)
-            .json(&json!({"name": "slow", "arguments": {"n": 1, "hang": true}}))
-            .send()
-            .await;
+    let session = server.create_session().await;
+    let request = server
+        .client
+        .post(server.url(&format!("/sessions/{session}/tool-calls")))
+        .bearer_auth(&server.token)
+        .json(&json!({"name": "slow", "arguments": {"n": 1, "hang": true}}));
+    let answer = tokio::spawn(async move {
+        let reply = request.send().await.ok()?;
+        Some((reply.status(), reply.json::<Value>().await.ok()?))
     });
     common::wait_until(
         Duration::from_secs(30),
@@ -344,6 +346,28 @@ async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_unce
         || async { callbacks.hanging() == 1 },
     )
     .await;
+    (callbacks, session, answer)
+}
+
+/// Waits until `server` reads the execution `id` as `uncertain`.
+async fn wait_for_uncertain(server: &TestServer, id: &str) {
+    common::wait_until(
+        Duration::from_secs(60),
+        "the execution to be uncertain",
+        || async {
+            let row = server.get(&format!("/tool-executions/{id}")).await;
+            row.body["data"]["status"] == "uncertain"
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_uncertain_once_it_dies()
+{
+    let database = shared_database().await;
+    let mut a = instance(&database, &[]).await;
+    let (_callbacks, session, _answer) = a_call_held_on(&a).await;
     let b = instance(&database, &[]).await;
     let rows = b
         .get(&format!(
@@ -358,19 +382,52 @@ async fn a_call_in_flight_on_a_live_instance_survives_anothers_start_and_is_unce
     );
     let id = row["id"].as_str().unwrap().to_owned();
     a.kill().await;
-    let b = &b;
-    common::wait_until(Duration::from_secs(60), "B to find A dead", || {
-        let id = id.clone();
-        async move {
-            let row = b.get(&format!("/tool-executions/{id}")).await;
-            row.body["data"]["status"] == "uncertain"
-        }
-    })
-    .await;
+    wait_for_uncertain(&b, &id).await;
     let row = b.get(&format!("/tool-executions/{id}")).await.body["data"].clone();
     assert_eq!(row["lifecycle_state"], "finished", "{row}");
     // Nothing restarted: A's heartbeat stopped, and B settled its call.
     assert_eq!(row["execution_reason_code"], "instance_lost", "{row}");
+}
+
+/// Probe J: a call whose instance was paused past its heartbeat is marked
+/// `uncertain` by another instance; when the paused one resumed and the
+/// provider answered, its caller was told `success` while the journal kept
+/// `uncertain`. The caller is now told what the journal keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answered_after_its_instance_was_taken_for_dead_answers_what_the_journal_kept() {
+    let database = shared_database().await;
+    let a = instance(&database, &[]).await;
+    let b = instance(&database, &[]).await;
+    let (callbacks, session, answer) = a_call_held_on(&a).await;
+    let rows = b
+        .get(&format!(
+            "/tool-executions?session_id={session}&tool_name=slow"
+        ))
+        .await;
+    let id = rows.body["data"][0]["id"].as_str().unwrap().to_owned();
+    signal(&a, "STOP");
+    wait_for_uncertain(&b, &id).await;
+    // The provider answers while A is stopped; A reads it once resumed.
+    callbacks.never.notify_waiters();
+    common::wait_until(
+        Duration::from_secs(30),
+        "the callback to answer",
+        || async { callbacks.total() == 1 },
+    )
+    .await;
+    signal(&a, "CONT");
+    let (status, body) = answer.await.unwrap().expect("A answers once resumed");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let row = b.get(&format!("/tool-executions/{id}")).await.body["data"].clone();
+    assert_eq!(
+        row["status"], "uncertain",
+        "the journal keeps its outcome: {row}"
+    );
+    assert_eq!(
+        body["data"]["status"], "uncertain",
+        "the caller is told what the journal keeps: {body}"
+    );
+    assert_eq!(body["data"]["is_error"], true, "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -506,9 +506,10 @@ impl CallJournal<'_> {
                 self.denied(entry, Refusal::CallLimitReached { limit })
                     .await
             }
-            Admitted::RunNotOpen | Admitted::Yes | Admitted::ReplayChanged => {
-                Err(self.run_not_open())
-            }
+            Admitted::RunNotOpen
+            | Admitted::Yes
+            | Admitted::ReplayChanged
+            | Admitted::AlreadyDecided => Err(self.run_not_open()),
         }
     }
 }

@@ -421,7 +421,9 @@ impl CallJournal<'_> {
             commit_outcome: (settled.status == ExecutionStatus::Uncertain)
                 .then_some(CommitOutcome::Uncertain),
         };
-        self.store.finish_execution(&execution_id, &finish).await?;
+        if self.store.finish_execution(&execution_id, &finish).await? == Admitted::AlreadyDecided {
+            return self.decided_elsewhere(entry, &execution_id).await;
+        }
         // The journal row is the record of the call; at `info` this line would
         // be most of the log under load.
         tracing::debug!(
@@ -438,6 +440,31 @@ impl CallJournal<'_> {
             settled.output,
             settled.status,
             settled.reason_code,
+        ))
+    }
+
+    /// The outcome the journal kept for a row another instance decided while
+    /// this one was taken for dead: the caller is told what the journal says
+    /// (`uncertain`), not the outcome that arrived after it.
+    async fn decided_elsewhere(
+        &self,
+        entry: &CatalogEntry,
+        execution_id: &str,
+    ) -> Result<ToolCallResult> {
+        let stored = self
+            .store
+            .execution(self.account_id, execution_id)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("tool execution {execution_id:?}")))?;
+        let output = Value::String(stored.error_message.clone().unwrap_or_else(|| {
+            "this call's outcome arrived after it was recorded as uncertain".to_owned()
+        }));
+        Ok(self.result(
+            Some(entry),
+            execution_id,
+            output,
+            stored.status,
+            stored.execution_reason_code,
         ))
     }
 

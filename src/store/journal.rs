@@ -85,6 +85,10 @@ pub enum Admitted {
     /// arguments) after the replay guard looked: the guard must decide again
     /// against that execution before the row may be written.
     ReplayChanged,
+    /// A finish found its row decided already: another instance took this
+    /// one for dead while the call ran and marked the row `uncertain`. The
+    /// journal keeps that outcome, and the caller is told it.
+    AlreadyDecided,
 }
 
 /// The end of an execution.
@@ -183,7 +187,7 @@ impl Store {
     }
 
     /// Finishes an opened row with its outcome (group-committed).
-    pub async fn finish_execution(&self, id: &str, finish: &ExecutionFinish) -> Result<()> {
+    pub async fn finish_execution(&self, id: &str, finish: &ExecutionFinish) -> Result<Admitted> {
         self.journal_writer
             .write(JournalWrite::Finish {
                 id: id.to_owned(),
@@ -191,7 +195,6 @@ impl Store {
                 at: now_ms(),
             })
             .await
-            .map(drop)
     }
 
     /// At start-up: rows a crash left running cannot be known; they become
@@ -858,7 +861,7 @@ pub(super) async fn finish_execution_with(
     id: &str,
     finish: &ExecutionFinish,
     now: i64,
-) -> Result<()> {
+) -> Result<Admitted> {
     let params = finish_params(id, finish, now);
     let finished = sql!(*conn, c => bind_params!(query(FINISH_SQL), params)
         .execute(c)
@@ -866,20 +869,21 @@ pub(super) async fn finish_execution_with(
         .rows_affected());
     if finished == 0 {
         late_outcome_left_out(id, finish);
+        return Ok(Admitted::AlreadyDecided);
     }
-    Ok(())
+    Ok(Admitted::Yes)
 }
 
 /// Logs an outcome that arrived for a row already decided (see
-/// [`FINISH_SQL`]): the caller was answered with this outcome while the
-/// journal keeps the one decided first, and an operator comparing the two
-/// needs to know why they differ.
+/// [`FINISH_SQL`]): the journal keeps the one decided first, and the caller is
+/// answered with that one ([`Admitted::AlreadyDecided`]), so this line is
+/// the only record of what the provider answered.
 pub(super) fn late_outcome_left_out(id: &str, finish: &ExecutionFinish) {
     tracing::warn!(
         execution_id = %id,
         status = finish.status.as_str(),
         "a call's outcome arrived after its row was decided (its instance was taken for dead); \
-         the journal keeps the earlier outcome"
+         the journal keeps the earlier outcome and the caller is answered with it"
     );
 }
 

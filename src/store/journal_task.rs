@@ -139,8 +139,7 @@ async fn apply(conn: &mut Handle<'_>, write: &JournalWrite) -> Result<Admitted> 
             insert_execution_with(conn, row, instance_id).await
         }
         JournalWrite::Finish { id, finish, at } => {
-            finish_execution_with(conn, id, finish, *at).await?;
-            Ok(Admitted::Yes)
+            finish_execution_with(conn, id, finish, *at).await
         }
     }
 }

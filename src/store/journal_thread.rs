@@ -551,6 +551,7 @@ fn apply(connection: &Connection, write: &JournalWrite) -> Result<Admitted> {
             let mut update = prepared(connection, FINISH_SQL)?;
             if execute(&mut update, &finish_params(id, finish, *at))? == 0 {
                 late_outcome_left_out(id, finish);
+                return Ok(Admitted::AlreadyDecided);
             }
             Ok(Admitted::Yes)
         }
