@@ -885,6 +885,21 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
     let total: usize = requests[2..].iter().map(given).sum();
     assert_eq!(total, 1, "given exactly once: {requests:#?}");
     assert_eq!(given(&requests[4]), 0, "not again in a later turn");
+    // The result follows the call it answers, with that call's arguments
+    // read back from the journal.
+    let carried = requests[2..]
+        .iter()
+        .find(|request| given(request) == 1)
+        .unwrap();
+    let messages = carried["messages"].as_array().unwrap();
+    let at = messages
+        .iter()
+        .position(|m| m["role"] == "tool" && m["tool_call_id"] == "call_later")
+        .unwrap();
+    let call = &messages[at - 1]["tool_calls"][0];
+    assert_eq!(call["id"], "call_later", "{call}");
+    assert_eq!(call["function"]["name"], "later_tool", "{call}");
+    assert_eq!(call["function"]["arguments"], r#"{"n":1}"#, "{call}");
 }
 
 /// A backlog of delivered results is given to the model 32 a turn, oldest

@@ -74,6 +74,14 @@ impl ToolRuntime {
             .store
             .unconsumed_deliveries(account_id, &session.id, MAX_DEFERRED_RESULTS_PER_TURN)
             .await?;
+        let execution_ids: Vec<String> = deliveries
+            .iter()
+            .map(|delivery| delivery.execution_id.clone())
+            .collect();
+        let arguments_of = self
+            .store
+            .execution_arguments(account_id, &execution_ids)
+            .await?;
         let mut taken_bytes = 0;
         let mut taken = 0;
         for delivery in &deliveries {
@@ -81,12 +89,8 @@ impl ToolRuntime {
                 Value::String(text) => text.clone(),
                 other => other.to_string(),
             };
-            let mut arguments = match self
-                .store
-                .execution(account_id, &delivery.execution_id)
-                .await?
-            {
-                Some(row) => row.args.to_value().to_string(),
+            let mut arguments = match arguments_of.get(&delivery.execution_id) {
+                Some(args) => args.to_value().to_string(),
                 None => "{}".to_owned(),
             };
             let size = arguments.len() + content.len();

@@ -233,6 +233,36 @@ impl Store {
             .map(record_from_row)))
     }
 
+    /// The arguments of the account's journal rows `ids` (at most a few
+    /// dozen), by id: what a turn needs of the calls whose deferred results
+    /// it delivers, without their results (a row may hold megabytes).
+    pub async fn execution_arguments(
+        &self,
+        account_id: &str,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, StoredJson>> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        self.settle_journal().await?;
+        let places = vec!["?"; ids.len()].join(", ");
+        // Built from placeholders only.
+        let sql = format!(
+            "SELECT id, args_json FROM tool_execution_record WHERE account_id = ? AND id IN ({places})"
+        );
+        Ok(sql!(self.conn().await?, c => {
+            let mut rows = query(AssertSqlSafe(sql)).bind(account_id);
+            for id in ids {
+                rows = rows.bind(id);
+            }
+            rows.fetch_all(c)
+                .await?
+                .iter()
+                .map(|row| (row.get("id"), StoredJson::from_text(row.get("args_json"))))
+                .collect()
+        }))
+    }
+
     /// The ids of the account's run's journal rows, oldest first, at most
     /// `limit` of them (a run holds at most `max_calls_per_turn` started
     /// calls, but its refused ones are not counted against it). Ids only: a
