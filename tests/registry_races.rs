@@ -139,6 +139,33 @@ async fn registrations_for_new_characters_survive_concurrent_global_registration
     );
 }
 
+/// Where the openers of one iteration are: said when an iteration is stuck
+/// (it was seen once in each of two full runs, never alone), so that the
+/// next sighting names the side that did not end.
+#[derive(Default)]
+struct StreamCensus {
+    /// Streams answered 200.
+    opened: AtomicUsize,
+    /// Openers waiting for an answer to their request.
+    sending: AtomicUsize,
+    /// Openers whose request failed (the listener closed): they are done.
+    openers_done: AtomicUsize,
+    /// Streams still being read.
+    reading: AtomicUsize,
+}
+
+impl StreamCensus {
+    fn describe(&self) -> String {
+        format!(
+            "{} streams opened, {} still read; {} of {OPENERS} openers done, {} waiting for an answer",
+            self.opened.load(Ordering::SeqCst),
+            self.reading.load(Ordering::SeqCst),
+            self.openers_done.load(Ordering::SeqCst),
+            self.sending.load(Ordering::SeqCst),
+        )
+    }
+}
+
 /// Opens event streams back to back until the server stops answering, holding
 /// each open (reading to its end) so that a stream the server fails to end keeps
 /// a connection alive. Counts streams that answered 200.
@@ -146,22 +173,29 @@ async fn open_streams(
     base_url: String,
     token: String,
     session: String,
-    opened: Arc<AtomicUsize>,
+    census: Arc<StreamCensus>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     // No overall timeout: a stream must end because the server ends it.
     let client = reqwest::Client::new();
     let url = format!("{base_url}/sessions/{session}/events");
     let mut holders = Vec::new();
     loop {
-        let Ok(mut response) = client.get(&url).bearer_auth(&token).send().await else {
+        census.sending.fetch_add(1, Ordering::SeqCst);
+        let sent = client.get(&url).bearer_auth(&token).send().await;
+        census.sending.fetch_sub(1, Ordering::SeqCst);
+        let Ok(mut response) = sent else {
             // Refused or reset: the listener is closed.
+            census.openers_done.fetch_add(1, Ordering::SeqCst);
             return holders;
         };
         match response.status().as_u16() {
             200 => {
-                opened.fetch_add(1, Ordering::SeqCst);
+                census.opened.fetch_add(1, Ordering::SeqCst);
+                census.reading.fetch_add(1, Ordering::SeqCst);
+                let census = census.clone();
                 holders.push(tokio::spawn(async move {
                     while let Ok(Some(_)) = response.chunk().await {}
+                    census.reading.fetch_sub(1, Ordering::SeqCst);
                 }));
             }
             503 => {
@@ -182,39 +216,46 @@ async fn sigterm_while_event_streams_open_always_exits() {
         // the suite until CI's own limit (seen once in a full run, not
         // reproduced alone).
         let step = Arc::new(std::sync::Mutex::new("starting the server"));
+        let census = Arc::new(StreamCensus::default());
         let ended = tokio::time::timeout(
             ITERATION_WITHIN,
-            shutdown_while_streams_open(iteration, step.clone()),
+            shutdown_while_streams_open(iteration, step.clone(), census.clone()),
         )
         .await;
         if ended.is_err() {
             let step = *step.lock().unwrap_or_else(|p| p.into_inner());
-            panic!("iteration {iteration}: stuck {ITERATION_WITHIN:?} while {step}");
+            panic!(
+                "iteration {iteration}: stuck {ITERATION_WITHIN:?} while {step} ({})",
+                census.describe()
+            );
         }
     }
 }
 
-async fn shutdown_while_streams_open(iteration: usize, step: Arc<std::sync::Mutex<&'static str>>) {
+async fn shutdown_while_streams_open(
+    iteration: usize,
+    step: Arc<std::sync::Mutex<&'static str>>,
+    census: Arc<StreamCensus>,
+) {
     let enter = |name: &'static str| *step.lock().unwrap_or_else(|p| p.into_inner()) = name;
     let mut server = spawn_app().await;
     enter("creating a session");
     let session = server.create_session().await;
-    let opened = Arc::new(AtomicUsize::new(0));
     let openers: Vec<_> = (0..OPENERS)
         .map(|_| {
             tokio::spawn(open_streams(
                 server.base_url.clone(),
                 server.token.clone(),
                 session.clone(),
-                opened.clone(),
+                census.clone(),
             ))
         })
         .collect();
     // SIGTERM lands while the openers keep opening streams.
     enter("waiting for the first event streams");
     wait_until(Duration::from_secs(30), "the first event streams", || {
-        let opened = opened.clone();
-        async move { opened.load(Ordering::SeqCst) >= OPENERS }
+        let census = census.clone();
+        async move { census.opened.load(Ordering::SeqCst) >= OPENERS }
     })
     .await;
     enter("waiting for the server to exit after SIGTERM");
@@ -222,8 +263,8 @@ async fn shutdown_while_streams_open(iteration: usize, step: Arc<std::sync::Mute
     let status = server.wait_exit(EXIT_WITHIN).await;
     let status = status.unwrap_or_else(|| {
         panic!(
-            "iteration {iteration}: the server did not exit within {EXIT_WITHIN:?} of SIGTERM ({} streams opened)",
-            opened.load(Ordering::SeqCst)
+            "iteration {iteration}: the server did not exit within {EXIT_WITHIN:?} of SIGTERM ({})",
+            census.describe()
         )
     });
     assert!(status.success(), "iteration {iteration}: {status:?}");
