@@ -737,14 +737,7 @@ async fn a_generation_on_a_live_instance_survives_anothers_start() {
     let db = pool(&database).await;
     let generation = |run_id: String| {
         let db = db.clone();
-        async move {
-            sqlx::query("SELECT generation FROM floor_runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-                .get::<Option<String>, _>("generation")
-        }
+        async move { run_row(&db, &run_id).await.1 }
     };
     common::wait_until(Duration::from_secs(30), "A's run to generate", || {
         let generation = generation(run_id.clone());
@@ -763,6 +756,16 @@ async fn a_generation_on_a_live_instance_survives_anothers_start() {
         )
         .await;
     assert_eq!(again.status, StatusCode::CONFLICT, "{again:?}");
+}
+
+/// A run's `(state, generation)` as the database holds them.
+async fn run_row(db: &sqlx::PgPool, run_id: &str) -> (String, Option<String>) {
+    let row = sqlx::query("SELECT state, generation FROM floor_runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(db)
+        .await
+        .unwrap();
+    (row.get("state"), row.get("generation"))
 }
 
 /// Two instances on one database, with a model that never answers (kept
@@ -961,12 +964,7 @@ async fn an_instance_paused_past_its_heartbeat_stops_the_generation_taken_from_i
     // A, resumed, finds itself taken for dead and stops what it generated.
     model.wait_for_abandoned(1).await;
     let db = pool(&database).await;
-    let generation: Option<String> = sqlx::query("SELECT generation FROM floor_runs WHERE id = $1")
-        .bind(&run_id)
-        .fetch_one(&db)
-        .await
-        .unwrap()
-        .get("generation");
+    let (_, generation) = run_row(&db, &run_id).await;
     assert_eq!(generation.as_deref(), Some("failed"), "B's ending stands");
 }
 
@@ -995,24 +993,8 @@ async fn claiming_a_paused_instances_session_discards_its_generation_in_the_same
     })
     .await;
     let db = pool(&database).await;
-    let generation = |run_id: String| {
-        let db = db.clone();
-        async move {
-            sqlx::query("SELECT state, generation FROM floor_runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_one(&db)
-                .await
-                .map(|row| {
-                    (
-                        row.get::<String, _>("state"),
-                        row.get::<Option<String>, _>("generation"),
-                    )
-                })
-                .unwrap()
-        }
-    };
     assert_eq!(
-        generation(run_id.clone()).await,
+        run_row(&db, &run_id).await,
         ("discarded".to_owned(), Some("failed".to_owned())),
         "A's run is closed before B's generation of the session starts"
     );
@@ -1024,11 +1006,11 @@ async fn claiming_a_paused_instances_session_discards_its_generation_in_the_same
     // A, resumed, stops what it generated; B's generation goes on alone.
     model.wait_for_abandoned(1).await;
     assert_eq!(
-        generation(run_id.clone()).await,
+        run_row(&db, &run_id).await,
         ("discarded".to_owned(), Some("failed".to_owned()))
     );
     assert_eq!(
-        generation(b_run).await,
+        run_row(&db, &b_run).await,
         ("open".to_owned(), Some("running".to_owned()))
     );
 }

@@ -3,6 +3,7 @@
 //! `mcp.rs`; both are scoped to the calling account.
 
 use axum::extract::State;
+use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -173,9 +174,7 @@ async fn server_tools(
         .iter()
         .map(|tool| EntryView::of(&tool.spec, Availability::Available, None, Some(source)))
         .collect();
-    Ok(axum::response::IntoResponse::into_response(axum::Json(
-        Data { data },
-    )))
+    Ok(axum::Json(Data { data }).into_response())
 }
 
 fn disabled(server: &McpServer) -> ApiError {

@@ -329,16 +329,6 @@ impl ToolRuntime {
     }
 
     async fn finish_answered(&self, run: &Run, text: &str) -> Result<()> {
-        // A page holds what a client may commit, whoever wrote it: a floor
-        // of 100 pages stays a readable answer (a runaway model's 4 MiB
-        // replies made `GET /floors/{id}` 400 MB, probe I).
-        if text.len() > crate::store::MAX_PAGE_CONTENT_BYTES {
-            return Err(Error::validation(format!(
-                "the model's reply is {} bytes, more than a page holds ({} bytes)",
-                text.len(),
-                crate::store::MAX_PAGE_CONTENT_BYTES
-            )));
-        }
         self.store.set_page_content(&run.page_id, text).await?;
         if self
             .store

@@ -23,7 +23,7 @@ pub enum GenerationState {
 }
 
 impl GenerationState {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             GenerationState::Finished => "finished",
             GenerationState::Failed => "failed",
@@ -36,14 +36,28 @@ impl GenerationState {
 /// leaves more than one floor open.
 const MAX_FLOORS_COMMITTED_AT_ONCE: i64 = 64;
 
+/// Ends a run's generation as `?1` (a [`GenerationState`]), if it is still
+/// generating: the loop's own ending and a dead instance's discarded run
+/// write it alike.
+pub(super) const END_GENERATION_SQL: &str =
+    "UPDATE floor_runs SET generation = ?1 WHERE id = ?2 AND generation = 'running'";
+
+/// The SQL condition that a run is still generating on a dead instance;
+/// placeholders `[previous, this, stale_before]` as in
+/// [`super::cluster::of_a_dead_instance`].
+pub(super) fn left_by_a_dead_instance(placeholders: [u8; 3]) -> String {
+    format!(
+        "generation = 'running' AND state = 'open' AND {}",
+        super::cluster::of_a_dead_instance("generation_instance", placeholders)
+    )
+}
+
 impl Store {
     /// Records how the loop ended `run_id`, if the run is still generating;
     /// false for one that another instance already ended (it took this one
     /// for dead and discarded the run), which keeps what that instance wrote.
     pub async fn end_run_generation(&self, run_id: &str, state: GenerationState) -> Result<bool> {
-        let ended = sql!(self.conn().await?, c => query(
-            "UPDATE floor_runs SET generation = ? WHERE id = ? AND generation = 'running'",
-        )
+        let ended = sql!(self.conn().await?, c => query(END_GENERATION_SQL)
             .bind(state.as_str())
             .bind(run_id)
             .execute(c)

@@ -283,8 +283,18 @@ impl Store {
             .collect()))
     }
 
-    /// Writes the text a run produced into its page (before the run is committed).
+    /// Writes the text a run produced into its page (before the run is
+    /// committed). A page holds what a client may commit, whoever wrote it,
+    /// so that a floor of 100 pages stays a readable answer (a runaway
+    /// model's 4 MiB replies made `GET /floors/{id}` 400 MB, probe I).
     pub async fn set_page_content(&self, page_id: &str, content: &str) -> Result<()> {
+        if content.len() > super::floors::MAX_FLOOR_CONTENT_BYTES {
+            return Err(Error::validation(format!(
+                "the model's reply is {} bytes, more than a page holds ({} bytes)",
+                content.len(),
+                super::floors::MAX_FLOOR_CONTENT_BYTES
+            )));
+        }
         sql!(self.conn().await?, c => query("UPDATE pages SET content = ? WHERE id = ?")
             .bind(content)
             .bind(page_id)
@@ -315,9 +325,8 @@ impl Store {
         stale_before: i64,
     ) -> Result<Vec<String>> {
         let left = format!(
-            "SELECT {COLUMNS} FROM floor_runs WHERE session_id = ?1 AND generation = 'running' \
-             AND state = 'open' AND {}",
-            super::cluster::of_a_dead_instance("generation_instance", [2, 3, 4])
+            "SELECT {COLUMNS} FROM floor_runs WHERE session_id = ?1 AND {}",
+            super::run_generation::left_by_a_dead_instance([2, 3, 4])
         );
         // Built from fixed column names and placeholder numbers only.
         let runs: Vec<Run> = sql!(*tx, c => query(AssertSqlSafe(left))
@@ -331,9 +340,8 @@ impl Store {
             .map(from_row)
             .collect());
         for run in &runs {
-            sql!(*tx, c => query(
-                "UPDATE floor_runs SET generation = 'failed' WHERE id = ? AND generation = 'running'",
-            )
+            sql!(*tx, c => query(super::run_generation::END_GENERATION_SQL)
+            .bind(super::run_generation::GenerationState::Failed.as_str())
             .bind(&run.id)
             .execute(c)
             .await
