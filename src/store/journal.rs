@@ -305,43 +305,10 @@ impl Store {
         query: ExecutionQuery,
     ) -> Result<Page<T>> {
         self.settle_journal().await?;
-        let mut conditions = vec!["account_id = ?".to_owned()];
-        let mut binds = vec![ReadParam::Text(account_id.to_owned())];
-        let mut filter = |column: &str, value: Option<String>| {
-            if let Some(value) = value {
-                conditions.push(format!("{column} = ?"));
-                binds.push(ReadParam::Text(value));
-            }
-        };
-        filter("session_id", query.session_id.clone());
-        filter("floor_id", query.floor_id.clone());
-        filter("run_id", query.run_id.clone());
-        filter(
-            "caller_slot",
-            query.caller_slot.map(|s| s.as_str().to_owned()),
-        );
-        filter("tool_name", query.tool_name.clone());
-        filter("status", query.status.map(|s| s.as_str().to_owned()));
-        filter(
-            "lifecycle_state",
-            query.lifecycle_state.map(|s| s.as_str().to_owned()),
-        );
-        filter(
-            "commit_outcome",
-            query.commit_outcome.map(|s| s.as_str().to_owned()),
-        );
-        filter("provider_type", query.provider_type.clone());
-        let where_sql = conditions.join(" AND ");
-        // Column names below come from closed lists, never from input.
+        let (where_sql, binds) = filter_conditions(account_id, &query);
         let page = &query.page;
-        let order = page.sort_order.sql();
-        let nulls = nulls_like_sqlite(page.sort_by, page.sort_order);
         let (keyset_sql, keyset_binds) = keyset_condition(&query);
-        let sql = format!(
-            "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
-             ORDER BY {} {order}{nulls}, id {order} LIMIT ? OFFSET ?",
-            page.sort_by
-        );
+        let sql = page_statement(&where_sql, &keyset_sql, page);
         // The total counts the filter's rows; the page reads past the cursor.
         let mut page_binds = binds.clone();
         for bind in keyset_binds {
@@ -561,6 +528,52 @@ fn call_record_from_row(row: &impl Record) -> CallRecord {
         duration_ms: row.get("duration_ms"),
         created_at: row.get("created_at"),
     }
+}
+
+/// The condition a journal query's rows meet (the account's rows and the
+/// query's filters), with the values it binds, in order.
+fn filter_conditions(account_id: &str, query: &ExecutionQuery) -> (String, Vec<ReadParam>) {
+    let mut conditions = vec!["account_id = ?".to_owned()];
+    let mut binds = vec![ReadParam::Text(account_id.to_owned())];
+    let mut filter = |column: &str, value: Option<String>| {
+        if let Some(value) = value {
+            conditions.push(format!("{column} = ?"));
+            binds.push(ReadParam::Text(value));
+        }
+    };
+    filter("session_id", query.session_id.clone());
+    filter("floor_id", query.floor_id.clone());
+    filter("run_id", query.run_id.clone());
+    filter(
+        "caller_slot",
+        query.caller_slot.map(|s| s.as_str().to_owned()),
+    );
+    filter("tool_name", query.tool_name.clone());
+    filter("status", query.status.map(|s| s.as_str().to_owned()));
+    filter(
+        "lifecycle_state",
+        query.lifecycle_state.map(|s| s.as_str().to_owned()),
+    );
+    filter(
+        "commit_outcome",
+        query.commit_outcome.map(|s| s.as_str().to_owned()),
+    );
+    filter("provider_type", query.provider_type.clone());
+    (conditions.join(" AND "), binds)
+}
+
+/// The statement of a journal page: the rows `where_sql` and the cursor's
+/// `keyset_sql` select, in the page's order, one past its limit (binds: the
+/// condition's, the cursor's, then limit and offset).
+fn page_statement(where_sql: &str, keyset_sql: &str, page: &crate::domain::PageRequest) -> String {
+    // Column names below come from closed lists, never from input.
+    let order = page.sort_order.sql();
+    let nulls = nulls_like_sqlite(page.sort_by, page.sort_order);
+    format!(
+        "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
+         ORDER BY {} {order}{nulls}, id {order} LIMIT ? OFFSET ?",
+        page.sort_by
+    )
 }
 
 /// The NULLS clause that makes a nullable sort column order as SQLite orders
@@ -1118,6 +1131,70 @@ mod tests {
             },
         )
         .expect("rows read")
+    }
+
+    /// A floor's page and a session's, in every sort and direction, from its
+    /// start or after a cursor, is a search of one index in the page's order:
+    /// never a sort of every row of the floor (which reads each row whole,
+    /// large results included, to find its sort value).
+    #[tokio::test]
+    async fn a_floor_or_session_page_in_every_sort_searches_one_index_in_order() {
+        use crate::domain::{PageRequest, SortOrder};
+        use crate::journal::query::Cursor;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        let super::super::backend::Pool::Sqlite(pool) = &store.pool else {
+            panic!("Store::open(None, …) opens SQLite");
+        };
+        for (floor_id, session_id) in [(Some("floor_1"), None), (None, Some("sess_1"))] {
+            for sort_by in ["created_at", "started_at", "finished_at"] {
+                for sort_order in [SortOrder::Asc, SortOrder::Desc] {
+                    for cursor in [None, Some(Some(5)), Some(None)] {
+                        let query = ExecutionQuery {
+                            session_id: session_id.map(str::to_owned),
+                            floor_id: floor_id.map(str::to_owned),
+                            run_id: None,
+                            caller_slot: None,
+                            tool_name: None,
+                            status: None,
+                            lifecycle_state: None,
+                            commit_outcome: None,
+                            provider_type: None,
+                            page: PageRequest {
+                                limit: 50,
+                                offset: 0,
+                                sort_by,
+                                sort_order,
+                            },
+                            cursor: cursor.map(|value| Cursor {
+                                value,
+                                id: "texec_1".into(),
+                            }),
+                        };
+                        let (where_sql, _) = filter_conditions("acct_1", &query);
+                        let (keyset_sql, _) = keyset_condition(&query);
+                        let sql = page_statement(&where_sql, &keyset_sql, &query.page);
+                        let plan = explain(pool, &sql).await;
+                        assert!(
+                            plan.iter().any(|step| step.starts_with("SEARCH"))
+                                && !plan.iter().any(|step| step.contains("TEMP B-TREE")),
+                            "{sql}\n{plan:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The steps of `sql`'s query plan (their `detail` column).
+    async fn explain(pool: &sqlx::SqlitePool, sql: &str) -> Vec<String> {
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(pool)
+            .await
+            .expect("a plan")
+            .iter()
+            .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+            .collect()
     }
 
     #[test]
