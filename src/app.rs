@@ -145,6 +145,10 @@ impl App {
             runtime.clone(),
             workers.clone(),
         ));
+        // Stopped last of the tasks, so that the results and runs' ends of
+        // the stop reach the other instances.
+        let relay_stop = tokio_util::sync::CancellationToken::new();
+        let relay = runtime.start_event_relay(relay_stop.clone());
         let follower = store.shared_database().then(|| {
             tokio::spawn(crate::runtime::cluster::follow_other_instances(
                 runtime.clone(),
@@ -184,6 +188,10 @@ impl App {
         }
         let _ = sweeper.await;
         let _ = gone_sessions.await;
+        relay_stop.cancel();
+        if let Some(relay) = relay {
+            let _ = relay.await;
+        }
         if let Some(server) = metrics_server {
             server.abort();
         }

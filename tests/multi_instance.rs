@@ -56,6 +56,19 @@ async fn instance(database: &TestDatabase, env: &[(&str, &str)]) -> TestServer {
     .await
 }
 
+/// One instance on `database` whose model endpoint is `stand_in`.
+async fn instance_with_model(
+    database: &TestDatabase,
+    stand_in: &common::model::StandIn,
+) -> TestServer {
+    let model = stand_in.env();
+    let env: Vec<(&str, &str)> = model
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    instance(database, &env).await
+}
+
 async fn pool(database: &TestDatabase) -> sqlx::PgPool {
     sqlx::PgPool::connect(&database.url)
         .await
@@ -471,6 +484,82 @@ async fn a_session_deleted_on_one_instance_ends_its_event_streams_on_the_others(
     events.until_ended(Duration::from_secs(10)).await;
 }
 
+/// A session's events reach its streams on every instance, once each: a
+/// generation on A streams to B's stream of the session exactly as to A's (a
+/// reply far past a notification's 8,000 bytes included), and an approval
+/// asked and rejected on A reaches B's stream too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_events_reach_its_streams_on_every_instance_once() {
+    let database = shared_database().await;
+    let long = "x".repeat(20_000);
+    let stand_in =
+        common::model::StandIn::start(vec![common::model::text_answer(&["Hel", "lo ", &long])])
+            .await;
+    let a = instance_with_model(&database, &stand_in).await;
+    let b = instance_with_model(&database, &stand_in).await;
+    let session = a.create_session().await;
+    let mut on_a = Events::open(&a, &session).await;
+    let mut on_b = Events::open(&b, &session).await;
+    common::model::turn(&a, &session, "hello").await;
+    let here = common::model::until_run_ends(&mut on_a).await;
+    let there = common::model::until_run_ends(&mut on_b).await;
+    assert_eq!(
+        common::model::kinds(&here),
+        ["run_started", "token", "token", "token", "run_finished"]
+    );
+    assert_eq!(there, here, "B's stream shows the run as A's does");
+    assert_eq!(
+        there[4].1["content"],
+        format!("Hello {long}"),
+        "the whole reply"
+    );
+
+    let callbacks = common::callbacks::CountingCallbacks::start().await;
+    common::register_remote(
+        &a,
+        json!({"name": "send_email", "callback_url": callbacks.url("/ok"), "side_effect_level": "irreversible"}),
+    )
+    .await;
+    let held = a
+        .put(
+            &format!("/sessions/{session}/tool-permissions"),
+            json!({"approval_required": {"side_effect_level": "irreversible"}}),
+        )
+        .await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let call = a
+        .post(
+            &format!("/sessions/{session}/tool-calls"),
+            json!({"name": "send_email", "arguments": {"to": "bob"}}),
+        )
+        .await;
+    assert_eq!(call.body["data"]["status"], "awaiting_approval", "{call:?}");
+    let id = call.body["data"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let rejected = a
+        .post(
+            &format!("/tool-executions/{id}/reject"),
+            json!({"reason": "not to Bob"}),
+        )
+        .await;
+    assert_eq!(rejected.status, StatusCode::OK, "{rejected:?}");
+    // Each stream's next session events are the approval's, once: a run's
+    // events relayed twice, or back to A, would come before them.
+    for (name, events) in [("A", &mut on_a), ("B", &mut on_b)] {
+        let mut kinds = Vec::new();
+        while kinds.len() < 2 {
+            let event = events.next_within(Duration::from_secs(30)).await;
+            if event.kind != "catalog_changed" {
+                assert_eq!(event.data["execution_id"], id, "{name}: {event:?}");
+                kinds.push(event.kind);
+            }
+        }
+        assert_eq!(kinds, ["approval_requested", "tool_result"], "{name}");
+    }
+}
+
 /// An instance that never heard of a deletion (its listener was
 /// reconnecting when the announcement went out; here the row is deleted
 /// behind both instances' backs) still closes the session's streams once it
@@ -725,12 +814,7 @@ async fn an_mcp_server_disabled_or_deleted_while_an_instance_was_not_listening_i
 async fn a_generation_on_a_live_instance_survives_anothers_start() {
     let database = shared_database().await;
     let stand_in = common::model::StandIn::start(vec![common::model::Answer::Hang]).await;
-    let model: Vec<(String, String)> = stand_in.env();
-    let env: Vec<(&str, &str)> = model
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = instance(&database, &env).await;
+    let a = instance_with_model(&database, &stand_in).await;
     let session = a.create_session().await;
     let started = common::model::turn(&a, &session, "hello").await;
     let run_id = started["run_id"].as_str().unwrap().to_owned();
@@ -745,7 +829,7 @@ async fn a_generation_on_a_live_instance_survives_anothers_start() {
     })
     .await;
     // B's start-up discards interrupted generations: A's is not one.
-    let b = instance(&database, &env).await;
+    let b = instance_with_model(&database, &stand_in).await;
     assert_eq!(b.get("/healthz").await.status, StatusCode::OK);
     assert_eq!(generation(run_id.clone()).await.as_deref(), Some("running"));
     // A still owns it: a second floor there is refused while it generates.
@@ -775,13 +859,9 @@ async fn two_generating_instances(
 ) -> (common::model::StandIn, TestServer, TestServer) {
     let stand_in = common::model::StandIn::start(Vec::new()).await;
     stand_in.repeat(common::model::Answer::Hang);
-    let model: Vec<(String, String)> = stand_in.env();
-    let env: Vec<(&str, &str)> = model
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let a = instance(database, &env).await;
-    (stand_in, a, instance(database, &env).await)
+    let a = instance_with_model(database, &stand_in).await;
+    let b = instance_with_model(database, &stand_in).await;
+    (stand_in, a, b)
 }
 
 async fn run_state(server: &TestServer, run_id: &str) -> String {

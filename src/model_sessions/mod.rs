@@ -47,6 +47,31 @@ const MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 /// The kind of the generation loop's text deltas, the one kind a stream that
 /// has fallen behind may go without.
 pub const TOKEN_EVENT: &str = "token";
+/// Every kind of event the runtime publishes to a chat session's streams
+/// (not `ready`, `catalog_changed` or an observer's `journal`, which each
+/// instance makes itself): the kinds another instance may relay here.
+pub const SESSION_EVENT_KINDS: &[&str] = &[
+    TOKEN_EVENT,
+    "run_started",
+    "run_finished",
+    "run_failed",
+    "reply_rejected",
+    "slot_finished",
+    "slot_failed",
+    "memories_buffered",
+    "tool_call_started",
+    "tool_call_finished",
+    "approval_requested",
+    "tool_result",
+];
+
+/// The kind named `name` among [`SESSION_EVENT_KINDS`].
+pub fn session_event_kind(name: &str) -> Option<&'static str> {
+    SESSION_EVENT_KINDS
+        .iter()
+        .copied()
+        .find(|kind| *kind == name)
+}
 
 /// One event for a model session's subscriber.
 #[derive(Debug, Clone)]
@@ -86,6 +111,12 @@ impl EventData {
                 .unwrap_or_else(|_| "null".to_owned())
                 .into(),
         )
+    }
+
+    /// A body that is JSON text already (another instance's event, read
+    /// back as it was serialized there).
+    pub fn from_json_text(text: &str) -> Self {
+        Self(text.into())
     }
 
     /// The JSON text.

@@ -78,8 +78,7 @@ impl ToolRuntime {
                 "approval_deadline_at": deadline_at,
             }),
         );
-        self.model_sessions
-            .publish_to_session(&journal.session.id, event);
+        self.publish_to_session(&journal.session.id, event);
         Ok(receipt)
     }
 

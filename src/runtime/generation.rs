@@ -382,8 +382,7 @@ impl ToolRuntime {
             fields.insert("run_id".into(), json!(turn.run.id));
         }
         let event = ModelSessionEvent::new(kind, &data);
-        self.model_sessions
-            .publish_to_session(&turn.session_id, event);
+        self.publish_to_session(&turn.session_id, event);
     }
 }
 

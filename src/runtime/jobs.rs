@@ -273,9 +273,7 @@ impl ToolRuntime {
     /// Sends a delivered result to the session's live model sessions.
     pub(super) async fn publish_tool_result(&self, delivery: &crate::store::Delivery) {
         let event = crate::model_sessions::ModelSessionEvent::new("tool_result", delivery);
-        let reached = self
-            .model_sessions
-            .publish_to_session(&delivery.session_id, event);
+        let reached = self.publish_to_session(&delivery.session_id, event);
         tracing::debug!(session_id = ?delivery.session_id, reached, "tool_result published");
     }
 }

@@ -9,6 +9,7 @@ mod conversation;
 mod detach;
 mod dispatch;
 mod dry_run;
+mod event_relay;
 mod generation;
 mod gone_sessions;
 mod history;
@@ -74,6 +75,8 @@ pub struct RuntimeParts {
     providers: Arc<[Arc<dyn ToolProvider>]>,
     /// Live model sessions; catalog mutations synchronise them.
     pub model_sessions: Arc<ModelSessionHub>,
+    /// A chat session's events on their way to the other instances' streams.
+    relay: event_relay::EventRelay,
     /// Wakes the job workers when a job becomes claimable.
     pub jobs: Arc<JobSignal>,
     /// Calls and changes whose caller went away before they finished: they
@@ -133,6 +136,7 @@ impl ToolRuntime {
             mcp,
             providers: providers.into(),
             model_sessions: Arc::new(ModelSessionHub::default()),
+            relay: event_relay::EventRelay::new(store.shared_database()),
             jobs: Arc::new(JobSignal::default()),
             started_work: TaskTracker::new(),
             validations: Arc::new(tokio::sync::Semaphore::new(

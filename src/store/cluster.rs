@@ -20,7 +20,10 @@ use crate::failure_log::FailureLog;
 use crate::ids::now_ms;
 
 /// The notification channel every instance listens on.
-const CHANNEL: &str = "toolgate_changes";
+pub(super) const CHANNEL: &str = "toolgate_changes";
+/// The topic of a batch of session events another instance relayed; its
+/// data is the batch's id in `relayed_session_events`.
+pub const SESSION_EVENTS_TOPIC: &str = "session_events";
 /// How often an instance renews its heartbeat and looks for dead ones.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// An instance whose heartbeat is older than this is dead: the rows it left
@@ -264,6 +267,9 @@ async fn heartbeat(store: Store) {
                 }
             }
             Err(err) => sweep_failures.failed(&err),
+        }
+        if let Err(err) = store.forget_old_relayed_events().await {
+            tracing::warn!(error = %err, "could not delete old relayed session events");
         }
     }
 }

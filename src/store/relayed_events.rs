@@ -1,0 +1,68 @@
+//! A chat session's events, relayed between instances sharing a PostgreSQL
+//! database: a batch is stored as one row of `relayed_session_events`, and
+//! its id is announced on the change channel in the same statement (a
+//! notification's payload is limited to 8,000 bytes, an event is not). The
+//! other instances read the row by that id. On SQLite there is one instance
+//! and nothing is relayed.
+
+use super::Store;
+use super::backend::Pool;
+use super::cluster::{CHANNEL, SESSION_EVENTS_TOPIC};
+use crate::error::Result;
+use crate::ids::now_ms;
+
+/// How long a relayed batch is kept: notifications arrive well under a
+/// second after their commit, and an instance that missed one (its listening
+/// connection was lost) is not sent what it missed either.
+const KEPT_FOR_MS: i64 = 60_000;
+
+impl Store {
+    /// Stores a batch of session events (a JSON array, see
+    /// `runtime::event_relay`) and tells the other instances its id.
+    /// Nothing happens on SQLite.
+    pub async fn relay_session_events(&self, events_json: &str) -> Result<()> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(());
+        };
+        sqlx::query(
+            "WITH batch AS (INSERT INTO relayed_session_events (origin, events, created_at) \
+             VALUES ($1, $2, $3) RETURNING id) \
+             SELECT pg_notify($4, json_build_object('from', $1::text, 'topic', $5::text, 'data', batch.id)::text) \
+             FROM batch",
+        )
+        .bind(self.instance_id())
+        .bind(events_json)
+        .bind(now_ms())
+        .bind(CHANNEL)
+        .bind(SESSION_EVENTS_TOPIC)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The batch another instance relayed as `id` (its JSON array), if it is
+    /// still kept.
+    pub async fn relayed_session_events(&self, id: i64) -> Result<Option<String>> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(None);
+        };
+        let events = sqlx::query_scalar("SELECT events FROM relayed_session_events WHERE id = $1")
+            .bind(id)
+            .fetch_optional(pool)
+            .await?;
+        Ok(events)
+    }
+
+    /// Deletes the relayed batches every instance has had time to read.
+    pub(super) async fn forget_old_relayed_events(&self) -> Result<u64> {
+        let Pool::Postgres(pool) = &self.pool else {
+            return Ok(0);
+        };
+        let deleted = sqlx::query("DELETE FROM relayed_session_events WHERE created_at < $1")
+            .bind(now_ms() - KEPT_FOR_MS)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        Ok(deleted)
+    }
+}
