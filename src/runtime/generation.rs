@@ -352,29 +352,17 @@ impl ToolRuntime {
         self.discard_run(account_id, &run.id).await.map(drop)
     }
 
-    /// At start-up: runs the previous process was generating have no one to
+    /// At start-up and every few seconds on a shared database: runs that a
+    /// stopped process or a dead instance was generating have no one to
     /// finish them; they are discarded (their calls stay journalled).
     pub async fn discard_interrupted_generations(&self) -> Result<usize> {
-        let interrupted = self.store.interrupted_generations().await?;
-        let mut discarded = 0;
-        for (account_id, run_id) in &interrupted {
-            let run = self.store.run(account_id, run_id).await?;
-            match self.finish_failed(account_id, &run).await {
-                Ok(()) => {
-                    discarded += 1;
-                    // An instance only paused, not dead, hears it on resuming.
-                    super::cluster::announce_run_cancel(self, run_id).await;
-                }
-                // Another instance sweeping at the same time closed it first.
-                Err(Error::Refused {
-                    code: ErrorCode::RunNotOpen,
-                    ..
-                }) => continue,
-                Err(error) => return Err(error),
-            }
+        let discarded = self.store.discard_interrupted_generations().await?;
+        for run_id in &discarded {
             tracing::warn!(run_id = %run_id, "a generation interrupted by the previous stop was discarded");
+            // An instance only paused, not dead, hears it on resuming.
+            super::cluster::announce_run_cancel(self, run_id).await;
         }
-        Ok(discarded)
+        Ok(discarded.len())
     }
 
     pub(super) fn emit(&self, turn: &Turn, kind: &'static str, mut data: Value) {

@@ -47,7 +47,7 @@ impl Store {
             return Ok((false, Vec::new()));
         }
         let discarded = self
-            .discard_dead_generations_in(&mut tx, session_id, now - STALE_AFTER_MS)
+            .discard_dead_generations_in(&mut tx, Some(session_id), now - STALE_AFTER_MS)
             .await?;
         tx.commit().await?;
         Ok((true, discarded))

@@ -44,11 +44,14 @@ pub(super) const END_GENERATION_SQL: &str =
 
 /// The SQL condition that a run is still generating on a dead instance;
 /// placeholders `[previous, this, stale_before]` as in
-/// [`super::cluster::of_a_dead_instance`].
-pub(super) fn left_by_a_dead_instance(placeholders: [u8; 3]) -> String {
+/// [`super::cluster::of_a_dead_instance`], and `shared`: 0 on an unshared
+/// database, where every instance but this one is dead (an earlier process
+/// there never renewed its heartbeat, so a short-lived one would look alive).
+pub(super) fn left_by_a_dead_instance([previous, this, stale_before, shared]: [u8; 4]) -> String {
     format!(
-        "generation = 'running' AND state = 'open' AND {}",
-        super::cluster::of_a_dead_instance("generation_instance", placeholders)
+        "generation = 'running' AND state = 'open' AND ((?{shared} = 0 AND \
+         (generation_instance IS NULL OR generation_instance <> ?{this})) OR {})",
+        super::cluster::of_a_dead_instance("generation_instance", [previous, this, stale_before])
     )
 }
 
@@ -95,32 +98,20 @@ impl Store {
         Ok(runs)
     }
 
-    /// Runs the loop was driving when the previous process stopped (no
-    /// process drives them now), as (account id, run id). On a shared
-    /// database only those of dead instances: the previous one on this data
-    /// directory, those without a heartbeat for
+    /// Discards, in one write transaction, the runs the loop was driving
+    /// when the previous process stopped (no process drives them now): on a
+    /// shared database only those of dead instances (the previous one on this
+    /// data directory, those without a heartbeat for
     /// [`super::cluster::STALE_AFTER_MS`], and runs from before instances were
-    /// recorded; a live instance's generation is its own.
-    pub async fn interrupted_generations(&self) -> Result<Vec<(String, String)>> {
-        let stale_before = now_ms() - super::cluster::STALE_AFTER_MS;
-        let interrupted = format!(
-            "SELECT account_id, id FROM floor_runs WHERE generation = 'running' AND state = 'open' \
-             AND (?1 = 0 OR {})",
-            super::cluster::of_a_dead_instance("generation_instance", [2, 3, 4])
-        );
-        // Built from a fixed column name and placeholder numbers only.
-        Ok(
-            sql!(self.conn().await?, c => query(sqlx::AssertSqlSafe(interrupted))
-        .bind(i64::from(self.shared_database()))
-        .bind(self.previous_instance())
-        .bind(self.instance_id())
-        .bind(stale_before)
-        .fetch_all(c)
-        .await?
-        .iter()
-        .map(|row| (row.get("account_id"), row.get("id")))
-        .collect()),
-        )
+    /// recorded; a live instance's generation is its own). Their ids, for the
+    /// cancel a paused instance hears.
+    pub async fn discard_interrupted_generations(&self) -> Result<Vec<String>> {
+        let mut tx = self.begin_write().await?;
+        let discarded = self
+            .discard_dead_generations_in(&mut tx, None, now_ms() - super::cluster::STALE_AFTER_MS)
+            .await?;
+        tx.commit().await?;
+        Ok(discarded)
     }
 
     /// Buffers the memory slot's notes in the run; blank notes are skipped,

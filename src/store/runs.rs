@@ -314,19 +314,21 @@ impl Store {
         self.run(account_id, run_id).await
     }
 
-    /// Discards, in `tx`, the session's runs that a dead instance left
-    /// generating (see [`super::cluster`]'s rule; placeholders 1-4 bind the
-    /// session, [`Store::previous_instance`], this instance and the oldest
-    /// live heartbeat time). Their ids, for the cancel a paused instance hears.
+    /// Discards, in `tx`, the runs that a dead instance left generating, of
+    /// one session or (`None`) of every session (see [`super::cluster`]'s
+    /// rule; on an unshared database every instance but this one is dead).
+    /// Their ids, for the cancel a paused instance hears.
     pub(super) async fn discard_dead_generations_in(
         &self,
         tx: &mut Tx,
-        session_id: &str,
+        session_id: Option<&str>,
         stale_before: i64,
     ) -> Result<Vec<String>> {
+        // Placeholders: the session (or NULL), previous instance, this
+        // instance, oldest live heartbeat, whether the database is shared.
         let left = format!(
-            "SELECT {COLUMNS} FROM floor_runs WHERE session_id = ?1 AND {}",
-            super::run_generation::left_by_a_dead_instance([2, 3, 4])
+            "SELECT {COLUMNS} FROM floor_runs WHERE (?1 IS NULL OR session_id = ?1) AND {}",
+            super::run_generation::left_by_a_dead_instance([2, 3, 4, 5])
         );
         // Built from fixed column names and placeholder numbers only.
         let runs: Vec<Run> = sql!(*tx, c => query(AssertSqlSafe(left))
@@ -334,6 +336,7 @@ impl Store {
             .bind(self.previous_instance())
             .bind(self.instance_id())
             .bind(stale_before)
+            .bind(i64::from(self.shared_database()))
             .fetch_all(c)
             .await?
             .iter()
