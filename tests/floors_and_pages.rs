@@ -379,3 +379,49 @@ async fn a_page_of_large_floors_ends_at_its_byte_bound_counting_their_pages() {
     assert_eq!(seqs(&rest), [9, 10, 11, 12]);
     assert_eq!(rest.body["meta"]["has_more"], false);
 }
+
+/// A floor's message and a committed page hold at most 256 KiB: one byte
+/// more is refused with the size and the bound, and a refused commit leaves
+/// its run open.
+#[tokio::test]
+async fn a_floor_or_a_commit_past_256_kib_is_refused_and_the_run_stays_open() {
+    let server = spawn_app().await;
+    let session = server.create_session().await;
+    let bound = 256 * 1024;
+    let too_long = "y".repeat(bound + 1);
+    let refused = server
+        .post(
+            &format!("/sessions/{session}/floors"),
+            json!({"content": too_long}),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    assert_eq!(refused.body["error"]["code"], "validation_error");
+    assert_eq!(
+        refused.body["error"]["message"],
+        "content is 262145 bytes, more than a floor or page holds (262144 bytes)"
+    );
+    let floor_id = floor(&server, &session, &"y".repeat(bound)).await;
+    let run = open_run(&server, &floor_id).await;
+    let id = run["id"].as_str().unwrap();
+    let commit = server
+        .post(&format!("/runs/{id}/commit"), json!({"content": too_long}))
+        .await;
+    assert_eq!(commit.status, StatusCode::BAD_REQUEST, "{commit:?}");
+    assert_eq!(
+        commit.body["error"]["message"],
+        "content is 262145 bytes, more than a floor or page holds (262144 bytes)"
+    );
+    assert_eq!(run_state(&server, &run).await, "open");
+    close(
+        &server,
+        &run,
+        "commit",
+        json!({"content": "z".repeat(bound)}),
+    )
+    .await;
+    let page = server.get(&format!("/floors/{floor_id}")).await;
+    let pages = page.body["data"]["pages"].as_array().expect("pages");
+    assert_eq!(pages.len(), 1, "{pages:?}");
+    assert_eq!(pages[0]["content"].as_str().map(str::len), Some(bound));
+}

@@ -169,7 +169,9 @@ async fn a_reply_longer_than_a_page_holds_fails_the_run_and_stores_no_page() {
     assert_eq!(last, "run_failed", "{:?}", kinds(&seen));
     let message = data["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("294912 bytes, more than a page holds (262144 bytes)"),
+        message.contains(
+            "the model's reply is 294912 bytes, more than a floor or page holds (262144 bytes)"
+        ),
         "{data}"
     );
     let run = server

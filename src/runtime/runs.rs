@@ -74,12 +74,6 @@ impl ToolRuntime {
         run_id: &str,
         content: Option<&str>,
     ) -> Result<Run> {
-        if content.is_some_and(|c| c.len() > crate::store::MAX_PAGE_CONTENT_BYTES) {
-            return Err(Error::validation(format!(
-                "content must be at most {} bytes",
-                crate::store::MAX_PAGE_CONTENT_BYTES
-            )));
-        }
         let run = self.store.commit_run(account_id, run_id, content).await?;
         // Jobs staged by the run became claimable in the commit's transaction.
         self.jobs.wake();

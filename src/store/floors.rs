@@ -40,8 +40,21 @@ pub struct FloorRef {
     pub active_page_id: Option<String>,
 }
 
-/// Largest user message a floor accepts, in bytes.
+/// Largest text a floor or a page holds, in bytes: a user's message, a
+/// committed `content`, a model's reply.
 pub const MAX_FLOOR_CONTENT_BYTES: usize = 256 * 1024;
+
+/// Refuses a floor's or a page's text longer than [`MAX_FLOOR_CONTENT_BYTES`];
+/// `what` names it in the error ("content", "the model's reply").
+pub(super) fn check_content_fits(what: &str, content: &str) -> Result<()> {
+    if content.len() > MAX_FLOOR_CONTENT_BYTES {
+        return Err(Error::validation(format!(
+            "{what} is {} bytes, more than a floor or page holds ({MAX_FLOOR_CONTENT_BYTES} bytes)",
+            content.len()
+        )));
+    }
+    Ok(())
+}
 
 impl Store {
     /// Appends a user turn to the account's session.
@@ -51,11 +64,7 @@ impl Store {
         session_id: &str,
         content: &str,
     ) -> Result<Floor> {
-        if content.len() > MAX_FLOOR_CONTENT_BYTES {
-            return Err(Error::validation(format!(
-                "content must be at most {MAX_FLOOR_CONTENT_BYTES} bytes"
-            )));
-        }
+        check_content_fits("content", content)?;
         let session = self.session(account_id, session_id).await?;
         let id = new_id("floor");
         let now = now_ms();

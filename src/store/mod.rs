@@ -49,7 +49,7 @@ pub use backend::Backend;
 pub use characters::{Character, CharacterPatch, CharacterRole};
 pub use cluster::{ClusterEvent, SESSION_EVENTS_TOPIC, STALE_AFTER_MS, TAKEN_FOR_DEAD};
 pub use definitions::DefinitionFilter;
-pub use floors::{Floor, FloorPage, FloorRef, MAX_FLOOR_CONTENT_BYTES as MAX_PAGE_CONTENT_BYTES};
+pub use floors::{Floor, FloorPage, FloorRef};
 pub use jobs::{Delivery, LostJobs, MAX_JOB_ATTEMPTS, NewJob, RuntimeJob};
 pub use journal::{Admission, Admitted, ExecutionFinish, NewExecution};
 pub use mcp::{McpServerFilter, McpSnapshot};

@@ -165,6 +165,9 @@ impl Store {
         run_id: &str,
         content: Option<&str>,
     ) -> Result<Run> {
+        if let Some(content) = content {
+            super::floors::check_content_fits("content", content)?;
+        }
         let run = self.run(account_id, run_id).await?;
         let mut tx = self.begin_write().await?;
         // The floor first, as a select takes it: the two never lock a floor
@@ -288,13 +291,7 @@ impl Store {
     /// so that a floor of 100 pages stays a readable answer (a runaway
     /// model's 4 MiB replies made `GET /floors/{id}` 400 MB, probe I).
     pub async fn set_page_content(&self, page_id: &str, content: &str) -> Result<()> {
-        if content.len() > super::floors::MAX_FLOOR_CONTENT_BYTES {
-            return Err(Error::validation(format!(
-                "the model's reply is {} bytes, more than a page holds ({} bytes)",
-                content.len(),
-                super::floors::MAX_FLOOR_CONTENT_BYTES
-            )));
-        }
+        super::floors::check_content_fits("the model's reply", content)?;
         sql!(self.conn().await?, c => query("UPDATE pages SET content = ? WHERE id = ?")
             .bind(content)
             .bind(page_id)
