@@ -730,6 +730,16 @@ impl ModelSessionHub {
             .count()
     }
 
+    /// Whether any stream (a model session's or a watcher's) of one of the
+    /// chat sessions is open here.
+    pub fn streams_any_of(&self, session_ids: &[String]) -> bool {
+        self.live()
+            .by_character
+            .values()
+            .flatten()
+            .any(|model_session| session_ids.contains(&model_session.session.id))
+    }
+
     /// Serialises catalog mutations and syncs.
     pub async fn mutation_lock(&self) -> MutationGuard<'_> {
         MutationGuard(self.mutation.lock().await)

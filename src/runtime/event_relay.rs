@@ -32,6 +32,10 @@ const QUEUE_EVENTS: usize = 4096;
 const MAX_BATCH_EVENTS: usize = 256;
 /// ...or once its bodies pass this many bytes (a larger event goes alone).
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
+/// A batch whose sessions' ids take more JSON than this is announced without
+/// naming them (every instance with a stream open reads it): the
+/// announcement must stay under PostgreSQL's 8,000 bytes.
+const MAX_ANNOUNCED_SESSIONS_BYTES: usize = 4096;
 
 /// An event waiting to be relayed.
 struct Outgoing {
@@ -179,19 +183,32 @@ async fn relay(store: &Store, batch: &[Outgoing]) -> anyhow::Result<()> {
             })
         })
         .collect::<serde_json::Result<Vec<_>>>()?;
+    let mut sessions: Vec<&str> = batch.iter().map(|o| o.session_id.as_str()).collect();
+    sessions.sort_unstable();
+    sessions.dedup();
+    let mut sessions = serde_json::to_string(&sessions)?;
+    if sessions.len() > MAX_ANNOUNCED_SESSIONS_BYTES {
+        sessions = "null".to_owned();
+    }
     store
-        .relay_session_events(&serde_json::to_string(&relayed)?)
+        .relay_session_events(&serde_json::to_string(&relayed)?, &sessions)
         .await?;
     Ok(())
 }
 
 /// Publishes to this instance's streams the batch another instance relayed
-/// as `id` (the data of its announcement).
-pub(super) async fn deliver(runtime: &ToolRuntime, id: &serde_json::Value) {
-    let Some(id) = id.as_i64() else {
+/// (`announced`: its id and the sessions it concerns); a batch of sessions
+/// without a stream here is not read.
+pub(super) async fn deliver(runtime: &ToolRuntime, announced: &serde_json::Value) {
+    let Some(id) = announced["id"].as_i64() else {
         tracing::warn!("ignoring an unreadable relayed-events announcement");
         return;
     };
+    if let Ok(sessions) = serde_json::from_value::<Vec<String>>(announced["sessions"].clone())
+        && !runtime.model_sessions.streams_any_of(&sessions)
+    {
+        return;
+    }
     let events = match runtime.store.relayed_session_events(id).await {
         Ok(Some(events)) => events,
         Ok(None) => {

@@ -22,7 +22,8 @@ use crate::ids::now_ms;
 /// The notification channel every instance listens on.
 pub(super) const CHANNEL: &str = "toolgate_changes";
 /// The topic of a batch of session events another instance relayed; its
-/// data is the batch's id in `relayed_session_events`.
+/// data is `{"id": <its id in relayed_session_events>, "sessions": [<the
+/// chat sessions it concerns>] or null}`.
 pub const SESSION_EVENTS_TOPIC: &str = "session_events";
 /// How often an instance renews its heartbeat and looks for dead ones.
 const HEARTBEAT: Duration = Duration::from_secs(2);

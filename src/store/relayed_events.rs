@@ -18,16 +18,19 @@ const KEPT_FOR_MS: i64 = 60_000;
 
 impl Store {
     /// Stores a batch of session events (a JSON array, see
-    /// `runtime::event_relay`) and tells the other instances its id.
-    /// Nothing happens on SQLite.
-    pub async fn relay_session_events(&self, events_json: &str) -> Result<()> {
+    /// `runtime::event_relay`) and tells the other instances its id and the
+    /// sessions it concerns (`sessions_json`, a JSON array, or `null` when
+    /// they are too many to announce), so that an instance without a stream
+    /// of them does not read it. Nothing happens on SQLite.
+    pub async fn relay_session_events(&self, events_json: &str, sessions_json: &str) -> Result<()> {
         let Pool::Postgres(pool) = &self.pool else {
             return Ok(());
         };
         sqlx::query(
             "WITH batch AS (INSERT INTO relayed_session_events (origin, events, created_at) \
              VALUES ($1, $2, $3) RETURNING id) \
-             SELECT pg_notify($4, json_build_object('from', $1::text, 'topic', $5::text, 'data', batch.id)::text) \
+             SELECT pg_notify($4, json_build_object('from', $1::text, 'topic', $5::text, \
+             'data', json_build_object('id', batch.id, 'sessions', $6::json))::text) \
              FROM batch",
         )
         .bind(self.instance_id())
@@ -35,6 +38,7 @@ impl Store {
         .bind(now_ms())
         .bind(CHANNEL)
         .bind(SESSION_EVENTS_TOPIC)
+        .bind(sessions_json)
         .execute(pool)
         .await?;
         Ok(())
