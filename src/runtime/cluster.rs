@@ -193,10 +193,6 @@ pub async fn follow_other_instances(
                 }
                 continue;
             }
-            crate::store::SESSION_EVENTS_TOPIC => {
-                super::event_relay::deliver(&runtime, &event.data).await;
-                continue;
-            }
             SESSION_DELETED_TOPIC => {
                 close_deleted_session(&runtime, &event.data);
                 continue;

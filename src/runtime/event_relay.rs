@@ -7,8 +7,10 @@
 //! for a relay task that stores what has queued as one batch (a row of
 //! `relayed_session_events`, announced by id on the change channel) while the
 //! previous batch is written, so a generation's tokens cost one statement per
-//! batch, not one per token. The other instances read the batch by its id and
-//! publish its events to their own streams of those sessions. Publishing
+//! batch, not one per token. The other instances read the batches announced
+//! for sessions they hold streams of (what queued, in one statement; the
+//! announcements have a queue of their own, apart from the catalog changes
+//! they would crowd out) and publish their events to those streams. Publishing
 //! never waits for the database: when the queue is full the event is dropped
 //! and the drop logged (a stream that misses events reads the journal and
 //! `GET /sessions/{id}/tool-results`, as after a reconnect).
@@ -32,6 +34,8 @@ const QUEUE_EVENTS: usize = 4096;
 const MAX_BATCH_EVENTS: usize = 256;
 /// ...or once its bodies pass this many bytes (a larger event goes alone).
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
+/// Most announced batches read in one statement.
+const MAX_BATCHES_READ_AT_ONCE: usize = 64;
 /// A batch whose sessions' ids take more JSON than this is announced without
 /// naming them (every instance with a stream open reads it): the
 /// announcement must stay under PostgreSQL's 8,000 bytes.
@@ -105,15 +109,23 @@ impl ToolRuntime {
         self.model_sessions.publish_to_session(session_id, event)
     }
 
-    /// Starts the task that relays this instance's session events, when the
-    /// database is shared; it stops once `stop` is cancelled and what was
+    /// Starts the task that relays this instance's session events to the
+    /// others and theirs to this instance's streams, when the database is
+    /// shared; it stops once `stop` is cancelled and what this instance had
     /// queued by then is written.
     pub fn start_event_relay(
         &self,
         stop: CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let receiver = self.relay.receiver.lock().ok()?.take()?;
-        Some(tokio::spawn(forward(self.clone(), receiver, stop)))
+        let outgoing = self.relay.receiver.lock().ok()?.take()?;
+        let announcements = self.store.relayed_session_events()?;
+        let (runtime, stop_receiving) = (self.clone(), stop.clone());
+        Some(tokio::spawn(async move {
+            tokio::join!(
+                forward(runtime.clone(), outgoing, stop),
+                receive(runtime, announcements, stop_receiving)
+            );
+        }))
     }
 }
 
@@ -196,10 +208,60 @@ async fn relay(store: &Store, batch: &[Outgoing]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Publishes to this instance's streams the batch another instance relayed
-/// (`announced`: its id and the sessions it concerns); a batch of sessions
-/// without a stream here is not read.
-pub(super) async fn deliver(runtime: &ToolRuntime, announced: &serde_json::Value) {
+/// Delivers the batches other instances relay (`announcements`: the data of
+/// each announcement) to this instance's streams until `stop`; what has
+/// queued is read in one statement.
+async fn receive(
+    runtime: ToolRuntime,
+    mut announcements: mpsc::Receiver<serde_json::Value>,
+    stop: CancellationToken,
+) {
+    let mut failures = FailureLog::new("reading the session events other instances relayed");
+    loop {
+        let first = tokio::select! {
+            _ = stop.cancelled() => return,
+            first = announcements.recv() => first,
+        };
+        let Some(first) = first else { return };
+        let mut ids = Vec::new();
+        want(&runtime, &first, &mut ids);
+        while ids.len() < MAX_BATCHES_READ_AT_ONCE {
+            let Ok(next) = announcements.try_recv() else {
+                break;
+            };
+            want(&runtime, &next, &mut ids);
+        }
+        let dropped = runtime.store.relayed_announcements_dropped();
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "batches of session events other instances relayed were missed: their reader fell behind"
+            );
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        match runtime.store.relayed_batches(&ids).await {
+            Ok(batches) => {
+                failures.succeeded();
+                if batches.len() < ids.len() {
+                    tracing::warn!(
+                        missing = ids.len() - batches.len(),
+                        "relayed batches of session events were gone before they were read"
+                    );
+                }
+                for (id, events) in batches {
+                    publish_batch(&runtime, id, &events);
+                }
+            }
+            Err(err) => failures.failed(&err),
+        }
+    }
+}
+
+/// Adds the announced batch's id to `ids` unless it names only sessions
+/// without a stream here.
+fn want(runtime: &ToolRuntime, announced: &serde_json::Value, ids: &mut Vec<i64>) {
     let Some(id) = announced["id"].as_i64() else {
         tracing::warn!("ignoring an unreadable relayed-events announcement");
         return;
@@ -209,21 +271,12 @@ pub(super) async fn deliver(runtime: &ToolRuntime, announced: &serde_json::Value
     {
         return;
     }
-    let events = match runtime.store.relayed_session_events(id).await {
-        Ok(Some(events)) => events,
-        Ok(None) => {
-            tracing::warn!(
-                batch = id,
-                "a relayed batch of session events was gone before it was read"
-            );
-            return;
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, batch = id, "could not read a relayed batch of session events");
-            return;
-        }
-    };
-    let relayed: Vec<Relayed> = match serde_json::from_str(&events) {
+    ids.push(id);
+}
+
+/// Publishes one relayed batch's events to this instance's streams.
+fn publish_batch(runtime: &ToolRuntime, id: i64, events: &str) {
+    let relayed: Vec<Relayed> = match serde_json::from_str(events) {
         Ok(relayed) => relayed,
         Err(err) => {
             tracing::warn!(error = %err, batch = id, "ignoring an unreadable relayed batch of session events");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::Store;
@@ -23,8 +23,9 @@ use crate::ids::now_ms;
 pub(super) const CHANNEL: &str = "toolgate_changes";
 /// The topic of a batch of session events another instance relayed; its
 /// data is `{"id": <its id in relayed_session_events>, "sessions": [<the
-/// chat sessions it concerns>] or null}`.
-pub const SESSION_EVENTS_TOPIC: &str = "session_events";
+/// chat sessions it concerns>] or null}`. These announcements go to
+/// [`Store::relayed_session_events`], not to the cluster's events.
+pub(super) const SESSION_EVENTS_TOPIC: &str = "session_events";
 /// How often an instance renews its heartbeat and looks for dead ones.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 /// An instance whose heartbeat is older than this is dead: the rows it left
@@ -37,6 +38,11 @@ const MAX_PAYLOAD: usize = 7_900;
 pub const TAKEN_FOR_DEAD: &str = "taken_for_dead";
 /// Events kept for a slow subscriber before it starts missing them.
 const EVENT_BUFFER: usize = 1024;
+/// Announcements of relayed session events waiting to be read before new ones
+/// are dropped. They have a queue of their own: a generation's batches
+/// arrive far more often than any other change, and in the shared queue they
+/// would make a slow subscriber miss catalog changes.
+const RELAYED_BUFFER: usize = 4096;
 
 /// A change another instance announced (or `resync`: notifications may have
 /// been missed, so everything cached must be read again).
@@ -62,6 +68,12 @@ pub(super) struct Cluster {
     /// The data directory, held while this process runs.
     directory: InstanceFile,
     events: broadcast::Sender<ClusterEvent>,
+    /// Announcements of other instances' relayed session events (their
+    /// data), for the one task that delivers them.
+    relayed: mpsc::Sender<Value>,
+    relayed_receiver: std::sync::Mutex<Option<mpsc::Receiver<Value>>>,
+    /// Announcements dropped because that task fell behind, not yet logged.
+    relayed_dropped: std::sync::atomic::AtomicU64,
     stop: CancellationToken,
 }
 
@@ -70,10 +82,14 @@ impl Cluster {
     pub(super) fn new(data_dir: &Path) -> anyhow::Result<Self> {
         let instance_id = crate::ids::new_id("inst");
         let directory = InstanceFile::claim(data_dir, &instance_id)?;
+        let (relayed, relayed_receiver) = mpsc::channel(RELAYED_BUFFER);
         Ok(Self {
             instance_id,
             directory,
             events: broadcast::channel(EVENT_BUFFER).0,
+            relayed,
+            relayed_receiver: std::sync::Mutex::new(Some(relayed_receiver)),
+            relayed_dropped: std::sync::atomic::AtomicU64::new(0),
             stop: CancellationToken::new(),
         })
     }
@@ -106,6 +122,20 @@ impl Store {
     /// Changes other instances announced, as they arrive.
     pub fn cluster_events(&self) -> broadcast::Receiver<ClusterEvent> {
         self.cluster.events.subscribe()
+    }
+
+    /// Other instances' announcements of relayed session events (the data of
+    /// each: `{"id", "sessions"}`), as they arrive; taken once.
+    pub fn relayed_session_events(&self) -> Option<mpsc::Receiver<Value>> {
+        self.cluster.relayed_receiver.lock().ok()?.take()
+    }
+
+    /// How many announcements of relayed session events were dropped since
+    /// the last call (their reader fell behind).
+    pub fn relayed_announcements_dropped(&self) -> u64 {
+        self.cluster
+            .relayed_dropped
+            .swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tells the other instances on the database that `topic` changed.
@@ -357,6 +387,15 @@ async fn receive_until_lost(
         failures.succeeded();
         let event = match serde_json::from_str::<Envelope>(notification.payload()) {
             Ok(envelope) if envelope.from == store.cluster.instance_id => continue,
+            Ok(envelope) if envelope.topic == SESSION_EVENTS_TOPIC => {
+                if store.cluster.relayed.try_send(envelope.data).is_err() {
+                    store
+                        .cluster
+                        .relayed_dropped
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                continue;
+            }
             Ok(envelope) => ClusterEvent {
                 topic: envelope.topic,
                 data: envelope.data,

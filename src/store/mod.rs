@@ -47,7 +47,7 @@ pub use accounts::{Account, NewAccount};
 pub use approvals::{ApprovalDecision, Decided};
 pub use backend::Backend;
 pub use characters::{Character, CharacterPatch, CharacterRole};
-pub use cluster::{ClusterEvent, SESSION_EVENTS_TOPIC, STALE_AFTER_MS, TAKEN_FOR_DEAD};
+pub use cluster::{ClusterEvent, STALE_AFTER_MS, TAKEN_FOR_DEAD};
 pub use definitions::DefinitionFilter;
 pub use floors::{Floor, FloorPage, FloorRef};
 pub use jobs::{Delivery, LostJobs, MAX_JOB_ATTEMPTS, NewJob, RuntimeJob};

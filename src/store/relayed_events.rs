@@ -44,17 +44,20 @@ impl Store {
         Ok(())
     }
 
-    /// The batch another instance relayed as `id` (its JSON array), if it is
-    /// still kept.
-    pub async fn relayed_session_events(&self, id: i64) -> Result<Option<String>> {
+    /// The batches other instances relayed as `ids` that are still kept, as
+    /// (id, JSON array), by id: one instance's batches in the order it
+    /// wrote them (it writes one at a time).
+    pub async fn relayed_batches(&self, ids: &[i64]) -> Result<Vec<(i64, String)>> {
         let Pool::Postgres(pool) = &self.pool else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        let events = sqlx::query_scalar("SELECT events FROM relayed_session_events WHERE id = $1")
-            .bind(id)
-            .fetch_optional(pool)
-            .await?;
-        Ok(events)
+        let batches = sqlx::query_as(
+            "SELECT id, events FROM relayed_session_events WHERE id = ANY($1) ORDER BY id",
+        )
+        .bind(ids)
+        .fetch_all(pool)
+        .await?;
+        Ok(batches)
     }
 
     /// Deletes the relayed batches every instance has had time to read.
