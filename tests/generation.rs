@@ -433,6 +433,34 @@ async fn the_history_sent_keeps_the_newest_turns_within_its_budget() {
     assert!(last.contains(&format!("turn {}:", TURNS - 1)));
 }
 
+/// A long session's history is read a few hundred turns at a time: every
+/// committed turn within the budget reaches the model, in order, across
+/// those reads' boundaries (300 turns: more than one read of 256).
+#[tokio::test]
+async fn a_long_sessions_history_reaches_the_model_whole_and_in_order() {
+    const TURNS: usize = 300;
+    let stand_in = StandIn::start(Vec::new()).await;
+    stand_in.repeat(text_answer(&["ok"]));
+    let server = with_model(&stand_in).await;
+    let session = server.create_session().await;
+    let mut events = Events::open(&server, &session).await;
+    for n in 0..TURNS {
+        turn(&server, &session, &format!("turn {n}")).await;
+        let seen = until_run_ends(&mut events).await;
+        assert_eq!(seen.last().unwrap().0, "run_finished", "turn {n}");
+    }
+    let requests = stand_in.requests();
+    let users: Vec<String> = requests.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|message| message["role"] == "user")
+        .map(|message| message["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..TURNS).map(|n| format!("turn {n}")).collect();
+    assert_eq!(users, expected);
+}
+
 #[tokio::test]
 async fn without_a_model_the_floor_is_stored_with_run_null() {
     let server = spawn_app().await;
