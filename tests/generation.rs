@@ -433,9 +433,9 @@ async fn the_history_sent_keeps_the_newest_turns_within_its_budget() {
     assert!(last.contains(&format!("turn {}:", TURNS - 1)));
 }
 
-/// A long session's history is read a few hundred turns at a time: every
-/// committed turn within the budget reaches the model, in order, across
-/// those reads' boundaries (300 turns: more than one read of 256).
+/// A long session's history reaches the model whole and in order: every
+/// committed turn within the budget, oldest first (300 turns; a history read
+/// in chunks of 256 turns repeated or lost a row at their boundary).
 #[tokio::test]
 async fn a_long_sessions_history_reaches_the_model_whole_and_in_order() {
     const TURNS: usize = 300;

@@ -500,6 +500,10 @@ async fn a_sessions_events_reach_its_streams_on_every_instance_once() {
     let session = a.create_session().await;
     let mut on_a = Events::open(&a, &session).await;
     let mut on_b = Events::open(&b, &session).await;
+    // Another account's session, streamed on B, must hear none of it.
+    let other_key = a.create_account("other").await;
+    let other_session = a.create_session_as(&other_key, "Other").await;
+    let mut other = Events::open_as(&b, &other_key, &other_session).await;
     common::model::turn(&a, &session, "hello").await;
     let here = common::model::until_run_ends(&mut on_a).await;
     let there = common::model::until_run_ends(&mut on_b).await;
@@ -558,6 +562,19 @@ async fn a_sessions_events_reach_its_streams_on_every_instance_once() {
         }
         assert_eq!(kinds, ["approval_requested", "tool_result"], "{name}");
     }
+    // Everything above was published on B by now; a change of the other
+    // session's own catalog is the first thing its stream hears.
+    let changed = b
+        .send_as(
+            &other_key,
+            reqwest::Method::PUT,
+            &format!("/sessions/{other_session}/tool-permissions"),
+            Some(json!({"enabled": false})),
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{changed:?}");
+    let first = other.next_within(Duration::from_secs(30)).await;
+    assert_eq!(first.kind, "catalog_changed", "{first:?}");
 }
 
 /// An instance that never heard of a deletion (its listener was

@@ -1,5 +1,6 @@
 //! Floors (turns) and their pages (versions of the reply).
 
+use futures::TryStreamExt;
 use serde::Serialize;
 use sqlx::AssertSqlSafe;
 
@@ -38,9 +39,6 @@ pub struct FloorRef {
     pub session_id: String,
     pub active_page_id: Option<String>,
 }
-
-/// Committed turns a history reads in one statement.
-const TURNS_READ_AT_ONCE: i64 = 256;
 
 /// Largest text a floor or a page holds, in bytes: a user's message, a
 /// committed `content`, a model's reply.
@@ -180,54 +178,43 @@ impl Store {
     /// The newest committed turns of `session_id` before `floor_id` whose
     /// texts together fit `max_bytes`, oldest first: each floor with an
     /// active page, as its user message and that page's reply; and whether
-    /// older turns were left out. Read newest first, [`TURNS_READ_AT_ONCE`]
-    /// at a time, reading no other page (a turn's history, however many pages
-    /// were regenerated): the turns past the budget are never read, so a long
-    /// session does not load its whole history for every turn, and a few
-    /// statements read a history of thousands of turns (a row at a time,
-    /// each row was a hand-over from the database's thread). The caller owns
-    /// the session.
+    /// older turns were left out. One query that reads no other page (a
+    /// turn's history, however many pages were regenerated), newest first,
+    /// a row at a time: the turns past the budget are never read, so a long
+    /// session does not load its whole history for every turn. The caller
+    /// owns the session.
     pub async fn committed_turns_within(
         &self,
         session_id: &str,
         floor_id: &str,
         max_bytes: usize,
     ) -> Result<(Vec<(String, Option<String>)>, bool)> {
-        let mut conn = self.conn().await?;
-        let floor_seq: Option<i64> = sql!(conn, c => query_scalar(
-            "SELECT seq FROM floors WHERE id = ? AND session_id = ?",
-        )
-        .bind(floor_id)
-        .bind(session_id)
-        .fetch_optional(c)
-        .await?);
-        let (mut turns, mut bytes, mut before) = (Vec::new(), 0usize, floor_seq);
-        while let Some(seq) = before {
-            let rows: Vec<(i64, String, Option<String>)> = sql!(conn, c => query_as(
-                "SELECT f.seq, f.user_content, p.content FROM floors f \
+        let (mut turns, left_out) = sql!(self.conn().await?, c => {
+            let mut rows = query_as::<(String, Option<String>)>(
+                "SELECT f.user_content, p.content FROM floors f \
                  LEFT JOIN pages p ON p.id = f.active_page_id \
-                 WHERE f.session_id = ? AND f.active_page_id IS NOT NULL AND f.seq < ? \
-                 ORDER BY f.seq DESC LIMIT ?",
+                 WHERE f.session_id = ?1 AND f.active_page_id IS NOT NULL \
+                 AND f.seq < (SELECT seq FROM floors WHERE id = ?2 AND session_id = ?1) \
+                 ORDER BY f.seq DESC",
             )
             .bind(session_id)
-            .bind(seq)
-            .bind(TURNS_READ_AT_ONCE)
-            .fetch_all(c)
-            .await?);
-            before = (rows.len() as i64 == TURNS_READ_AT_ONCE)
-                .then(|| rows.last().map(|row| row.0))
-                .flatten();
-            for (_, user, reply) in rows {
+            .bind(floor_id)
+            .fetch(c);
+            let mut turns = Vec::new();
+            let mut bytes = 0usize;
+            let mut left_out = false;
+            while let Some((user, reply)) = rows.try_next().await? {
                 bytes = bytes.saturating_add(user.len() + reply.as_ref().map_or(0, String::len));
                 if bytes > max_bytes {
-                    turns.reverse();
-                    return Ok((turns, true));
+                    left_out = true;
+                    break;
                 }
                 turns.push((user, reply));
             }
-        }
+            (turns, left_out)
+        });
         turns.reverse();
-        Ok((turns, false))
+        Ok((turns, left_out))
     }
 
     /// Fills in the pages of `floors` (of one session) with one query that

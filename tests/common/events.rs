@@ -30,10 +30,20 @@ impl Events {
 
     /// Opens the stream at `path` (e.g. with a `?slot=` query).
     pub async fn open_path(server: &TestServer, path: &str) -> Self {
+        Self::open_path_as(server, &server.token, path).await
+    }
+
+    /// Opens the session's stream with another account's API key.
+    #[allow(dead_code)]
+    pub async fn open_as(server: &TestServer, key: &str, session: &str) -> Self {
+        Self::open_path_as(server, key, &format!("/sessions/{session}/events")).await
+    }
+
+    async fn open_path_as(server: &TestServer, key: &str, path: &str) -> Self {
         let response = server
             .client
             .get(server.url(path))
-            .bearer_auth(&server.token)
+            .bearer_auth(key)
             .timeout(Duration::from_secs(3600))
             .send()
             .await
