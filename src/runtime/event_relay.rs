@@ -16,7 +16,7 @@
 //! `GET /sessions/{id}/tool-results`, as after a reconnect).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -28,8 +28,12 @@ use crate::failure_log::FailureLog;
 use crate::model_sessions::{EventData, ModelSessionEvent, session_event_kind};
 use crate::store::Store;
 
-/// Events waiting for the relay before new ones are dropped.
+/// Events waiting for the relay before new ones are dropped...
 const QUEUE_EVENTS: usize = 4096;
+/// ...and the bytes of their bodies (a deferred result may be megabytes):
+/// the queue, the batch being written included, holds no more, except that
+/// an empty queue always takes one event.
+const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 /// A batch ends once it holds this many events...
 const MAX_BATCH_EVENTS: usize = 256;
 /// ...or once its bodies pass this many bytes (a larger event goes alone).
@@ -61,6 +65,8 @@ pub(crate) struct EventRelay {
     sender: Option<mpsc::Sender<Outgoing>>,
     /// Taken once by the relay task.
     receiver: Mutex<Option<mpsc::Receiver<Outgoing>>>,
+    /// Bytes of the bodies queued or being written.
+    queued_bytes: AtomicUsize,
     /// Events dropped because the queue was full, not yet logged.
     dropped: AtomicU64,
 }
@@ -78,6 +84,7 @@ impl EventRelay {
         Self {
             sender,
             receiver: Mutex::new(receiver),
+            queued_bytes: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
         }
     }
@@ -91,13 +98,23 @@ impl EventRelay {
         let Some(sender) = &self.sender else {
             return;
         };
+        let bytes = event.data.as_str().len();
+        let before = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
         let outgoing = Outgoing {
             session_id: session_id.to_owned(),
             event: event.clone(),
         };
-        if sender.try_send(outgoing).is_err() {
+        if (before > 0 && before + bytes > MAX_QUEUED_BYTES) || sender.try_send(outgoing).is_err() {
+            self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The relay is done with `batch` (written or lost): its bytes leave the
+    /// queue's count.
+    fn done_with(&self, batch: &[Outgoing]) {
+        let bytes = batch.iter().map(|o| o.event.data.as_str().len()).sum();
+        self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -145,10 +162,12 @@ async fn forward(
         let Some(first) = first else { return };
         let batch = next_batch(first, &mut receiver);
         write_batch(&runtime, &batch, &mut failures).await;
+        runtime.relay.done_with(&batch);
     }
     while let Ok(first) = receiver.try_recv() {
         let batch = next_batch(first, &mut receiver);
         write_batch(&runtime, &batch, &mut failures).await;
+        runtime.relay.done_with(&batch);
     }
 }
 
@@ -296,5 +315,51 @@ fn publish_batch(runtime: &ToolRuntime, id: i64, events: &str) {
                 data: event_data,
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event_of(bytes: usize) -> ModelSessionEvent {
+        ModelSessionEvent::new("tool_result", &"x".repeat(bytes))
+    }
+
+    /// Nothing reads the queue here (its database is down, say): it takes
+    /// events up to its byte bound, then drops and counts them, and one
+    /// written batch makes room again.
+    #[test]
+    fn the_queue_holds_at_most_its_bytes_and_counts_what_it_drops() {
+        let relay = EventRelay::new(true);
+        let mut receiver = relay.receiver.lock().unwrap().take().unwrap();
+        let mib = 1024 * 1024;
+        for _ in 0..100 {
+            relay.offer("sess_1", &event_of(mib));
+        }
+        let queued = relay.queued_bytes.load(Ordering::Relaxed);
+        assert!(queued <= MAX_QUEUED_BYTES, "{queued} bytes queued");
+        let held = MAX_QUEUED_BYTES / (mib + 2);
+        assert_eq!(relay.dropped.load(Ordering::Relaxed), 100 - held as u64);
+        let first = receiver.try_recv().expect("the first event");
+        let batch = next_batch(first, &mut receiver);
+        relay.done_with(&batch);
+        relay.offer("sess_1", &event_of(mib));
+        assert_eq!(relay.dropped.load(Ordering::Relaxed), 100 - held as u64);
+        // An empty queue takes an event however large.
+        let rest = std::iter::from_fn(|| receiver.try_recv().ok()).collect::<Vec<_>>();
+        relay.done_with(&rest);
+        assert_eq!(relay.queued_bytes.load(Ordering::Relaxed), 0);
+        relay.offer("sess_1", &event_of(MAX_QUEUED_BYTES + 1));
+        assert!(receiver.try_recv().is_ok());
+    }
+
+    /// On an unshared database nothing is queued.
+    #[test]
+    fn an_unshared_database_queues_nothing() {
+        let relay = EventRelay::new(false);
+        relay.offer("sess_1", &event_of(10));
+        assert!(relay.receiver.lock().unwrap().is_none());
+        assert_eq!(relay.queued_bytes.load(Ordering::Relaxed), 0);
     }
 }
