@@ -38,6 +38,9 @@ const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 const MAX_BATCH_EVENTS: usize = 256;
 /// ...or once its bodies pass this many bytes (a larger event goes alone).
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
+/// How long a stop waits for the events still queued to be written (a
+/// database that does not answer must not hold the stop).
+const FINAL_WRITES_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 /// Most announced batches read in one statement.
 const MAX_BATCHES_READ_AT_ONCE: usize = 64;
 /// A batch whose sessions' ids take more JSON than this is announced without
@@ -147,7 +150,7 @@ impl ToolRuntime {
 }
 
 /// Writes what has queued as one batch at a time until `stop`, then what is
-/// left.
+/// left within [`FINAL_WRITES_WITHIN`].
 async fn forward(
     runtime: ToolRuntime,
     mut receiver: mpsc::Receiver<Outgoing>,
@@ -164,10 +167,20 @@ async fn forward(
         write_batch(&runtime, &batch, &mut failures).await;
         runtime.relay.done_with(&batch);
     }
-    while let Ok(first) = receiver.try_recv() {
-        let batch = next_batch(first, &mut receiver);
-        write_batch(&runtime, &batch, &mut failures).await;
-        runtime.relay.done_with(&batch);
+    let last_writes = async {
+        while let Ok(first) = receiver.try_recv() {
+            let batch = next_batch(first, &mut receiver);
+            write_batch(&runtime, &batch, &mut failures).await;
+            runtime.relay.done_with(&batch);
+        }
+    };
+    if tokio::time::timeout(FINAL_WRITES_WITHIN, last_writes)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "the stop did not wait for the last session events to be relayed: the database did not take them in time"
+        );
     }
 }
 
