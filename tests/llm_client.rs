@@ -163,7 +163,7 @@ fn config(base_url: &str, key: Option<&str>) -> LlmConfig {
 
 fn hello() -> ChatRequest {
     ChatRequest {
-        messages: vec![json!({"role": "user", "content": "hello"})],
+        messages: vec![json!({"role": "user", "content": "hello"}).into()],
         ..ChatRequest::default()
     }
 }
@@ -709,7 +709,7 @@ async fn a_request_over_the_size_limit_is_refused_without_being_sent() {
     };
     let llm = LlmClient::with_tuning(config(&standin.base_url, None), tuning).unwrap();
     let long = ChatRequest {
-        messages: vec![json!({"role": "user", "content": "x".repeat(5000)})],
+        messages: vec![json!({"role": "user", "content": "x".repeat(5000)}).into()],
         ..ChatRequest::default()
     };
     let error = run(&llm, &long).await.0.expect_err("over the limit");

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use types::{ChatAnswer, ChatRequest, LlmError, ModelToolCall};
+pub use types::{ChatAnswer, ChatMessage, ChatRequest, LlmError, ModelToolCall};
 
 use failure::{Failure, Retry};
 

@@ -2,8 +2,37 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
+
+/// One OpenAI message object, shared by every copy of a message list: a
+/// turn's history (up to 6 MiB) goes into the request of each of its slots
+/// (narrator, director, verifier, memory) without being copied.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(transparent)]
+pub struct ChatMessage(Arc<Value>);
+
+impl ChatMessage {
+    /// Whether the two are one message, not equal copies.
+    pub fn is_shared_with(&self, other: &ChatMessage) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl From<Value> for ChatMessage {
+    fn from(message: Value) -> Self {
+        Self(Arc::new(message))
+    }
+}
+
+impl std::ops::Deref for ChatMessage {
+    type Target = Value;
+
+    fn deref(&self) -> &Value {
+        &self.0
+    }
+}
 
 /// One chat-completions request, in the OpenAI shape.
 #[derive(Debug, Clone, Default)]
@@ -11,7 +40,7 @@ pub struct ChatRequest {
     /// Overrides the configured model (a character's own model).
     pub model: Option<String>,
     /// OpenAI message objects, sent as given.
-    pub messages: Vec<Value>,
+    pub messages: Vec<ChatMessage>,
     /// The OpenAI `tools` array; None or empty: the field is not sent, since
     /// some servers refuse an empty array.
     pub tools: Option<Vec<Value>>,

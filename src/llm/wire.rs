@@ -21,7 +21,7 @@ pub(super) fn request_body(request: &ChatRequest, default_model: &str) -> bytes:
     #[derive(serde::Serialize)]
     struct Body<'a> {
         model: &'a str,
-        messages: &'a [Value],
+        messages: &'a [super::ChatMessage],
         // Not sent when empty: some servers refuse an empty array.
         #[serde(skip_serializing_if = "Option::is_none")]
         tools: Option<&'a [Value]>,

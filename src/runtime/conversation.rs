@@ -17,7 +17,7 @@ use crate::catalog::Availability;
 use crate::domain::model_overrides::ModelOverrides;
 use crate::domain::tool::Slot;
 use crate::error::Result;
-use crate::llm::{ChatRequest, LlmClient, ModelToolCall};
+use crate::llm::{ChatMessage, ChatRequest, LlmClient, ModelToolCall};
 use crate::store::Session;
 
 /// What every slot of one turn shares.
@@ -82,7 +82,7 @@ impl ToolRuntime {
         &self,
         ctx: &TurnContext<'_>,
         slot: Slot,
-        messages: &mut Vec<Value>,
+        messages: &mut Vec<ChatMessage>,
     ) -> Result<std::result::Result<String, ModelFailure>> {
         for round in 1..=ctx.max_steps + 1 {
             if let Some(stopped) = self.stop_reason(ctx) {
@@ -135,12 +135,14 @@ impl ToolRuntime {
             if answer.tool_calls.is_empty() || last {
                 return Ok(Ok(answer.content));
             }
-            messages.push(assistant_message(&answer.content, &answer.tool_calls));
+            messages.push(assistant_message(&answer.content, &answer.tool_calls).into());
             let results = self
                 .run_step(ctx.turn, slot, step, &answer.tool_calls)
                 .await;
             for (call, result) in answer.tool_calls.iter().zip(results) {
-                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
+                messages.push(
+                    json!({"role": "tool", "tool_call_id": call.id, "content": result}).into(),
+                );
             }
         }
         Ok(Ok(String::new()))

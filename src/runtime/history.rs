@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use super::ToolRuntime;
 use super::conversation::assistant_message;
 use crate::error::Result;
-use crate::llm::ModelToolCall;
+use crate::llm::{ChatMessage, ModelToolCall};
 use crate::store::{Character, Run, Session};
 
 /// Most deferred results one turn gives the model; the rest wait for the
@@ -36,7 +36,7 @@ impl ToolRuntime {
 
     /// The committed floors before this run's floor, as user and assistant
     /// messages.
-    pub(super) async fn history(&self, session: &Session, run: &Run) -> Result<Vec<Value>> {
+    pub(super) async fn history(&self, session: &Session, run: &Run) -> Result<Vec<ChatMessage>> {
         let mut messages = Vec::new();
         // The newest turns that fit the budget: every committed reply kept
         // whole would one day make every request of the session too large.
@@ -48,9 +48,9 @@ impl ToolRuntime {
             tracing::debug!(run_id = %run.id, "the oldest turns do not fit the history's budget");
         }
         for (user, reply) in turns {
-            messages.push(json!({"role": "user", "content": user}));
+            messages.push(json!({"role": "user", "content": user}).into());
             if let Some(reply) = reply {
-                messages.push(json!({"role": "assistant", "content": reply}));
+                messages.push(json!({"role": "assistant", "content": reply}).into());
             }
         }
         Ok(messages)
@@ -68,7 +68,7 @@ impl ToolRuntime {
         &self,
         account_id: &str,
         session: &Session,
-        messages: &mut Vec<Value>,
+        messages: &mut Vec<ChatMessage>,
     ) -> Result<Vec<String>> {
         let mut deliveries = self
             .store
@@ -107,8 +107,9 @@ impl ToolRuntime {
                 name: delivery.tool_name.clone(),
                 arguments,
             };
-            messages.push(assistant_message("", std::slice::from_ref(&call)));
-            messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": content}));
+            messages.push(assistant_message("", std::slice::from_ref(&call)).into());
+            messages
+                .push(json!({"role": "tool", "tool_call_id": call.id, "content": content}).into());
         }
         deliveries.truncate(taken);
         Ok(deliveries.into_iter().map(|d| d.id).collect())

@@ -5,7 +5,7 @@
 //! remember, buffered in the run until it is committed. Each slot sees only
 //! the tools its permissions and `allowed_slots` allow.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::ToolRuntime;
 use super::conversation::{ModelFailure, TurnContext};
@@ -14,30 +14,31 @@ use super::history::character_prompt;
 use super::slot_prompts::{self, Verdict};
 use crate::domain::tool::Slot;
 use crate::error::Result;
-use crate::llm::LlmClient;
+use crate::llm::{ChatMessage, LlmClient};
 use crate::permissions::ToolPermissions;
 
 /// The turn as every slot sees it: the system prompt of the character and
 /// the transcript up to and including the new user message.
 struct Transcript {
     character: Option<String>,
-    /// Committed history, then the new user message.
-    messages: Vec<Value>,
+    /// Committed history, then the new user message (shared by every slot's
+    /// messages, never copied).
+    messages: Vec<ChatMessage>,
 }
 
 impl Transcript {
     /// `slot`'s messages: its system prompt, the transcript, `reply` as the
     /// assistant's answer when given, and the slot's closing question.
-    fn for_slot(&self, slot: Slot, reply: Option<&str>) -> Vec<Value> {
+    fn for_slot(&self, slot: Slot, reply: Option<&str>) -> Vec<ChatMessage> {
         let mut messages = Vec::new();
         if let Some(prompt) = slot_prompts::system_prompt(slot, self.character.as_deref()) {
-            messages.push(json!({"role": "system", "content": prompt}));
+            messages.push(json!({"role": "system", "content": prompt}).into());
         }
         messages.extend(self.messages.iter().cloned());
         if let Some(reply) = reply {
-            messages.push(json!({"role": "assistant", "content": reply}));
+            messages.push(json!({"role": "assistant", "content": reply}).into());
         }
-        messages.push(json!({"role": "user", "content": slot_prompts::ask(slot)}));
+        messages.push(json!({"role": "user", "content": slot_prompts::ask(slot)}).into());
         messages
     }
 }
@@ -56,7 +57,7 @@ impl ToolRuntime {
             .map(|c| c.overrides.clone())
             .unwrap_or_default();
         let mut history = self.history(&session, &turn.run).await?;
-        history.push(json!({"role": "user", "content": turn.content}));
+        history.push(json!({"role": "user", "content": turn.content}).into());
         let transcript = Transcript {
             character: character_prompt(character.as_ref()),
             messages: history,
@@ -81,7 +82,7 @@ impl ToolRuntime {
         let turn = ctx.turn;
         let mut narrator = Vec::new();
         if let Some(prompt) = &transcript.character {
-            narrator.push(json!({"role": "system", "content": prompt}));
+            narrator.push(json!({"role": "system", "content": prompt}).into());
         }
         let (history, new_turn) = transcript.messages.split_at(transcript.messages.len() - 1);
         narrator.extend(history.iter().cloned());
@@ -96,7 +97,7 @@ impl ToolRuntime {
             };
             if !notes.trim().is_empty() {
                 let content = slot_prompts::director_notes(&notes);
-                narrator.push(json!({"role": "system", "content": content}));
+                narrator.push(json!({"role": "system", "content": content}).into());
             }
         }
         let mut reply = match self.converse(ctx, Slot::Narrator, &mut narrator).await? {
@@ -118,9 +119,10 @@ impl ToolRuntime {
                     "reply_rejected",
                     json!({"reason": reason, "content": reply}),
                 );
-                narrator.push(json!({"role": "assistant", "content": reply}));
-                narrator
-                    .push(json!({"role": "user", "content": slot_prompts::retry_request(&reason)}));
+                narrator.push(json!({"role": "assistant", "content": reply}).into());
+                narrator.push(
+                    json!({"role": "user", "content": slot_prompts::retry_request(&reason)}).into(),
+                );
                 reply = match self.converse(ctx, Slot::Narrator, &mut narrator).await? {
                     Ok(reply) => reply,
                     Err(failure) => return Ok(Err(failure)),
@@ -183,5 +185,33 @@ impl ToolRuntime {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every slot's messages hold the transcript's own messages, not copies:
+    /// a history of up to 6 MiB went into up to four requests per turn.
+    #[test]
+    fn each_slots_messages_share_the_transcript() {
+        let transcript = Transcript {
+            character: Some("a character".into()),
+            messages: vec![
+                json!({"role": "user", "content": "x".repeat(1000)}).into(),
+                json!({"role": "assistant", "content": "y".repeat(1000)}).into(),
+                json!({"role": "user", "content": "now"}).into(),
+            ],
+        };
+        for slot in [Slot::Director, Slot::Verifier, Slot::Memory] {
+            let messages = transcript.for_slot(slot, Some("the reply"));
+            for message in &transcript.messages {
+                assert!(
+                    messages.iter().any(|m| m.is_shared_with(message)),
+                    "{slot:?}: {message:?} was copied"
+                );
+            }
+        }
     }
 }
