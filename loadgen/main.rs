@@ -31,6 +31,9 @@ mod ratios;
 mod scale;
 
 const TOKEN: &str = "tg_bench_admin_token_0123456789abcdef";
+/// The secrets key of every instance the bench starts on a PostgreSQL
+/// database (with `--postgres`).
+const SHARED_SECRETS_KEY: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
 
 /// Load generator for toolgate: register fan-out, remote and builtin tool calls,
 /// and journal queries on a large journal.
@@ -328,6 +331,9 @@ impl Server {
             .env_remove("TOOLGATE_DATA_DIR")
             .env_remove("TOOLGATE_CONFIG")
             .envs(database_url().map(|url| ("TOOLGATE_DATABASE_URL", url)))
+            // Every instance on one database must share its secrets key (a
+            // second one with a key of its own is refused at start).
+            .envs(database_url().map(|_| ("TOOLGATE_SECRETS_KEY", SHARED_SECRETS_KEY)))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -57,7 +57,9 @@ fn the_bench_prints_every_issue_20_figure_on_a_line_of_its_own() {
         "--server",
         env!("CARGO_BIN_EXE_toolgate"),
         "--phases",
-        "register,remote,builtin,tools_list,sessions_rss,journal,floor",
+        // `generation` and (on PostgreSQL) `instances` start a second
+        // server on the same database.
+        "register,remote,builtin,tools_list,sessions_rss,journal,floor,generation,instances",
         "--rows",
         "3000",
         "--samples",
