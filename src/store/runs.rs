@@ -57,6 +57,24 @@ fn from_row(row: &impl Record) -> Run {
     }
 }
 
+/// The runs a dead instance left generating, of one session or of all.
+/// Placeholders: the session (NULL for every session), previous instance,
+/// this instance, oldest live heartbeat, whether the database is shared. A
+/// floor's claim names its session in a plain equality so that it searches
+/// `floor_runs_by_generation`; an `?1 IS NULL OR` beside it would scan every
+/// run of the database on every floor posted.
+fn dead_generations_sql(one_session: bool) -> String {
+    let sessions = if one_session {
+        "session_id = ?1"
+    } else {
+        "?1 IS NULL"
+    };
+    format!(
+        "SELECT {COLUMNS} FROM floor_runs WHERE {sessions} AND {}",
+        super::run_generation::left_by_a_dead_instance([2, 3, 4, 5])
+    )
+}
+
 impl Store {
     /// Executions of earlier attempts on the floor that are not replay-safe.
     pub async fn blocking_executions(
@@ -321,12 +339,7 @@ impl Store {
         session_id: Option<&str>,
         stale_before: i64,
     ) -> Result<Vec<String>> {
-        // Placeholders: the session (or NULL), previous instance, this
-        // instance, oldest live heartbeat, whether the database is shared.
-        let left = format!(
-            "SELECT {COLUMNS} FROM floor_runs WHERE (?1 IS NULL OR session_id = ?1) AND {}",
-            super::run_generation::left_by_a_dead_instance([2, 3, 4, 5])
-        );
+        let left = dead_generations_sql(session_id.is_some());
         // Built from fixed column names and placeholder numbers only.
         let runs: Vec<Run> = sql!(*tx, c => query(AssertSqlSafe(left))
             .bind(session_id)
@@ -595,4 +608,33 @@ fn run_not_open(run: &Run) -> Error {
         crate::error::ErrorCode::RunNotOpen,
         format!("run {} is already {}", run.id, run.state),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// A floor's claim looks for its session's dead generations in the
+    /// session's own index entries, not through every run of the database.
+    #[tokio::test]
+    async fn a_claims_search_for_dead_generations_uses_the_sessions_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::Store::open(None, dir.path()).await.unwrap();
+        let super::super::backend::Pool::Sqlite(pool) = &store.pool else {
+            panic!("Store::open(None, …) opens SQLite");
+        };
+        let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::dead_generations_sql(true)
+        )))
+        .fetch_all(pool)
+        .await
+        .expect("a plan")
+        .iter()
+        .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
+        .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("USING INDEX floor_runs_by_generation (session_id=?")),
+            "{plan:?}"
+        );
+    }
 }
