@@ -732,12 +732,12 @@ impl ModelSessionHub {
 
     /// Whether any stream (a model session's or a watcher's) of one of the
     /// chat sessions is open here.
-    pub fn streams_any_of(&self, session_ids: &[String]) -> bool {
+    pub fn streams_any_of(&self, session_ids: &[&str]) -> bool {
         self.live()
             .by_character
             .values()
             .flatten()
-            .any(|model_session| session_ids.contains(&model_session.session.id))
+            .any(|model_session| session_ids.contains(&model_session.session.id.as_str()))
     }
 
     /// Serialises catalog mutations and syncs.

@@ -157,21 +157,13 @@ async fn forward(
     stop: CancellationToken,
 ) {
     let mut failures = FailureLog::new("relaying session events to the other instances");
-    loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => break,
-            first = receiver.recv() => first,
-        };
-        let Some(first) = first else { return };
-        let batch = next_batch(first, &mut receiver);
-        write_batch(&runtime, &batch, &mut failures).await;
-        runtime.relay.done_with(&batch);
+    while let Some(first) = next_or_stop(&mut receiver, &stop).await {
+        relay_batch(&runtime, first, &mut receiver, &mut failures).await;
     }
+    // After a stop (or with every sender gone), what is still queued.
     let last_writes = async {
         while let Ok(first) = receiver.try_recv() {
-            let batch = next_batch(first, &mut receiver);
-            write_batch(&runtime, &batch, &mut failures).await;
-            runtime.relay.done_with(&batch);
+            relay_batch(&runtime, first, &mut receiver, &mut failures).await;
         }
     };
     if tokio::time::timeout(FINAL_WRITES_WITHIN, last_writes)
@@ -181,6 +173,28 @@ async fn forward(
         tracing::warn!(
             "the stop did not wait for the last session events to be relayed: the database did not take them in time"
         );
+    }
+}
+
+/// Writes `first` and what queued behind it as one batch, then frees its
+/// place in the queue's byte count.
+async fn relay_batch(
+    runtime: &ToolRuntime,
+    first: Outgoing,
+    receiver: &mut mpsc::Receiver<Outgoing>,
+    failures: &mut FailureLog,
+) {
+    let batch = next_batch(first, receiver);
+    write_batch(runtime, &batch, failures).await;
+    runtime.relay.done_with(&batch);
+}
+
+/// The next item queued, waiting for one; None once `stop` is cancelled or
+/// every sender is gone.
+async fn next_or_stop<T>(receiver: &mut mpsc::Receiver<T>, stop: &CancellationToken) -> Option<T> {
+    tokio::select! {
+        _ = stop.cancelled() => None,
+        next = receiver.recv() => next,
     }
 }
 
@@ -249,12 +263,7 @@ async fn receive(
     stop: CancellationToken,
 ) {
     let mut failures = FailureLog::new("reading the session events other instances relayed");
-    loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => return,
-            first = announcements.recv() => first,
-        };
-        let Some(first) = first else { return };
+    while let Some(first) = next_or_stop(&mut announcements, &stop).await {
         let mut ids = Vec::new();
         want(&runtime, &first, &mut ids);
         while ids.len() < MAX_BATCHES_READ_AT_ONCE {
@@ -298,10 +307,12 @@ fn want(runtime: &ToolRuntime, announced: &serde_json::Value, ids: &mut Vec<i64>
         tracing::warn!("ignoring an unreadable relayed-events announcement");
         return;
     };
-    if let Ok(sessions) = serde_json::from_value::<Vec<String>>(announced["sessions"].clone())
-        && !runtime.model_sessions.streams_any_of(&sessions)
-    {
-        return;
+    // A batch that names its sessions is read only for a stream of one.
+    if let Some(sessions) = announced["sessions"].as_array() {
+        let sessions: Vec<&str> = sessions.iter().filter_map(|s| s.as_str()).collect();
+        if !runtime.model_sessions.streams_any_of(&sessions) {
+            return;
+        }
     }
     ids.push(id);
 }

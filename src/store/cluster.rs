@@ -277,6 +277,7 @@ async fn heartbeat(store: Store) {
     let stop = store.cluster.stop.clone();
     let mut beat_failures = FailureLog::new("renewing this instance's heartbeat");
     let mut sweep_failures = FailureLog::new("sweeping dead instances");
+    let mut forget_failures = FailureLog::new("deleting old relayed session events");
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -299,8 +300,9 @@ async fn heartbeat(store: Store) {
             }
             Err(err) => sweep_failures.failed(&err),
         }
-        if let Err(err) = store.forget_old_relayed_events().await {
-            tracing::warn!(error = %err, "could not delete old relayed session events");
+        match store.forget_old_relayed_events().await {
+            Ok(()) => forget_failures.succeeded(),
+            Err(err) => forget_failures.failed(&err),
         }
     }
 }
