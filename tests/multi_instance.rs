@@ -805,6 +805,15 @@ async fn an_mcp_server_disabled_or_deleted_while_an_instance_was_not_listening_i
     // may be opened until both changes are made: B cannot hear them
     // announced.
     let b_instance = std::fs::read_to_string(b.data_dir.join("instance.lock")).unwrap();
+    // A makes both changes on connections it already holds: several
+    // requests at once leave its pool a few idle ones, so that its heartbeat
+    // taking one meanwhile does not leave the changes needing a new one
+    // (refused below: a 500 seen once in CI).
+    let warm = || a.get("/mcp/servers");
+    let warmed = tokio::join!(warm(), warm(), warm(), warm());
+    for reply in [warmed.0, warmed.1, warmed.2, warmed.3] {
+        assert!(reply.status.is_success(), "{reply:?}");
+    }
     let admin = DatabaseAdmin::of(&database).await;
     admin.allow_connections(false).await;
     let cut = admin
