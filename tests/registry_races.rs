@@ -142,8 +142,15 @@ async fn registrations_for_new_characters_survive_concurrent_global_registration
 /// Where the openers of one iteration are: said when an iteration is stuck
 /// (it was seen once in each of two full runs, never alone), so that the
 /// next sighting names the side that did not end.
-#[derive(Default)]
 struct StreamCensus {
+    /// Set once the server's process has exited: a request still unanswered
+    /// then is not waiting for it. Its port is free once it exits, and another
+    /// test's listener (one that accepts and never answers, say) may take it:
+    /// a run census once read "0 still read; 15 of 16 openers done, 1
+    /// waiting for an answer" after the exit.
+    exited: tokio::sync::watch::Sender<bool>,
+    /// Requests given up because the server had exited.
+    abandoned: AtomicUsize,
     /// Streams answered 200.
     opened: AtomicUsize,
     /// Openers waiting for an answer to their request.
@@ -154,15 +161,36 @@ struct StreamCensus {
     reading: AtomicUsize,
 }
 
+impl Default for StreamCensus {
+    fn default() -> Self {
+        Self {
+            exited: tokio::sync::watch::Sender::new(false),
+            abandoned: AtomicUsize::new(0),
+            opened: AtomicUsize::new(0),
+            sending: AtomicUsize::new(0),
+            openers_done: AtomicUsize::new(0),
+            reading: AtomicUsize::new(0),
+        }
+    }
+}
+
 impl StreamCensus {
     fn describe(&self) -> String {
         format!(
-            "{} streams opened, {} still read; {} of {OPENERS} openers done, {} waiting for an answer",
+            "{} streams opened, {} still read; {} of {OPENERS} openers done, {} waiting for an answer, {} given up after the exit",
             self.opened.load(Ordering::SeqCst),
             self.reading.load(Ordering::SeqCst),
             self.openers_done.load(Ordering::SeqCst),
             self.sending.load(Ordering::SeqCst),
+            self.abandoned.load(Ordering::SeqCst),
         )
+    }
+
+    /// Resolves once the server's process has exited.
+    async fn server_exited(&self) {
+        let mut exited = self.exited.subscribe();
+        // An error means the sender is gone, which it never is while `self` lives.
+        let _ = exited.wait_for(|exited| *exited).await;
     }
 }
 
@@ -181,8 +209,16 @@ async fn open_streams(
     let mut holders = Vec::new();
     loop {
         census.sending.fetch_add(1, Ordering::SeqCst);
-        let sent = client.get(&url).bearer_auth(&token).send().await;
+        let sent = tokio::select! {
+            sent = client.get(&url).bearer_auth(&token).send() => Some(sent),
+            () = census.server_exited() => None,
+        };
         census.sending.fetch_sub(1, Ordering::SeqCst);
+        let Some(sent) = sent else {
+            census.abandoned.fetch_add(1, Ordering::SeqCst);
+            census.openers_done.fetch_add(1, Ordering::SeqCst);
+            return holders;
+        };
         let Ok(mut response) = sent else {
             // Refused or reset: the listener is closed.
             census.openers_done.fetch_add(1, Ordering::SeqCst);
@@ -268,6 +304,7 @@ async fn shutdown_while_streams_open(
         )
     });
     assert!(status.success(), "iteration {iteration}: {status:?}");
+    census.exited.send_replace(true);
     enter("waiting for the openers and their streams to end after the server exited");
     for opener in openers {
         for holder in opener.await.expect("opener") {
