@@ -487,7 +487,10 @@ async fn a_session_deleted_on_one_instance_ends_its_event_streams_on_the_others(
 /// A session's events reach its streams on every instance, once each: a
 /// generation on A streams to B's stream of the session exactly as to A's (a
 /// reply far past a notification's 8,000 bytes included), and an approval
-/// asked and rejected on A reaches B's stream too.
+/// asked and rejected on A reaches B's stream too. A was alone on the
+/// database until B started, so relaying nothing: B's greeting at its start
+/// is what makes A relay the generation that follows at once (A's heartbeat
+/// would find B only within 2 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_events_reach_its_streams_on_every_instance_once() {
     let database = shared_database().await;
@@ -575,6 +578,39 @@ async fn a_sessions_events_reach_its_streams_on_every_instance_once() {
     assert_eq!(changed.status, StatusCode::OK, "{changed:?}");
     let first = other.next_within(Duration::from_secs(30)).await;
     assert_eq!(first.kind, "catalog_changed", "{first:?}");
+}
+
+/// An instance alone on the database relays its sessions' events to nobody:
+/// a generation with a stream open, then a clean stop (which writes every
+/// event still queued for the relay), leaves no batch behind. That a second
+/// instance is counted from its start, before it serves, is
+/// `a_sessions_events_reach_its_streams_on_every_instance_once`: its streams
+/// open and its generation runs within the first heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_alone_on_the_database_relays_nothing() {
+    let database = shared_database().await;
+    let stand_in =
+        common::model::StandIn::start(vec![common::model::text_answer(&["alone"])]).await;
+    let mut a = instance_with_model(&database, &stand_in).await;
+    let session = a.create_session().await;
+    let mut events = Events::open(&a, &session).await;
+    common::model::turn(&a, &session, "hello").await;
+    let run = common::model::until_run_ends(&mut events).await;
+    assert_eq!(
+        common::model::kinds(&run),
+        ["run_started", "token", "run_finished"]
+    );
+    a.terminate();
+    let stopped = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        stopped.is_some_and(|status| status.success()),
+        "{stopped:?}"
+    );
+    let batches: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM relayed_session_events")
+        .fetch_one(&pool(&database).await)
+        .await
+        .unwrap();
+    assert_eq!(batches, 0, "batches relayed with no other instance");
 }
 
 /// An instance that never heard of a deletion (its listener was

@@ -13,7 +13,8 @@
 //! they would crowd out) and publish their events to those streams. Publishing
 //! never waits for the database: when the queue is full the event is dropped
 //! and the drop logged (a stream that misses events reads the journal and
-//! `GET /sessions/{id}/tool-results`, as after a reconnect).
+//! `GET /sessions/{id}/tool-results`, as after a reconnect). An instance alone
+//! on the database relays nothing (see `store::peers` for how it knows).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -92,13 +93,15 @@ impl EventRelay {
         }
     }
 
-    fn offer(&self, session_id: &str, event: &ModelSessionEvent) {
+    /// Queues `event` for the other instances when there are any
+    /// (`others_present`).
+    fn offer(&self, session_id: &str, event: &ModelSessionEvent, others_present: bool) {
         debug_assert!(
             session_event_kind(event.kind).is_some(),
             "{} is missing from SESSION_EVENT_KINDS: other instances would drop it",
             event.kind
         );
-        let Some(sender) = &self.sender else {
+        let Some(sender) = self.sender.as_ref().filter(|_| others_present) else {
             return;
         };
         let bytes = event.data.as_str().len();
@@ -125,7 +128,8 @@ impl ToolRuntime {
     /// Sends `event` to every live model session of the chat session, on this
     /// instance at once and on the others through the relay.
     pub(crate) fn publish_to_session(&self, session_id: &str, event: ModelSessionEvent) -> usize {
-        self.relay.offer(session_id, &event);
+        self.relay
+            .offer(session_id, &event, self.store.other_instances_present());
         self.model_sessions.publish_to_session(session_id, event)
     }
 
@@ -359,7 +363,7 @@ mod tests {
         let mut receiver = relay.receiver.lock().unwrap().take().unwrap();
         let mib = 1024 * 1024;
         for _ in 0..100 {
-            relay.offer("sess_1", &event_of(mib));
+            relay.offer("sess_1", &event_of(mib), true);
         }
         let queued = relay.queued_bytes.load(Ordering::Relaxed);
         assert!(queued <= MAX_QUEUED_BYTES, "{queued} bytes queued");
@@ -368,13 +372,13 @@ mod tests {
         let first = receiver.try_recv().expect("the first event");
         let batch = next_batch(first, &mut receiver);
         relay.done_with(&batch);
-        relay.offer("sess_1", &event_of(mib));
+        relay.offer("sess_1", &event_of(mib), true);
         assert_eq!(relay.dropped.load(Ordering::Relaxed), 100 - held as u64);
         // An empty queue takes an event however large.
         let rest = std::iter::from_fn(|| receiver.try_recv().ok()).collect::<Vec<_>>();
         relay.done_with(&rest);
         assert_eq!(relay.queued_bytes.load(Ordering::Relaxed), 0);
-        relay.offer("sess_1", &event_of(MAX_QUEUED_BYTES + 1));
+        relay.offer("sess_1", &event_of(MAX_QUEUED_BYTES + 1), true);
         assert!(receiver.try_recv().is_ok());
     }
 
@@ -382,8 +386,21 @@ mod tests {
     #[test]
     fn an_unshared_database_queues_nothing() {
         let relay = EventRelay::new(false);
-        relay.offer("sess_1", &event_of(10));
+        relay.offer("sess_1", &event_of(10), true);
         assert!(relay.receiver.lock().unwrap().is_none());
         assert_eq!(relay.queued_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// On a shared database with no other instance present nothing is
+    /// queued either.
+    #[test]
+    fn an_instance_alone_queues_nothing() {
+        let relay = EventRelay::new(true);
+        let mut receiver = relay.receiver.lock().unwrap().take().unwrap();
+        relay.offer("sess_1", &event_of(10), false);
+        assert!(receiver.try_recv().is_err());
+        assert_eq!(relay.queued_bytes.load(Ordering::Relaxed), 0);
+        relay.offer("sess_1", &event_of(10), true);
+        assert!(receiver.try_recv().is_ok());
     }
 }

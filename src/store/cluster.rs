@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::Store;
 use super::backend::{Pool, sql};
 use super::instance_file::InstanceFile;
+use super::peers::{GREETED_TOPIC, GREETING_TOPIC, Peers};
 use crate::error::Result;
 use crate::failure_log::FailureLog;
 use crate::ids::now_ms;
@@ -74,6 +75,8 @@ pub(super) struct Cluster {
     relayed_receiver: std::sync::Mutex<Option<mpsc::Receiver<Value>>>,
     /// Announcements dropped because that task fell behind, not yet logged.
     relayed_dropped: std::sync::atomic::AtomicU64,
+    /// What this instance knows of the others.
+    pub(super) peers: Peers,
     stop: CancellationToken,
 }
 
@@ -90,6 +93,7 @@ impl Cluster {
             relayed,
             relayed_receiver: std::sync::Mutex::new(Some(relayed_receiver)),
             relayed_dropped: std::sync::atomic::AtomicU64::new(0),
+            peers: Peers::default(),
             stop: CancellationToken::new(),
         })
     }
@@ -278,6 +282,7 @@ async fn heartbeat(store: Store) {
     let mut beat_failures = FailureLog::new("renewing this instance's heartbeat");
     let mut sweep_failures = FailureLog::new("sweeping dead instances");
     let mut forget_failures = FailureLog::new("deleting old relayed session events");
+    let mut look_failures = FailureLog::new("looking for the other instances");
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -288,6 +293,10 @@ async fn heartbeat(store: Store) {
             continue;
         }
         beat_failures.succeeded();
+        match store.look_for_other_instances().await {
+            Ok(()) => look_failures.succeeded(),
+            Err(err) => look_failures.failed(&err),
+        }
         match store.recover_dead_instances().await {
             Ok(recovered) => {
                 sweep_failures.succeeded();
@@ -348,6 +357,7 @@ async fn connect_listener(
         match outcome {
             Ok(listener) => {
                 failures.succeeded();
+                store.cluster.peers.listening();
                 send_resync(store);
                 return Some(listener);
             }
@@ -387,9 +397,28 @@ async fn receive_until_lost(
             }
         };
         failures.succeeded();
-        let event = match serde_json::from_str::<Envelope>(notification.payload()) {
+        let envelope = match serde_json::from_str::<Envelope>(notification.payload()) {
             Ok(envelope) if envelope.from == store.cluster.instance_id => continue,
-            Ok(envelope) if envelope.topic == SESSION_EVENTS_TOPIC => {
+            Ok(envelope) => envelope,
+            Err(err) => {
+                tracing::warn!(error = %err, "ignoring an unreadable change notification");
+                continue;
+            }
+        };
+        // Whatever another instance says, it is alive.
+        store.cluster.peers.seen();
+        let event = match envelope {
+            envelope if envelope.topic == GREETING_TOPIC => {
+                store.answer_greeting(envelope.from);
+                continue;
+            }
+            envelope if envelope.topic == GREETED_TOPIC => {
+                if envelope.data.as_str() == Some(store.cluster.instance_id.as_str()) {
+                    store.cluster.peers.answered_by(envelope.from);
+                }
+                continue;
+            }
+            envelope if envelope.topic == SESSION_EVENTS_TOPIC => {
                 if store.cluster.relayed.try_send(envelope.data).is_err() {
                     store
                         .cluster
@@ -398,14 +427,10 @@ async fn receive_until_lost(
                 }
                 continue;
             }
-            Ok(envelope) => ClusterEvent {
+            envelope => ClusterEvent {
                 topic: envelope.topic,
                 data: envelope.data,
             },
-            Err(err) => {
-                tracing::warn!(error = %err, "ignoring an unreadable change notification");
-                continue;
-            }
         };
         store.apply_cluster_event(&event);
         // Nobody subscribed is fine: the caches were the point.

@@ -27,6 +27,7 @@ mod journal_writer;
 mod mcp;
 pub mod memory;
 pub mod page_bytes;
+mod peers;
 mod relayed_events;
 pub mod resources;
 pub mod run_effects;
@@ -135,6 +136,7 @@ impl Store {
         };
         store.register_instance().await?;
         store.start_cluster();
+        store.greet_other_instances().await;
         Ok(store)
     }
 
