@@ -445,3 +445,77 @@ async fn an_account_holds_at_most_its_share_of_event_streams() {
     .await;
     assert_eq!(reopened.lock().unwrap().len(), 1);
 }
+
+/// A definition write reaches every live session of the account, and
+/// sessions offered the very same tools share one verdict (the server's and
+/// the definitions' specs are keyed, so the catalog is built once): a
+/// session whose permissions deny a server tool is still told its own list,
+/// and each list is what its narrator's calls may run.
+#[tokio::test]
+async fn a_definition_write_tells_each_live_session_its_own_tools_beside_an_mcp_server() {
+    let server = spawn_with(scripts_on()).await;
+    let plain = server.create_session().await;
+    let twin = server.create_session().await;
+    let narrowed = server.create_session().await;
+    let mcp = common::mcp::create_server(
+        &server,
+        common::mcp::stdio_body(
+            "kit",
+            json!({"tool_prefix": "k", "default_side_effect_level": "sandbox"}),
+        ),
+    )
+    .await;
+    common::mcp::wait_for_source(
+        &server,
+        &plain,
+        &mcp,
+        "live",
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    let reply = server
+        .patch(
+            &format!("/sessions/{narrowed}/tool-permissions"),
+            json!({"slot_deny_list": {"narrator": ["k_echo"]}}),
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let mut streams = Vec::new();
+    for session in [&plain, &twin, &narrowed] {
+        streams.push((session, Events::open(&server, session).await));
+    }
+    let sorted = |tools: &Value| {
+        let mut tools = names(tools);
+        tools.sort();
+        tools
+    };
+
+    let created = server.post("/tools/definitions", definition()).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let id = created.body["data"]["id"].as_str().unwrap().to_owned();
+    for (session, events) in &mut streams {
+        let changed = events.changed().await;
+        let tools = sorted(&changed["tools"]);
+        assert_eq!(tools, offered_names(&server, session).await, "{changed}");
+        assert!(tools.contains(&"lookup_npc".to_owned()), "{changed}");
+        let denied = *session == &narrowed;
+        assert_eq!(!tools.contains(&"k_echo".to_owned()), denied, "{changed}");
+        assert!(tools.contains(&"k_add_tool".to_owned()), "{changed}");
+    }
+
+    let toggled = server
+        .patch(
+            &format!("/tools/definitions/{id}/toggle"),
+            json!({"enabled": false}),
+        )
+        .await;
+    assert_eq!(toggled.status, 200, "{toggled:?}");
+    for (session, events) in &mut streams {
+        let changed = events.changed().await;
+        let tools = sorted(&changed["tools"]);
+        assert_eq!(tools, offered_names(&server, session).await, "{changed}");
+        assert!(!tools.contains(&"lookup_npc".to_owned()), "{changed}");
+        let denied = *session == &narrowed;
+        assert_eq!(!tools.contains(&"k_echo".to_owned()), denied, "{changed}");
+    }
+}

@@ -3,7 +3,7 @@
 //! sandbox. The contract calls their provider type `preset`, so that word stays
 //! on the wire (`provider_type`, `provider_id`) and only there.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use serde_json::Value;
 
@@ -14,6 +14,7 @@ use crate::catalog::{CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvi
 use crate::domain::definition::ToolDefinition;
 use crate::domain::tool::{ProviderType, ToolMetadata, ToolSpec};
 use crate::error::Result;
+use crate::fast_map::FastMap;
 use crate::reason::ReasonCode;
 use crate::store::{Session, Store};
 use crate::tools::script::{ScriptError, ScriptRunner};
@@ -38,6 +39,10 @@ pub fn provider_id(definition: &ToolDefinition) -> String {
     format!("preset:{}", definition.id)
 }
 
+/// Accounts whose built entries are kept before the memo starts over (the
+/// store's definitions cache keeps as many accounts).
+const MAX_BUILT_ACCOUNTS: usize = 10_000;
+
 /// The definitions provider: the account's enabled definitions, run through
 /// the script sandbox. Script tools stay visible while the switch is off, but
 /// unavailable, so that an operator can see why they are not called.
@@ -45,6 +50,22 @@ pub struct DefinitionProvider {
     store: Store,
     scripts: ScriptRunner,
     scripts_enabled: bool,
+    /// Each account's entries, built once per read of its enabled
+    /// definitions: their specs' addresses are the keys by which the live
+    /// sessions of one catalog change share one verdict
+    /// ([`ToolProvider::entry_keys`]). Built anew for each session, a
+    /// definition write made every live session of the account build and
+    /// check its whole catalog under the mutation lock.
+    built: Mutex<FastMap<String, BuiltEntries>>,
+}
+
+/// An account's entries and the read of its definitions they were built
+/// from.
+struct BuiltEntries {
+    /// Compared by address only; held weakly, which still keeps the address
+    /// from being reused by another read.
+    from: Weak<Vec<ToolDefinition>>,
+    entries: Arc<[CatalogEntry]>,
 }
 
 impl DefinitionProvider {
@@ -53,7 +74,61 @@ impl DefinitionProvider {
             store,
             scripts,
             scripts_enabled,
+            built: Mutex::default(),
         }
+    }
+
+    fn built(&self) -> std::sync::MutexGuard<'_, FastMap<String, BuiltEntries>> {
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entries built from `definitions` (the account's enabled ones, as
+    /// read), if they were built.
+    fn built_from(
+        &self,
+        account_id: &str,
+        definitions: &Arc<Vec<ToolDefinition>>,
+    ) -> Option<Arc<[CatalogEntry]>> {
+        self.built()
+            .get(account_id)
+            .filter(|built| std::ptr::eq(built.from.as_ptr(), Arc::as_ptr(definitions)))
+            .map(|built| built.entries.clone())
+    }
+
+    /// The entries of `definitions`, built once per read of them.
+    fn entries_of(
+        &self,
+        account_id: &str,
+        definitions: &Arc<Vec<ToolDefinition>>,
+    ) -> Arc<[CatalogEntry]> {
+        if let Some(entries) = self.built_from(account_id, definitions) {
+            return entries;
+        }
+        let entries: Arc<[CatalogEntry]> = definitions
+            .iter()
+            .map(|definition| {
+                let handler = DefinitionHandler {
+                    definition_id: definition.id.clone(),
+                    account_id: definition.account_id.clone(),
+                    script: definition.script().map(Arc::from),
+                    scripts: self.scripts.clone(),
+                    scripts_enabled: self.scripts_enabled,
+                };
+                entry(definition.clone(), handler)
+            })
+            .collect();
+        let mut built = self.built();
+        if built.len() >= MAX_BUILT_ACCOUNTS && !built.contains_key(account_id) {
+            built.clear();
+        }
+        built.insert(
+            account_id.to_owned(),
+            BuiltEntries {
+                from: Arc::downgrade(definitions),
+                entries: entries.clone(),
+            },
+        );
+        entries
     }
 }
 
@@ -66,12 +141,22 @@ impl ToolProvider for DefinitionProvider {
         Box::pin(self.entries_where(session, |_| true))
     }
 
-    fn entry_keys(&self, session: &Session, _keys: &mut Vec<EntryKey>) -> bool {
-        // Each build of a definition's entry makes its spec anew, so keys are
-        // given only for an account known to have no enabled definition.
-        self.store
-            .cached_enabled_definitions(&session.account_id)
-            .is_some_and(|definitions| definitions.is_empty())
+    fn entry_keys(&self, session: &Session, keys: &mut Vec<EntryKey>) -> bool {
+        // Keys only from the cached read the entries were built from: a read
+        // not cached yet, or not built from yet, may differ.
+        let Some(definitions) = self.store.cached_enabled_definitions(&session.account_id) else {
+            return false;
+        };
+        if definitions.is_empty() {
+            return true;
+        }
+        match self.built_from(&session.account_id, &definitions) {
+            Some(entries) => {
+                keys.extend(entries.iter().map(EntryKey::of));
+                true
+            }
+            None => false,
+        }
     }
 
     fn entries_named<'a>(
@@ -79,31 +164,24 @@ impl ToolProvider for DefinitionProvider {
         session: &'a Session,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Vec<CatalogEntry>>> {
-        Box::pin(self.entries_where(session, move |definition| definition.name == name))
+        Box::pin(self.entries_where(session, move |spec| spec.name == name))
     }
 }
 
 impl DefinitionProvider {
-    /// The entries of the account's enabled definitions that `keep` keeps.
+    /// The entries of the account's enabled definitions whose spec `keep`
+    /// keeps.
     async fn entries_where(
         &self,
         session: &Session,
-        keep: impl Fn(&ToolDefinition) -> bool,
+        keep: impl Fn(&ToolSpec) -> bool,
     ) -> Result<Vec<CatalogEntry>> {
         let definitions = self.store.enabled_definitions(&session.account_id).await?;
-        Ok(definitions
+        Ok(self
+            .entries_of(&session.account_id, &definitions)
             .iter()
-            .filter(|definition| keep(definition))
-            .map(|definition| {
-                let handler = DefinitionHandler {
-                    definition_id: definition.id.clone(),
-                    account_id: definition.account_id.clone(),
-                    script: definition.script().map(Arc::from),
-                    scripts: self.scripts.clone(),
-                    scripts_enabled: self.scripts_enabled,
-                };
-                entry(definition.clone(), handler)
-            })
+            .filter(|entry| keep(&entry.spec))
+            .cloned()
             .collect())
     }
 }
@@ -254,5 +332,90 @@ mod tests {
                 .unwrap()
                 .contains("ENABLE_UNSAFE_SCRIPT_HANDLER")
         );
+    }
+
+    fn session_of(account_id: &str, id: &str) -> Session {
+        Session {
+            id: id.into(),
+            account_id: account_id.into(),
+            character_id: "char_x".into(),
+            character: "x".into(),
+            title: String::new(),
+            metadata: serde_json::json!({}),
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    fn keys_of(provider: &DefinitionProvider, session: &Session) -> Option<Vec<EntryKey>> {
+        let mut keys = Vec::new();
+        provider.entry_keys(session, &mut keys).then_some(keys)
+    }
+
+    /// The live sessions of an account share one verdict by these keys, so
+    /// a definition write builds one catalog, not one per session: the keys
+    /// are exactly the entries' keys, the same for every session of the
+    /// account until its definitions change, and new after a change.
+    #[tokio::test]
+    async fn entry_keys_are_the_entries_keys_until_the_definitions_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        let account = store
+            .create_account("a", false, None)
+            .await
+            .unwrap()
+            .account
+            .id;
+        let provider = DefinitionProvider::new(
+            store.clone(),
+            ScriptRunner::new(ScriptLimits::default(), 1),
+            true,
+        );
+        let (one, two) = (
+            session_of(&account, "sess_1"),
+            session_of(&account, "sess_2"),
+        );
+        // No definition: no entry, a key for that.
+        assert!(provider.entries(&one).await.unwrap().is_empty());
+        assert_eq!(keys_of(&provider, &one), Some(Vec::new()));
+
+        store
+            .create_definition(&account, script_definition())
+            .await
+            .unwrap();
+        // The write forgot the cached read: no key until entries are built.
+        assert_eq!(keys_of(&provider, &one), None);
+        let entries = provider.entries(&one).await.unwrap();
+        assert_eq!(entries.len(), 1);
+        let expected: Vec<EntryKey> = entries.iter().map(EntryKey::of).collect();
+        assert_eq!(keys_of(&provider, &one).as_ref(), Some(&expected));
+        assert_eq!(keys_of(&provider, &two).as_ref(), Some(&expected));
+        let again = provider.entries(&two).await.unwrap();
+        assert!(Arc::ptr_eq(&again[0].spec, &entries[0].spec), "built once");
+        assert_eq!(
+            provider
+                .entries_named(&two, "lookup_npc")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(
+            provider
+                .entries_named(&two, "other")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        let mut second = script_definition();
+        second.name = "roll_npc".into();
+        store.create_definition(&account, second).await.unwrap();
+        assert_eq!(keys_of(&provider, &one), None);
+        let changed = provider.entries(&one).await.unwrap();
+        let changed_keys: Vec<EntryKey> = changed.iter().map(EntryKey::of).collect();
+        assert_eq!(changed.len(), 2);
+        assert_eq!(keys_of(&provider, &two).as_ref(), Some(&changed_keys));
+        assert!(!changed_keys.contains(&expected[0]), "entries built anew");
     }
 }

@@ -14,7 +14,9 @@ use serde_json::Value;
 use super::status::ConnectionState;
 use super::{Command, McpHub};
 use crate::call::{Attempt, JobInvocation, ToolCall, ToolOutcome};
-use crate::catalog::{CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvider};
+use crate::catalog::{
+    Availability, CallContext, CatalogEntry, EntryKey, ToolHandler, ToolProvider,
+};
 use crate::domain::tool::{SideEffectLevel, ToolSpec};
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -81,10 +83,21 @@ impl ToolProvider for McpProvider {
         ))
     }
 
-    fn entry_keys(&self, session: &Session, _keys: &mut Vec<EntryKey>) -> bool {
-        // Keys are given only for the common case of an account without MCP
-        // servers; a server's tools are offered through their entries.
-        self.hub.account_slots(&session.account_id).is_empty()
+    fn entry_keys(&self, session: &Session, keys: &mut Vec<EntryKey>) -> bool {
+        // A listing's specs are shared by every entry built from it while it
+        // lasts, and every server tool is offered available: the keys are the
+        // entries' own, in the entries' order.
+        for slot in self.hub.account_slots(&session.account_id) {
+            if let Some(listed) = slot.state().listed.as_ref() {
+                keys.extend(
+                    listed
+                        .tools
+                        .iter()
+                        .map(|tool| EntryKey::new(&tool.spec, Availability::Available)),
+                );
+            }
+        }
+        true
     }
 
     fn entries_named<'a>(
