@@ -222,7 +222,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         instances::instances_phase(&args, &binary, &work.path, &api, &session).await?;
     }
     if args.wants("generation") {
+        // On a shared database the phase's server runs alone, as the one
+        // instance of a deployment does: beside the main server it would
+        // relay its sessions' events to it.
+        if database.is_some() {
+            server.stop().await?;
+        }
         generation::generation_phase(&args, &binary, &work.path).await?;
+        if database.is_some() {
+            server = Server::start(&binary, &work.path).await?;
+        }
     }
     if args.wants("journal") {
         server.stop().await?;

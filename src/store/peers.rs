@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::watch;
@@ -38,8 +38,11 @@ const GREETING_WITHIN: Duration = Duration::from_secs(3);
 /// What this instance knows of the others.
 #[derive(Debug)]
 pub(super) struct Peers {
-    /// When another instance was last seen alive (ms since the epoch; 0:
-    /// never).
+    /// What `last_seen_ms` counts from: a monotonic clock, so that a jump
+    /// of the wall clock neither forgets the others nor keeps them.
+    since: Instant,
+    /// When another instance was last seen alive, in ms after `since` plus
+    /// one (0: never).
     last_seen_ms: AtomicI64,
     /// Whether this instance's listener listens (greetings' answers arrive
     /// through it).
@@ -51,6 +54,7 @@ pub(super) struct Peers {
 impl Default for Peers {
     fn default() -> Self {
         Self {
+            since: Instant::now(),
             last_seen_ms: AtomicI64::new(0),
             listening: watch::Sender::new(false),
             answered: watch::Sender::new(HashSet::new()),
@@ -59,9 +63,14 @@ impl Default for Peers {
 }
 
 impl Peers {
+    /// Now on this instance's monotonic clock, in ms (from 1).
+    fn now(&self) -> i64 {
+        i64::try_from(self.since.elapsed().as_millis()).unwrap_or(i64::MAX - 1) + 1
+    }
+
     /// Another instance is alive now.
     pub(super) fn seen(&self) {
-        self.last_seen_ms.fetch_max(now_ms(), Ordering::Relaxed);
+        self.last_seen_ms.fetch_max(self.now(), Ordering::Relaxed);
     }
 
     /// This instance's listener listens (again).
@@ -78,7 +87,7 @@ impl Peers {
 
     fn present(&self) -> bool {
         let last = self.last_seen_ms.load(Ordering::Relaxed);
-        last > 0 && now_ms() - last < STALE_AFTER_MS
+        last > 0 && self.now() - last < STALE_AFTER_MS
     }
 }
 
@@ -170,5 +179,34 @@ impl Store {
         tokio::spawn(async move {
             store.announce(GREETED_TOPIC, Value::String(from)).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Others count as present from the moment one is seen until
+    /// [`STALE_AFTER_MS`] later, and never before any is seen.
+    #[test]
+    fn others_are_present_for_a_while_after_one_is_seen() {
+        let peers = Peers::default();
+        assert!(!peers.present(), "none seen yet");
+        peers.seen();
+        assert!(peers.present());
+        let stale = Duration::from_millis(STALE_AFTER_MS as u64 + 1);
+        let long_ago = Peers {
+            since: Instant::now()
+                .checked_sub(stale)
+                .expect("a machine up for more than 10 s"),
+            ..Peers::default()
+        };
+        long_ago.last_seen_ms.store(1, Ordering::Relaxed);
+        assert!(
+            !long_ago.present(),
+            "seen more than {STALE_AFTER_MS} ms ago"
+        );
+        long_ago.seen();
+        assert!(long_ago.present(), "seen again");
     }
 }
