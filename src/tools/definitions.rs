@@ -42,6 +42,9 @@ pub fn provider_id(definition: &ToolDefinition) -> String {
 /// Accounts whose built entries are kept before the memo starts over (the
 /// store's definitions cache keeps as many accounts).
 const MAX_BUILT_ACCOUNTS: usize = 10_000;
+/// Past this many accounts, a new one first drops the entries of reads the
+/// store no longer caches: they would only be built again.
+const PRUNE_BUILT_FROM: usize = 1_024;
 
 /// The definitions provider: the account's enabled definitions, run through
 /// the script sandbox. Script tools stay visible while the switch is off, but
@@ -118,6 +121,9 @@ impl DefinitionProvider {
             })
             .collect();
         let mut built = self.built();
+        if built.len() >= PRUNE_BUILT_FROM && !built.contains_key(account_id) {
+            built.retain(|_, built| built.from.strong_count() > 0);
+        }
         if built.len() >= MAX_BUILT_ACCOUNTS && !built.contains_key(account_id) {
             built.clear();
         }
@@ -417,5 +423,29 @@ mod tests {
         assert_eq!(changed.len(), 2);
         assert_eq!(keys_of(&provider, &two).as_ref(), Some(&changed_keys));
         assert!(!changed_keys.contains(&expected[0]), "entries built anew");
+    }
+
+    /// The memo keeps the entries of reads the store still caches: past its
+    /// prune bound, a new account drops the others'.
+    #[tokio::test]
+    async fn entries_of_reads_no_longer_cached_are_dropped_past_the_prune_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(None, dir.path()).await.unwrap();
+        let provider =
+            DefinitionProvider::new(store, ScriptRunner::new(ScriptLimits::default(), 1), true);
+        let reads: Vec<Arc<Vec<ToolDefinition>>> = (0..PRUNE_BUILT_FROM)
+            .map(|_| Arc::new(vec![script_definition()]))
+            .collect();
+        for (n, read) in reads.iter().enumerate() {
+            provider.entries_of(&format!("acct_{n}"), read);
+        }
+        let still_cached = reads[7].clone();
+        drop(reads);
+        assert_eq!(provider.built().len(), PRUNE_BUILT_FROM);
+        provider.entries_of("acct_new", &Arc::new(Vec::new()));
+        let mut kept: Vec<String> = provider.built().keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, ["acct_7", "acct_new"]);
+        assert!(provider.built_from("acct_7", &still_cached).is_some());
     }
 }
