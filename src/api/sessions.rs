@@ -150,9 +150,7 @@ async fn append_floor(
         .store
         .append_floor(&account.id, &session.id, &body.content)
         .await?;
-    let started = runtime
-        .start_turn(claim, &account.id, &session.id, &floor.id, &body.content)
-        .await?;
+    let started = runtime.start_turn(claim, &account.id, &floor).await?;
     let mut data = serde_json::to_value(&floor).unwrap_or_default();
     data["floor_id"] = serde_json::json!(floor.id);
     let status = match started {

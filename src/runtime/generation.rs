@@ -11,11 +11,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::ToolRuntime;
-use super::runs::Generated;
 use crate::error::{Error, ErrorCode, Result};
 use crate::llm::LlmClient;
 use crate::model_sessions::ModelSessionEvent;
-use crate::store::{GenerationState, Run, Store};
+use crate::store::{Floor, FloorRef, GenerationState, Run, Store};
 
 /// A run the loop is driving, as the floor route started it.
 #[derive(Debug, Clone)]
@@ -221,24 +220,39 @@ impl ToolRuntime {
         Ok(())
     }
 
-    /// Starts a generation for a just-appended floor; None when no model is
-    /// configured (the floor is stored all the same).
+    /// Starts a generation for a floor the caller just appended; None when
+    /// no model is configured (the floor is stored all the same). The floor
+    /// is new, its id not yet answered to anyone: no call is journalled on
+    /// it to confirm, and it is its own reference (two reads fewer before
+    /// every turn's first model request than a run opened on a floor by id).
     pub async fn start_turn(
         &self,
         claim: Option<TurnClaim>,
         account_id: &str,
-        session_id: &str,
-        floor_id: &str,
-        content: &str,
+        floor: &Floor,
     ) -> Result<Option<Run>> {
         let (Some(llm), Some(claim)) = (self.llm.clone(), claim) else {
             return Ok(None);
         };
+        let floor_ref = FloorRef {
+            id: floor.id.clone(),
+            session_id: floor.session_id.clone(),
+            active_page_id: None,
+        };
         let run = self
-            .open_run_for(account_id, floor_id, Vec::new(), Generated::Yes)
+            .store
+            .open_run(account_id, &floor_ref, &[], true)
             .await?;
-        self.begin(claim, llm, account_id, session_id, run.clone(), content)
-            .await?;
+        tracing::info!(run_id = %run.id, floor_id = %floor.id, "run opened");
+        self.begin(
+            claim,
+            llm,
+            account_id,
+            &floor.session_id,
+            run.clone(),
+            &floor.content,
+        )
+        .await?;
         Ok(Some(run))
     }
 

@@ -116,35 +116,40 @@ impl Store {
         let run_id = new_id("floorrun");
         let page_id = new_id("page");
         let mut tx = self.begin_write().await?;
-        let pages = sql!(tx, c => query_scalar::<i64>("SELECT COUNT(*) FROM pages WHERE floor_id = ?")
-            .bind(&floor.id)
-            .fetch_one(c)
-            .await?);
-        if pages >= MAX_PAGES_PER_FLOOR {
-            return Err(Error::refused(
-                crate::error::ErrorCode::LimitExceeded,
-                format!(
-                    "floor {} holds {pages} pages, the most a floor holds (MAX_PAGES_PER_FLOOR = {MAX_PAGES_PER_FLOOR}): discard an open run's page before opening another",
-                    floor.id
-                ),
-            ));
-        }
-        sql!(tx, c => query(
+        // The bound checked in the insert itself: a floor opened a run in
+        // two statements where one suffices (each is a round trip to the
+        // database's thread).
+        let inserted = sql!(tx, c => query(
             "INSERT INTO pages (id, floor_id, page_no, content, created_at) \
-             VALUES (?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ?)",
+             SELECT ?, ?, (SELECT COALESCE(MAX(page_no), 0) + 1 FROM pages WHERE floor_id = ?), '', ? \
+             WHERE (SELECT COUNT(*) FROM pages WHERE floor_id = ?) < ?",
         )
         .bind(&page_id)
         .bind(&floor.id)
         .bind(&floor.id)
         .bind(now)
+        .bind(&floor.id)
+        .bind(MAX_PAGES_PER_FLOOR)
         .execute(c)
-        .await
-        .map(|_| ())?);
-        sql!(tx, c => query(
+        .await?
+        .rows_affected());
+        if inserted == 0 {
+            return Err(Error::refused(
+                crate::error::ErrorCode::LimitExceeded,
+                format!(
+                    "floor {} holds {MAX_PAGES_PER_FLOOR} pages, the most a floor holds (MAX_PAGES_PER_FLOOR = {MAX_PAGES_PER_FLOOR}): discard an open run's page before opening another",
+                    floor.id
+                ),
+            ));
+        }
+        // The row as stored, returned by the insert: read after the commit,
+        // it was one more round trip.
+        let sql = format!(
             "INSERT INTO floor_runs (id, account_id, session_id, floor_id, page_id, state, \
              confirmed_execution_ids, created_at, generation, generation_instance) \
-             VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
-        )
+             VALUES (?, ?, ?, ?, ?, 'open', ?, ?, ?, ?) RETURNING {COLUMNS}"
+        );
+        let run = sql!(tx, c => query(AssertSqlSafe(sql))
         .bind(&run_id)
         .bind(account_id)
         .bind(&floor.session_id)
@@ -154,11 +159,11 @@ impl Store {
         .bind(now)
         .bind(generating.then_some("running"))
         .bind(generating.then(|| self.instance_id()))
-        .execute(c)
+        .fetch_one(c)
         .await
-        .map(|_| ())?);
+        .map(|row| from_row(&row))?);
         tx.commit().await?;
-        self.run(account_id, &run_id).await
+        Ok(run)
     }
 
     /// The account's run.
