@@ -196,14 +196,15 @@ impl Store {
         // The floor first, as a select takes it: the two never lock a floor
         // and its runs in opposite orders (PostgreSQL).
         make_active(&mut tx, &run).await?;
-        self.commit_in(&mut tx, &run, content).await?;
+        let committed = self.commit_in(&mut tx, &run, content).await?;
         tx.commit().await?;
-        self.run(account_id, run_id).await
+        Ok(committed)
     }
 
-    /// Commits `run` in `tx` (its page made active by the caller).
-    async fn commit_in(&self, tx: &mut Tx, run: &Run, content: Option<&str>) -> Result<()> {
-        close_run(tx, run, "committed").await?;
+    /// Commits `run` in `tx` (its page made active by the caller); the run
+    /// as committed.
+    async fn commit_in(&self, tx: &mut Tx, run: &Run, content: Option<&str>) -> Result<Run> {
+        let committed = close_run(tx, run, "committed").await?;
         if let Some(content) = content {
             sql!(*tx, c => query("UPDATE pages SET content = ? WHERE id = ?")
                 .bind(content)
@@ -213,7 +214,8 @@ impl Store {
                 .map(|_| ())?);
         }
         self.apply_run_effects(tx, run).await?;
-        super::approvals::cancel_run_approvals(tx, &run.id).await
+        super::approvals::cancel_run_approvals(tx, &run.id).await?;
+        Ok(committed)
     }
 
     /// Makes the page of the account's run `run_id` its floor's reply, in one
@@ -232,7 +234,9 @@ impl Store {
             .fetch_one(c)
             .await?);
         match state.as_str() {
-            "open" => self.commit_in(&mut tx, &run, None).await?,
+            "open" => {
+                self.commit_in(&mut tx, &run, None).await?;
+            }
             "committed" => {}
             _ => return Err(run_not_open(&Run { state, ..run })),
         }
@@ -249,7 +253,7 @@ impl Store {
         let mut discarded = Vec::new();
         for other in others {
             match self.discard_in(&mut tx, &other).await {
-                Ok(()) => discarded.push(other.id),
+                Ok(_) => discarded.push(other.id),
                 Err(Error::Refused {
                     code:
                         crate::error::ErrorCode::GenerationInProgress
@@ -329,9 +333,9 @@ impl Store {
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.run(account_id, run_id).await?;
         let mut tx = self.begin_write().await?;
-        self.discard_in(&mut tx, &run).await?;
+        let discarded = self.discard_in(&mut tx, &run).await?;
         tx.commit().await?;
-        self.run(account_id, run_id).await
+        Ok(discarded)
     }
 
     /// Discards, in `tx`, the runs that a dead instance left generating, of
@@ -369,16 +373,18 @@ impl Store {
         Ok(runs.into_iter().map(|run| run.id).collect())
     }
 
-    /// Discards `run` in `tx`: its page goes, its effects are dropped.
-    async fn discard_in(&self, tx: &mut Tx, run: &Run) -> Result<()> {
-        close_run(tx, run, "discarded").await?;
+    /// Discards `run` in `tx`: its page goes, its effects are dropped. The
+    /// run as discarded.
+    async fn discard_in(&self, tx: &mut Tx, run: &Run) -> Result<Run> {
+        let discarded = close_run(tx, run, "discarded").await?;
         sql!(*tx, c => query("DELETE FROM pages WHERE id = ?")
             .bind(&run.page_id)
             .execute(c)
             .await
             .map(|_| ())?);
         self.drop_run_effects(tx, run).await?;
-        super::approvals::cancel_run_approvals(tx, &run.id).await
+        super::approvals::cancel_run_approvals(tx, &run.id).await?;
+        Ok(discarded)
     }
 
     /// The latest earlier execution on the floor (outside `run_id`) with the same
@@ -567,18 +573,22 @@ async fn make_active(tx: &mut impl AsHandle, run: &Run) -> Result<()> {
 /// pending executions, or refuses when another request already closed it or
 /// the generation loop (of any instance) still drives it: the loop ends its
 /// run's generation before it closes the run.
-async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> Result<()> {
-    let changed = sql!(*tx, c => query(
+async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> Result<Run> {
+    // The closed row comes back from the update: the callers answered it
+    // with a read after their commit, one more round trip.
+    let sql = format!(
         "UPDATE floor_runs SET state = ?, finished_at = ? WHERE id = ? AND state = 'open' \
-         AND (generation IS NULL OR generation <> 'running')",
-    )
+         AND (generation IS NULL OR generation <> 'running') RETURNING {COLUMNS}"
+    );
+    let closed = sql!(*tx, c => query(AssertSqlSafe(sql))
     .bind(outcome)
     .bind(now_ms())
     .bind(&run.id)
-    .execute(c)
+    .fetch_optional(c)
     .await?
-    .rows_affected());
-    if changed == 0 {
+    .as_ref()
+    .map(from_row));
+    let Some(closed) = closed else {
         let state = sql!(*tx, c => query_scalar::<String>("SELECT state FROM floor_runs WHERE id = ?")
             .bind(&run.id)
             .fetch_one(c)
@@ -596,7 +606,7 @@ async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> 
                 ..run.clone()
             }),
         });
-    }
+    };
     sql!(*tx, c => query(
         "UPDATE tool_execution_record SET commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
     )
@@ -605,7 +615,7 @@ async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> 
     .execute(c)
     .await
     .map(|_| ())?);
-    Ok(())
+    Ok(closed)
 }
 
 fn run_not_open(run: &Run) -> Error {
