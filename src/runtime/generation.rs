@@ -244,33 +244,25 @@ impl ToolRuntime {
             .open_run(account_id, &floor_ref, &[], true)
             .await?;
         tracing::info!(run_id = %run.id, floor_id = %floor.id, "run opened");
-        self.begin(
-            claim,
-            llm,
-            account_id,
-            &floor.session_id,
-            run.clone(),
-            &floor.content,
-        )
-        .await?;
+        self.begin(claim, llm, account_id, run.clone(), &floor.content);
         Ok(Some(run))
     }
 
-    /// Runs the generation of an opened run in a task of its own (tracked:
-    /// shutdown waits for it, and stops it between steps).
-    pub(super) async fn begin(
+    /// Runs the generation of an opened run (for the user's `content`) in a
+    /// task of its own (tracked: shutdown waits for it, and stops it between
+    /// steps).
+    pub(super) fn begin(
         &self,
         claim: TurnClaim,
         llm: LlmClient,
         account_id: &str,
-        session_id: &str,
         run: Run,
         content: &str,
-    ) -> Result<()> {
+    ) {
         claim.attach(&run.id);
         let turn = Turn {
             account_id: account_id.to_owned(),
-            session_id: session_id.to_owned(),
+            session_id: run.session_id.clone(),
             run,
             content: content.to_owned(),
             cancel: claim.cancel.clone(),
@@ -278,7 +270,6 @@ impl ToolRuntime {
         let runtime = self.clone();
         self.started_work
             .spawn(async move { runtime.run_turn(&llm, turn, claim).await });
-        Ok(())
     }
 
     async fn run_turn(&self, llm: &LlmClient, turn: Turn, claim: TurnClaim) {

@@ -29,15 +29,7 @@ impl ToolRuntime {
         let run = self
             .open_run_for(account_id, &floor.id, confirmed, Generated::Yes)
             .await?;
-        self.begin(
-            claim,
-            llm,
-            account_id,
-            &floor.session_id,
-            run.clone(),
-            &floor.content,
-        )
-        .await?;
+        self.begin(claim, llm, account_id, run.clone(), &floor.content);
         Ok(run)
     }
 

@@ -35,6 +35,12 @@ pub(super) const GREETED_TOPIC: &str = "instance_greeted";
 /// counts this one at its next heartbeat, within seconds.
 const GREETING_WITHIN: Duration = Duration::from_secs(3);
 
+/// The other instances with a live heartbeat, by id: not `?1` (this one),
+/// heartbeat at or after `?2`, not `?3` (the previous one on this data
+/// directory, dead). One statement for every reader of the live instances.
+pub(super) const LIVE_OTHER_INSTANCES_SQL: &str = "SELECT id FROM toolgate_instances WHERE id <> ?1 AND heartbeat_at >= ?2 \
+     AND (?3 IS NULL OR id <> ?3) ORDER BY id";
+
 /// What this instance knows of the others.
 #[derive(Debug)]
 pub(super) struct Peers {
@@ -101,10 +107,7 @@ impl Store {
     /// The other instances with a live heartbeat (not the previous one on
     /// this data directory: it is dead).
     async fn live_other_instances(&self) -> Result<Vec<String>> {
-        let live = sql!(self.conn().await?, c => query_scalar::<String>(
-            "SELECT id FROM toolgate_instances WHERE id <> ?1 AND heartbeat_at >= ?2 \
-             AND (?3 IS NULL OR id <> ?3)",
-        )
+        let live = sql!(self.conn().await?, c => query_scalar::<String>(LIVE_OTHER_INSTANCES_SQL)
         .bind(self.instance_id())
         .bind(now_ms() - STALE_AFTER_MS)
         .bind(self.previous_instance())

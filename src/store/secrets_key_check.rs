@@ -206,8 +206,7 @@ impl Store {
     pub async fn forget_secrets(&self) -> anyhow::Result<Vec<ForgottenServer>> {
         let mut tx = self.begin_write().await?;
         let live = sql!(tx, c => query_scalar::<String>(
-            "SELECT id FROM toolgate_instances WHERE id <> ?1 AND heartbeat_at >= ?2 \
-             AND (?3 IS NULL OR id <> ?3) ORDER BY id",
+            super::peers::LIVE_OTHER_INSTANCES_SQL
         )
         .bind(self.instance_id())
         .bind(now_ms() - super::cluster::STALE_AFTER_MS)
