@@ -182,3 +182,17 @@ def measure(figure, few, many, run, top):
     print(f"profiles {outs[0]} {outs[1]}", file=sys.stderr)
     if top:
         print_top(outs, many - few, top)
+
+
+def main_sized(doc, figure, run, defaults=(100, 4, 24)):
+    """The main of a bench whose command line is `BINARY [N FEW MANY]
+    [--top K]`: measures `figure` over `run(binary, n, units, out)` for FEW
+    and MANY units of work, each on N of whatever it sets up (sessions,
+    characters)."""
+    args = sys.argv[1:]
+    top = take_top(args)
+    if not args:
+        sys.exit(doc)
+    binary = args[0]
+    size, few, many = (int(a) for a in args[1:4]) if len(args) >= 4 else defaults
+    measure(figure, few, many, lambda units, out: run(binary, size, units, out), top)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 
-from callgrind_common import TOKEN, json_request, measure, start_server, stop, take_top
+from callgrind_common import TOKEN, json_request, main_sized, start_server, stop
 
 
 def drain(port, session, ready):
@@ -74,16 +74,5 @@ def run(binary, characters, pairs, out):
     return stop(server, out)
 
 
-def main():
-    args = sys.argv[1:]
-    top = take_top(args)
-    if not args:
-        sys.exit(__doc__)
-    binary = args[0]
-    characters, few, many = (int(a) for a in args[1:4]) if len(args) >= 4 else (100, 4, 24)
-    measure("instructions_per_register_unregister_pair", few, many,
-            lambda n, out: run(binary, characters, n, out), top)
-
-
 if __name__ == "__main__":
-    main()
+    main_sized(__doc__, "instructions_per_register_unregister_pair", run)
