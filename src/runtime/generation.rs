@@ -168,7 +168,7 @@ impl ToolRuntime {
             .finished_runs_to_commit(account_id, session_id)
             .await?
         {
-            let committed = match self.commit_run(account_id, &run.id, None).await {
+            let committed = match self.commit_read_run(&run).await {
                 Ok(committed) => committed,
                 // Committed or discarded by a client in the meantime.
                 Err(Error::Refused {

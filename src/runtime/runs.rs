@@ -81,6 +81,15 @@ impl ToolRuntime {
         Ok(run)
     }
 
+    /// [`Self::commit_run`] for a run just read from the account's runs
+    /// (the turn's commit of its finished generation), without reading it again.
+    pub(super) async fn commit_read_run(&self, run: &Run) -> Result<Run> {
+        let committed = self.store.commit_read_run(run, None).await?;
+        self.jobs.wake();
+        tracing::info!(run_id = %run.id, "run committed");
+        Ok(committed)
+    }
+
     /// Discards the run: executions discarded, effects dropped.
     pub async fn discard_run(&self, account_id: &str, run_id: &str) -> Result<Run> {
         let run = self.store.discard_run(account_id, run_id).await?;

@@ -432,20 +432,22 @@ fn buffered_from_row(row: &impl Record) -> Buffered {
 /// many were applied. No limit is checked here: each write was checked when it
 /// was buffered.
 pub(super) async fn apply_state_effects(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
-    let effects = sql!(*tx, c => query(
-        "SELECT session_id, kind, name, op, payload, content_kind, created_at \
-         FROM run_effects WHERE run_id = ? ORDER BY seq",
+    // Taken and forgotten in one statement (a run that buffered nothing, the
+    // common case, costs one round trip, not two). RETURNING keeps no order.
+    let mut effects = sql!(*tx, c => query(
+        "DELETE FROM run_effects WHERE run_id = ? \
+         RETURNING seq, session_id, kind, name, op, payload, content_kind, created_at",
     )
     .bind(run_id)
     .fetch_all(c)
     .await?
     .iter()
-    .map(buffered_from_row)
+    .map(|row| (row.get::<i64>("seq"), buffered_from_row(row)))
     .collect::<Vec<_>>());
-    for effect in &effects {
+    effects.sort_unstable_by_key(|(seq, _)| *seq);
+    for (_, effect) in &effects {
         apply_state_effect(tx, run_id, effect).await?;
     }
-    drop_state_effects(tx, run_id).await?;
     Ok(effects.len() as u64)
 }
 

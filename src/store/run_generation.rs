@@ -3,6 +3,8 @@
 //! memories its memory slot wrote, which land in the session only when the
 //! run is committed.
 
+use sqlx::AssertSqlSafe;
+
 use super::Store;
 use super::backend::{AsHandle, Record, sql};
 use super::memory::{MAX_MEMORIES_PER_SESSION, MAX_MEMORY_BYTES};
@@ -78,24 +80,26 @@ impl Store {
         account_id: &str,
         session_id: &str,
     ) -> Result<Vec<Run>> {
-        let ids = sql!(self.conn().await?, c => query_scalar::<String>(
-            "SELECT r.id FROM floor_runs r WHERE r.session_id = ? AND r.account_id = ? \
+        // The runs whole, not their ids to read one by one: this is on every
+        // floor's way to its first model request.
+        let sql = format!(
+            "SELECT {} FROM floor_runs r WHERE r.session_id = ? AND r.account_id = ? \
              AND r.generation = 'finished' AND r.state = 'open' AND NOT EXISTS ( \
                SELECT 1 FROM floor_runs n WHERE n.floor_id = r.floor_id \
                AND n.generation = 'finished' AND n.state = 'open' \
                AND (n.created_at > r.created_at OR (n.created_at = r.created_at AND n.id > r.id))) \
              ORDER BY r.created_at, r.id LIMIT ?",
-        )
-        .bind(session_id)
-        .bind(account_id)
-        .bind(MAX_FLOORS_COMMITTED_AT_ONCE)
-        .fetch_all(c)
-        .await?);
-        let mut runs = Vec::with_capacity(ids.len());
-        for id in ids {
-            runs.push(self.run(account_id, &id).await?);
-        }
-        Ok(runs)
+            super::runs::COLUMNS
+        );
+        Ok(sql!(self.conn().await?, c => query(AssertSqlSafe(sql))
+            .bind(session_id)
+            .bind(account_id)
+            .bind(MAX_FLOORS_COMMITTED_AT_ONCE)
+            .fetch_all(c)
+            .await?
+            .iter()
+            .map(super::runs::from_row)
+            .collect()))
     }
 
     /// Discards, in one write transaction, the runs the loop was driving
@@ -152,17 +156,20 @@ impl Store {
 /// At commit: the run's memories become the session's, as many as the
 /// session still has room for (the rest are logged and dropped).
 pub(super) async fn apply_run_memories(tx: &mut impl AsHandle, run: &Run) -> Result<u64> {
-    let rows = sql!(*tx, c => query(
-        "SELECT content, created_at FROM run_memories WHERE run_id = ? ORDER BY seq",
+    // Taken and forgotten in one statement, as the run's state writes are
+    // (`run_effects::apply_state_effects`); RETURNING keeps no order.
+    let mut rows = sql!(*tx, c => query(
+        "DELETE FROM run_memories WHERE run_id = ? RETURNING seq, content, created_at",
     )
     .bind(&run.id)
     .fetch_all(c)
     .await?
     .iter()
-    .map(|row| (row.get::<String>("content"), row.get::<i64>("created_at")))
+    .map(|row| (row.get::<i64>("seq"), row.get::<String>("content"), row.get::<i64>("created_at")))
     .collect::<Vec<_>>());
+    rows.sort_unstable_by_key(|(seq, ..)| *seq);
     let mut applied = 0;
-    for (content, created_at) in &rows {
+    for (_, content, created_at) in &rows {
         let written = sql!(*tx, c => query(
             "INSERT INTO session_memories (id, session_id, content, created_at) SELECT ?, ?, ?, ? \
              WHERE (SELECT COUNT(*) FROM session_memories WHERE session_id = ?) < ?",
@@ -182,11 +189,10 @@ pub(super) async fn apply_run_memories(tx: &mut impl AsHandle, run: &Run) -> Res
         tracing::warn!(run_id = %run.id, dropped = rows.len() as u64 - applied,
             "the session holds the most memories it may; the run's other memories were dropped");
     }
-    drop_run_memories(tx, run).await?;
     Ok(applied)
 }
 
-/// At discard (and after commit): the run's buffered memories are forgotten.
+/// At discard: the run's buffered memories are forgotten.
 pub(super) async fn drop_run_memories(tx: &mut impl AsHandle, run: &Run) -> Result<()> {
     sql!(*tx, c => query("DELETE FROM run_memories WHERE run_id = ?")
         .bind(&run.id)

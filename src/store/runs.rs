@@ -40,10 +40,10 @@ pub struct ReplayParent {
     pub replay_safety: String,
 }
 
-const COLUMNS: &str =
+pub(super) const COLUMNS: &str =
     "id, session_id, floor_id, page_id, state, confirmed_execution_ids, created_at, finished_at";
 
-fn from_row(row: &impl Record) -> Run {
+pub(super) fn from_row(row: &impl Record) -> Run {
     let confirmed: String = row.get("confirmed_execution_ids");
     Run {
         id: row.get("id"),
@@ -192,11 +192,19 @@ impl Store {
             super::floors::check_content_fits("content", content)?;
         }
         let run = self.run(account_id, run_id).await?;
+        self.commit_read_run(&run, content).await
+    }
+
+    /// [`Self::commit_run`] for a run its caller has just read from the
+    /// account's runs (a turn's commit of the finished generation): no read
+    /// again. What it read of the run does not change once written (floor,
+    /// page); whether it is still open is decided by the commit's update.
+    pub async fn commit_read_run(&self, run: &Run, content: Option<&str>) -> Result<Run> {
         let mut tx = self.begin_write().await?;
         // The floor first, as a select takes it: the two never lock a floor
         // and its runs in opposite orders (PostgreSQL).
-        make_active(&mut tx, &run).await?;
-        let committed = self.commit_in(&mut tx, &run, content).await?;
+        make_active(&mut tx, run).await?;
+        let committed = self.commit_in(&mut tx, run, content).await?;
         tx.commit().await?;
         Ok(committed)
     }
