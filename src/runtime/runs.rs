@@ -75,19 +75,22 @@ impl ToolRuntime {
         content: Option<&str>,
     ) -> Result<Run> {
         let run = self.store.commit_run(account_id, run_id, content).await?;
-        // Jobs staged by the run became claimable in the commit's transaction.
-        self.jobs.wake();
-        tracing::info!(run_id, "run committed");
-        Ok(run)
+        Ok(self.committed(run))
     }
 
     /// [`Self::commit_run`] for a run just read from the account's runs
     /// (the turn's commit of its finished generation), without reading it again.
     pub(super) async fn commit_read_run(&self, run: &Run) -> Result<Run> {
-        let committed = self.store.commit_read_run(run, None).await?;
+        let run = self.store.commit_read_run(run).await?;
+        Ok(self.committed(run))
+    }
+
+    /// What follows every commit, whichever way the run was found.
+    fn committed(&self, run: Run) -> Run {
+        // Jobs staged by the run became claimable in the commit's transaction.
         self.jobs.wake();
         tracing::info!(run_id = %run.id, "run committed");
-        Ok(committed)
+        run
     }
 
     /// Discards the run: executions discarded, effects dropped.

@@ -192,14 +192,19 @@ impl Store {
             super::floors::check_content_fits("content", content)?;
         }
         let run = self.run(account_id, run_id).await?;
-        self.commit_read_run(&run, content).await
+        self.commit_loaded(&run, content).await
     }
 
     /// [`Self::commit_run`] for a run its caller has just read from the
     /// account's runs (a turn's commit of the finished generation): no read
     /// again. What it read of the run does not change once written (floor,
     /// page); whether it is still open is decided by the commit's update.
-    pub async fn commit_read_run(&self, run: &Run, content: Option<&str>) -> Result<Run> {
+    pub async fn commit_read_run(&self, run: &Run) -> Result<Run> {
+        self.commit_loaded(run, None).await
+    }
+
+    /// Commits `run`, as read, with `content` (already checked) as its page's.
+    async fn commit_loaded(&self, run: &Run, content: Option<&str>) -> Result<Run> {
         let mut tx = self.begin_write().await?;
         // The floor first, as a select takes it: the two never lock a floor
         // and its runs in opposite orders (PostgreSQL).
