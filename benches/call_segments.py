@@ -30,10 +30,10 @@ perf and root (system-wide tracepoints). `SEGMENTS_KEEP=FILE` keeps the
 import bisect
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 
 EVENTS = [
     "syscalls:sys_enter_recvfrom", "syscalls:sys_exit_recvfrom",
@@ -48,17 +48,17 @@ LINE = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+\[(?P<cpu>\d
                   r"(?P<sys>\w+):(?P<ev>\w+):\s*(?P<rest>.*)$")
 
 
+@dataclass
 class Trace:
     """What the analysis needs of the `perf script` text."""
 
-    def __init__(self):
-        # Per process: a time-ordered list of (ts_us, kind, fd), kind 'recv'
-        # (a read that returned data), 'send' or 'append'.
-        self.by_pid = {}
-        self.comms = {}
-        self.threads = {}  # pid -> its tids
-        # (ts_us, woken tid, waker's cpu, cpu it is woken on, ts_us it ran)
-        self.wakings = []
+    # Per process: a time-ordered list of (ts_us, kind, fd), kind 'recv' (a
+    # read that returned data), 'send' or 'append'.
+    by_pid: dict = field(default_factory=dict)
+    comms: dict = field(default_factory=dict)  # pid -> the file it ran
+    threads: dict = field(default_factory=dict)  # pid -> its tids
+    # (ts_us, woken tid, waker's cpu, cpu it is woken on, ts_us it ran)
+    wakings: list = field(default_factory=list)
 
 
 def parse(script_text):
@@ -165,7 +165,8 @@ def first_after(events, kind, ts):
 
 
 def segments(server, bench):
-    """Each call's steps in µs, the bench's client and callback around it."""
+    """Each call's (client send, client read) times and its steps in µs, the
+    bench's client and callback around it."""
     times = [e[0] for e in bench]
     out = []
     for t0, t1, t2, t3, opened, finished in server_cycles(server):
@@ -188,23 +189,27 @@ def segments(server, bench):
             "server, after the callback": t3 - t2,
             "→ client reads": c_recv - t3,
             "whole call": c_recv - c_send,
-            "_from": c_send,
-            "_to": c_recv,
         }
         if opened and finished:
             row["  of which: request → opened row"] = opened - t0
             row["  of which: opened row → callback"] = t1 - opened
             row["  of which: answer → outcome row"] = finished - t2
             row["  of which: outcome row → answer"] = t3 - finished
-        out.append(row)
+        out.append(((c_send, c_recv), row))
     return out
 
 
-def wake_ups(trace, pid, rows):
-    """The server's threads' wake-ups within its one-at-a-time calls: p50 and
-    p90 µs from waking to running, and the share woken on the waker's CPU."""
+def p50_p90(values):
+    values = sorted(values)
+    return values[len(values) // 2], values[int(len(values) * 0.9)]
+
+
+def wake_ups(trace, pid, windows):
+    """The server's threads' wake-ups within its one-at-a-time calls (their
+    (start, end) `windows`): how many, p50 and p90 µs from waking to running,
+    and the share woken on the waker's CPU."""
     tids = trace.threads.get(pid, set())
-    windows = sorted((r["_from"], r["_to"]) for r in rows)
+    windows = sorted(windows)
     starts = [w[0] for w in windows]
     delays, same = [], 0
     for ts, tid, waker_cpu, cpu, ran in trace.wakings:
@@ -217,8 +222,7 @@ def wake_ups(trace, pid, rows):
         same += waker_cpu == cpu
     if not delays:
         return None
-    delays.sort()
-    return len(delays), delays[len(delays) // 2], delays[int(len(delays) * 0.9)], same / len(delays)
+    return len(delays), *p50_p90(delays), same / len(delays)
 
 
 def report(name, rows, wakes=None):
@@ -226,11 +230,7 @@ def report(name, rows, wakes=None):
     if not rows:
         return
     for key in max(rows, key=len):
-        if key.startswith("_"):
-            continue
-        values = sorted(r[key] for r in rows if key in r)
-        p50 = statistics.median(values)
-        p90 = values[int(len(values) * 0.9)]
+        p50, p90 = p50_p90(r[key] for r in rows if key in r)
         print(f"  {key:32s} {p50:8.1f} {p90:8.1f}")
     if wakes:
         count, p50, p90, same = wakes
@@ -265,8 +265,9 @@ def main():
     floors = [p for p in benches if p != main_bench and p in by_pid]
     servers = [("toolgate", toolgate[0])] + [("floor (bare forwarder)", f) for f in floors]
     for name, pid in servers:
-        rows = segments(by_pid[pid], by_pid[main_bench])
-        report(name, rows, wake_ups(trace, pid, rows) if rows else None)
+        calls = segments(by_pid[pid], by_pid[main_bench])
+        windows = [window for window, _ in calls]
+        report(name, [row for _, row in calls], wake_ups(trace, pid, windows))
 
 
 if __name__ == "__main__":
