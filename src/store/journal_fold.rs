@@ -63,7 +63,8 @@ pub(super) fn recover(connection: &mut Connection, log_base: &Path) -> anyhow::R
     let (next_records, next_len) = journal_log::records(&next);
     records.extend(next_records);
     let count = records.len();
-    let torn = current.len() - current_len + next.len() - next_len;
+    let torn =
+        journal_log::torn_len(&current[current_len..]) + journal_log::torn_len(&next[next_len..]);
     let fresh = generation + 2;
     let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
     apply_all(&tx, records);

@@ -1,6 +1,7 @@
 //! The journal's own append-only log on a SQLite file: what a call's
-//! `opened` row and its outcome are written to first, one `pwrite` each,
-//! before the journal thread folds them into the indexed table.
+//! `opened` row and its outcome are written to first, each a copy into the
+//! file's shared mapping, before the journal thread folds them into the
+//! indexed table.
 //!
 //! Committing each of a call's two writes to the table ran SQLite's B-tree
 //! code for the table and every index and wrote each changed page into the
@@ -21,6 +22,17 @@
 //! at the next fold. So start-up reads the database's generation from its
 //! offset and then the next generation's file, if there is one.
 //!
+//! The file is reserved on disk ahead of the records (`posix_fallocate`,
+//! doubling as it fills) and written through a shared mapping: a `pwrite`
+//! per record was the largest single piece of a one-at-a-time call's own
+//! time (the system call, ext4 dirtying the inode for its timestamp, a new
+//! page-cache page as the file grew; BENCHMARKS.md, thirty-eighth look). A
+//! copy into the mapping is in the same page cache, so it survives a crash
+//! of the process as the `pwrite` did. Reserving the blocks first means a
+//! full disk fails the reservation, which the caller handles, instead of a
+//! write into the mapping (which would kill the process with `SIGBUS`). The
+//! reserved tail reads as zeroes, which end the log as a torn record does.
+//!
 //! The file's layout: a header (8 bytes of magic, the generation as a
 //! little-endian i64), then records, each its payload's length (u32), the
 //! payload's CRC-32 and the payload. A payload is the write's kind and its
@@ -34,6 +46,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use memmap2::{MmapMut, MmapOptions, RemapOptions};
+
 use super::journal::Param;
 
 const MAGIC: &[u8; 8] = b"TGJLOG01";
@@ -41,6 +55,9 @@ const MAGIC: &[u8; 8] = b"TGJLOG01";
 pub(super) const HEADER_BYTES: u64 = 16;
 /// A record's length and checksum, before its payload.
 const FRAME_BYTES: usize = 8;
+/// The bytes a new file reserves and maps: room for a few thousand calls
+/// before the first doubling, little disk for a server that makes none.
+const INITIAL_CAPACITY: usize = 1 << 20;
 /// The longest payload read back: a record claiming more is corrupt (a call's
 /// result is bounded by the providers' output limits, far below this).
 const MAX_PAYLOAD_BYTES: usize = 256 << 20;
@@ -78,6 +95,8 @@ pub(super) struct Pending {
 #[derive(Debug)]
 pub(super) struct JournalLog {
     file: File,
+    /// The whole reserved file, shared: records are copied into it.
+    map: MmapMut,
     /// The path without its generation ([`path_of`]).
     base: PathBuf,
     generation: i64,
@@ -115,8 +134,10 @@ impl JournalLog {
             .truncate(true)
             .open(path_of(base, generation))?;
         write_header(&file, generation)?;
+        let map = map_reserved(&file, INITIAL_CAPACITY)?;
         Ok(Self {
             file,
+            map,
             base: base.to_owned(),
             generation,
             retired: None,
@@ -131,14 +152,35 @@ impl JournalLog {
     pub(super) fn append(&mut self, kind: LoggedKind, params: &[Param<'_>]) -> io::Result<()> {
         let start = self.pending.len();
         encode(&mut self.pending, kind, params)?;
-        let record = &self.pending[start..];
-        if let Err(err) = self.file.write_all_at(record, self.end) {
+        let at = self.end as usize;
+        let record_end = at + (self.pending.len() - start);
+        if let Err(err) = self.make_room(record_end) {
             self.pending.truncate(start);
             return Err(err);
         }
-        self.end += record.len() as u64;
+        self.map[at..record_end].copy_from_slice(&self.pending[start..]);
+        self.end = record_end as u64;
         self.pending_count += 1;
         Ok(())
+    }
+
+    /// Reserves and maps the file up to at least `needed` bytes, doubling.
+    fn make_room(&mut self, needed: usize) -> io::Result<()> {
+        if needed <= self.map.len() {
+            return Ok(());
+        }
+        let capacity = needed.next_power_of_two().max(self.map.len() * 2);
+        reserve(&self.file, capacity)?;
+        // SAFETY: as in `map_reserved`: the file is this server's own and
+        // now reserved up to `capacity`; the mapping may move, and nothing
+        // borrows it across this call (`&mut self`).
+        unsafe { self.map.remap(capacity, RemapOptions::new().may_move(true)) }
+    }
+
+    /// The bytes the file has reserved and mapped.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.map.len()
     }
 
     /// Takes every record appended so far, for the caller to fold.
@@ -202,6 +244,24 @@ impl JournalLog {
             None
         }
     }
+}
+
+/// Reserves the file's blocks up to `capacity` bytes (growing it to that
+/// length) and maps all of it, shared.
+fn map_reserved(file: &File, capacity: usize) -> io::Result<MmapMut> {
+    reserve(file, capacity)?;
+    // SAFETY: the mapping is of the server's own log file beside its
+    // database, which nothing else writes or truncates while the server
+    // runs (as with the database itself); its blocks are reserved, so a
+    // write into it never needs the disk to find room.
+    unsafe { MmapOptions::new().len(capacity).map_mut(file) }
+}
+
+/// Allocates the file's blocks up to `capacity` bytes.
+fn reserve(file: &File, capacity: usize) -> io::Result<()> {
+    let len = libc::off_t::try_from(capacity)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "journal log too long"))?;
+    nix::fcntl::posix_fallocate(file, 0, len).map_err(io::Error::from)
 }
 
 fn write_header(file: &File, generation: i64) -> io::Result<()> {
@@ -274,6 +334,16 @@ pub(super) fn records(bytes: &[u8]) -> (Vec<LoggedWrite<'_>>, usize) {
         at += len;
     }
     (out, at)
+}
+
+/// How many of the bytes after a log's whole records were written and could
+/// not be read (a torn or damaged record): the reserved tail past the last
+/// written byte is zeroes, never written, and not counted.
+pub(super) fn torn_len(after_records: &[u8]) -> usize {
+    after_records
+        .iter()
+        .rposition(|byte| *byte != 0)
+        .map_or(0, |last| last + 1)
 }
 
 /// The record at the start of `bytes` and its framed length.
@@ -364,12 +434,18 @@ mod tests {
         assert_eq!(pending.end, log.len());
         assert!(log.is_empty());
         let on_disk = unfolded(&path, 7, 0).unwrap();
+        let (records_on_disk, reserved_tail) = on_disk.split_at(pending.bytes.len());
         assert_eq!(
-            on_disk, pending.bytes,
+            records_on_disk, pending.bytes,
             "memory and file hold the same records"
         );
+        assert_eq!(
+            torn_len(reserved_tail),
+            0,
+            "the rest is the reserved zeroes"
+        );
         let (read, len) = records(&on_disk);
-        assert_eq!(len, on_disk.len());
+        assert_eq!(len, pending.bytes.len());
         assert_eq!(read.len(), 2);
         assert_eq!(read[0].kind, LoggedKind::Insert);
         assert_eq!(texts(&read[0].params), texts(&params()));
@@ -403,6 +479,56 @@ mod tests {
         assert!(log.retired(3).is_none());
         assert_eq!(log.retired(4), Some(path_of(&path, 3)));
         assert!(path_of(&path, 3).exists());
+    }
+
+    #[test]
+    fn a_log_past_its_first_reservation_grows_reserved_and_reads_back() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut log = JournalLog::create(&path, 1).unwrap();
+        let reserved = |log: &JournalLog| {
+            let meta = std::fs::metadata(path_of(&path, 1)).unwrap();
+            let capacity = log.capacity() as u64;
+            // Blocks on disk, not a sparse length: a full disk fails the
+            // reservation instead of a write into the mapping.
+            assert!(meta.len() >= capacity && meta.blocks() * 512 >= capacity);
+            capacity
+        };
+        assert_eq!(reserved(&log), INITIAL_CAPACITY as u64);
+        let small = params();
+        while log.len() < INITIAL_CAPACITY as u64 + 10_000 {
+            log.append(LoggedKind::Insert, &small).unwrap();
+        }
+        let grown = reserved(&log);
+        assert!(grown >= 2 * INITIAL_CAPACITY as u64);
+        // One record longer than everything reserved so far.
+        let long = "x".repeat(3 * INITIAL_CAPACITY);
+        let big = [Param::Text(Some(Cow::Borrowed(long.as_str())))];
+        log.append(LoggedKind::Finish, &big).unwrap();
+        assert!(reserved(&log) >= log.len());
+        log.append(LoggedKind::Insert, &small).unwrap();
+        let pending = log.take();
+        let on_disk = unfolded(&path, 1, 0).unwrap();
+        assert_eq!(&on_disk[..pending.bytes.len()], &pending.bytes[..]);
+        let (read, len) = records(&on_disk);
+        assert_eq!((read.len(), len), (pending.count, pending.bytes.len()));
+        assert_eq!(read[read.len() - 2].kind, LoggedKind::Finish);
+        assert_eq!(texts(&read[read.len() - 2].params), texts(&big));
+    }
+
+    #[test]
+    fn only_written_bytes_past_the_records_count_as_torn() {
+        let mut bytes = Vec::new();
+        encode(&mut bytes, LoggedKind::Insert, &params()).unwrap();
+        let cut = bytes.len() - 3;
+        bytes.truncate(cut);
+        bytes.resize(cut + 4096, 0);
+        let (read, len) = records(&bytes);
+        assert_eq!((read.len(), len), (0, 0));
+        assert_eq!(torn_len(&bytes[len..]), cut);
+        assert_eq!(torn_len(&[0; 4096]), 0);
+        assert_eq!(torn_len(&[]), 0);
     }
 
     #[test]
