@@ -19,6 +19,9 @@ wake-ups inside it; the hops are the loopback and the wake-up of the thread on
 the other side. A direct callback round trip has only the client's and the
 callback's steps.
 
+For builds that append the journal's records with `pwrite64` (before
+0ba9da5), toolgate's two steps are also split at those appends.
+
 It also prints, for each server's threads during those calls, how long a
 wake-up took to run (the scheduler's `sched_waking` to the thread's
 `sched_switch` in) and how often the thread was woken on the waker's own CPU.
@@ -39,7 +42,9 @@ EVENTS = [
     "syscalls:sys_enter_recvfrom", "syscalls:sys_exit_recvfrom",
     # Sockets only: `write` is the log file's and tokio's eventfd wake-ups.
     "syscalls:sys_enter_writev", "syscalls:sys_enter_sendto",
-    # The journal's log appends (toolgate's only `pwrite64`s on the call path).
+    # The journal's log appends (toolgate's only `pwrite64`s on the call path)
+    # in builds before 0ba9da5; later builds copy them into a mapping of the
+    # log, which no system call marks, so their "of which" steps do not print.
     "syscalls:sys_enter_pwrite64",
     "sched:sched_process_exec",
     "sched:sched_waking", "sched:sched_switch",

@@ -43,7 +43,6 @@
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use memmap2::{MmapMut, MmapOptions, RemapOptions};
@@ -133,8 +132,8 @@ impl JournalLog {
             .create(true)
             .truncate(true)
             .open(path_of(base, generation))?;
-        write_header(&file, generation)?;
-        let map = map_reserved(&file, INITIAL_CAPACITY)?;
+        let mut map = map_reserved(&file, INITIAL_CAPACITY)?;
+        map[..HEADER_BYTES as usize].copy_from_slice(&header(generation));
         Ok(Self {
             file,
             map,
@@ -264,29 +263,33 @@ fn reserve(file: &File, capacity: usize) -> io::Result<()> {
     nix::fcntl::posix_fallocate(file, 0, len).map_err(io::Error::from)
 }
 
-fn write_header(file: &File, generation: i64) -> io::Result<()> {
+/// The file's first bytes: the magic and the generation.
+fn header(generation: i64) -> [u8; HEADER_BYTES as usize] {
     let mut header = [0u8; HEADER_BYTES as usize];
     header[..8].copy_from_slice(MAGIC);
     header[8..].copy_from_slice(&generation.to_le_bytes());
-    file.write_all_at(&header, 0)
+    header
 }
 
 /// The records of generation `generation` of the log at `base` past
 /// `folded_to`, as framed bytes for [`records`]; none if the file is missing
 /// or its header names another generation.
 pub(super) fn unfolded(base: &Path, generation: i64, folded_to: u64) -> io::Result<Vec<u8>> {
-    let bytes = match std::fs::read(path_of(base, generation)) {
+    let mut bytes = match std::fs::read(path_of(base, generation)) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(err) => return Err(err),
     };
-    let header = HEADER_BYTES as usize;
-    if bytes.len() < header || &bytes[..8] != MAGIC || bytes[8..header] != generation.to_le_bytes()
-    {
+    if !bytes.starts_with(&header(generation)) {
         return Ok(Vec::new());
     }
-    let start = usize::try_from(folded_to.max(HEADER_BYTES)).unwrap_or(usize::MAX);
-    Ok(bytes.get(start..).map(<[u8]>::to_vec).unwrap_or_default())
+    // In place: the file is its whole reservation (megabytes), not a copy's
+    // worth of records.
+    let start = usize::try_from(folded_to.max(HEADER_BYTES))
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    bytes.drain(..start);
+    Ok(bytes)
 }
 
 /// Appends one framed record to `out`.
@@ -466,6 +469,13 @@ mod tests {
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].kind, LoggedKind::Finish);
         assert!(unfolded(&path, 4, 0).unwrap().is_empty());
+        // A file whose header names another generation, or is cut inside
+        // the header, holds no records of this one.
+        std::fs::copy(path_of(&path, 3), path_of(&path, 5)).unwrap();
+        assert!(unfolded(&path, 5, 0).unwrap().is_empty());
+        std::fs::write(path_of(&path, 6), &header(6)[..12]).unwrap();
+        assert!(unfolded(&path, 6, 0).unwrap().is_empty());
+        assert!(unfolded(&path, 3, u64::MAX).unwrap().is_empty());
         assert!(
             unfolded(&dir.path().join("missing"), 3, 0)
                 .unwrap()
