@@ -169,7 +169,7 @@ impl JournalLog {
             return Ok(());
         }
         let capacity = needed.next_power_of_two().max(self.map.len() * 2);
-        reserve(&self.file, capacity)?;
+        reserve(&self.file, self.map.len(), capacity)?;
         // SAFETY: as in `map_reserved`: the file is this server's own and
         // now reserved up to `capacity`; the mapping may move, and nothing
         // borrows it across this call (`&mut self`).
@@ -248,7 +248,7 @@ impl JournalLog {
 /// Reserves the file's blocks up to `capacity` bytes (growing it to that
 /// length) and maps all of it, shared.
 fn map_reserved(file: &File, capacity: usize) -> io::Result<MmapMut> {
-    reserve(file, capacity)?;
+    reserve(file, 0, capacity)?;
     // SAFETY: the mapping is of the server's own log file beside its
     // database, which nothing else writes or truncates while the server
     // runs (as with the database itself); its blocks are reserved, so a
@@ -256,11 +256,15 @@ fn map_reserved(file: &File, capacity: usize) -> io::Result<MmapMut> {
     unsafe { MmapOptions::new().len(capacity).map_mut(file) }
 }
 
-/// Allocates the file's blocks up to `capacity` bytes.
-fn reserve(file: &File, capacity: usize) -> io::Result<()> {
-    let len = libc::off_t::try_from(capacity)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "journal log too long"))?;
-    nix::fcntl::posix_fallocate(file, 0, len).map_err(io::Error::from)
+/// Allocates the file's blocks from `reserved` (what is already) up to
+/// `capacity` bytes.
+fn reserve(file: &File, reserved: usize, capacity: usize) -> io::Result<()> {
+    let offset = |bytes: usize| {
+        libc::off_t::try_from(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "journal log too long"))
+    };
+    let len = offset(capacity - reserved)?;
+    nix::fcntl::posix_fallocate(file, offset(reserved)?, len).map_err(io::Error::from)
 }
 
 /// The file's first bytes: the magic and the generation.
