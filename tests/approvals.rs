@@ -7,8 +7,11 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use axum::extract::State;
 use common::callbacks::CountingCallbacks;
 use common::events::Events;
 use common::{TestServer, spawn_app};
@@ -350,6 +353,94 @@ async fn a_run_closed_while_a_call_awaits_approval_cancels_it() {
         assert_eq!(late.status, StatusCode::CONFLICT, "{close}: {late:?}");
     }
     assert_eq!(callbacks.hits(), 0);
+}
+
+/// A callback that holds each call until released, counting calls begun.
+#[derive(Clone, Default)]
+struct HoldingCallback {
+    begun: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl HoldingCallback {
+    /// Serves `/hold` on a loopback port; answers its URL.
+    async fn start(&self) -> String {
+        let app = axum::Router::new()
+            .route(
+                "/hold",
+                axum::routing::post(|State(held): State<HoldingCallback>| async move {
+                    held.begun.fetch_add(1, Ordering::SeqCst);
+                    held.release.notified().await;
+                    axum::Json(json!({"output": "sent", "is_error": false}))
+                }),
+            )
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hold", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+}
+
+/// A commit ends both kinds of call a run holds in one statement
+/// (`runs::release_run_jobs`): the approved (staged) one is queued and runs,
+/// the one still held is cancelled, and neither is mistaken for the other.
+/// The approved call's callback holds it, so its row is read while it runs:
+/// a commit that finished it `blocked` would show there.
+#[tokio::test]
+async fn a_commit_queues_the_runs_approved_calls_and_cancels_those_still_held() {
+    let server = spawn_app().await;
+    let held_callback = HoldingCallback::default();
+    let url = held_callback.start().await;
+    common::register_remote(
+        &server,
+        json!({"name": "send_email", "callback_url": url, "side_effect_level": "irreversible"}),
+    )
+    .await;
+    let session = server.create_session().await;
+    set_permissions(
+        &server,
+        &session,
+        json!({"approval_required": {"side_effect_level": "irreversible"}}),
+    )
+    .await;
+    let (_floor, run) = server.floor_and_run(&session, "hello").await;
+    let mut ids = Vec::new();
+    for to in ["approved@example.com", "held@example.com"] {
+        let data = call(
+            &server,
+            &session,
+            json!({"name": "send_email", "arguments": {"to": to}, "run_id": run}),
+        )
+        .await;
+        assert_eq!(data["status"], "awaiting_approval", "{data}");
+        ids.push(data["execution_id"].as_str().unwrap().to_owned());
+    }
+    let approved = approve(&server, &ids[0]).await;
+    assert_eq!(approved.body["data"]["status"], "staged", "{approved:?}");
+    let reply = server.post(&format!("/runs/{run}/commit"), json!({})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let held = row(&server, &ids[1]).await;
+    assert_eq!(held["status"], "blocked", "{held}");
+    assert_eq!(held["lifecycle_state"], "finished", "{held}");
+    assert_eq!(
+        held["execution_reason_code"], "approval_cancelled",
+        "{held}"
+    );
+    let late = approve(&server, &ids[1]).await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{late:?}");
+    let begun = held_callback.begun.clone();
+    common::wait_until(WAIT, "the approved call's callback to be called", || {
+        let begun = begun.clone();
+        async move { begun.load(Ordering::SeqCst) == 1 }
+    })
+    .await;
+    let running = row(&server, &ids[0]).await;
+    assert_eq!(running["status"], "running", "{running}");
+    assert_eq!(running["lifecycle_state"], "opened", "{running}");
+    held_callback.release.notify_one();
+    wait_for_status(&server, &ids[0], "success").await;
+    assert_eq!(held_callback.begun.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -218,16 +218,21 @@ async fn end_held(
     Ok(delivery)
 }
 
-/// At a run's commit or discard: its held calls are cancelled (`blocked`,
-/// `approval_cancelled`); the turn they belonged to is over, so no result is
-/// delivered.
+/// The journal's message for a call cancelled because its run closed while
+/// it awaited approval.
+pub(super) const RUN_CLOSED_WHILE_HELD: &str =
+    "the run was committed or discarded while this call awaited approval; it never ran";
+
+/// At a run's discard (a commit does it in `runs::release_run_jobs`): its
+/// held calls are cancelled (`blocked`, `approval_cancelled`); the turn they
+/// belonged to is over, so no result is delivered.
 pub(super) async fn cancel_run_approvals(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
     super::runs::cancel_run_jobs(
         tx,
         run_id,
         "awaiting_approval",
         ReasonCode::ApprovalCancelled,
-        "the run was committed or discarded while this call awaited approval; it never ran",
+        RUN_CLOSED_WHILE_HELD,
     )
     .await
 }

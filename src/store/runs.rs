@@ -227,7 +227,6 @@ impl Store {
                 .map(|_| ())?);
         }
         self.apply_run_effects(tx, run).await?;
-        super::approvals::cancel_run_approvals(tx, &run.id).await?;
         Ok(committed)
     }
 
@@ -430,20 +429,13 @@ impl Store {
 
     /// At commit: the run's staged jobs become claimable (the outbox is released
     /// in the same transaction as the commit, so a failed turn never starts one),
-    /// and its buffered sandbox writes land in the session's state.
+    /// its calls still awaiting approval are cancelled, and its buffered
+    /// sandbox writes land in the session's state.
     async fn apply_run_effects(&self, tx: &mut Tx, run: &Run) -> Result<()> {
         let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
         let memories = super::run_generation::apply_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, applied, memories, "buffered session-state writes applied at commit");
-        sql!(*tx, c => query(
-            "UPDATE runtime_jobs SET state = 'queued', updated_at = ? WHERE run_id = ? AND state = 'staged'",
-        )
-        .bind(now_ms())
-        .bind(&run.id)
-        .execute(c)
-        .await
-        .map(|_| ())?);
-        Ok(())
+        release_run_jobs(tx, &run.id).await
     }
 
     /// At discard: the run's staged jobs are cancelled before they ever start,
@@ -491,9 +483,71 @@ impl Jobs<'_> {
     }
 }
 
+/// At a run's commit, in one statement: its staged jobs become queued and
+/// its calls awaiting approval are cancelled (the turn they belonged to is
+/// over); then only the cancelled calls' rows finish `blocked`. A run that
+/// held neither, the usual commit, costs one statement instead of three.
+async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
+    let now = now_ms();
+    // SET's expressions read the row as it was, RETURNING as it is now: a
+    // returned `cancelled` was awaiting approval.
+    let cancelled: Vec<String> = sql!(*tx, c => query(
+        "UPDATE runtime_jobs SET \
+         state = CASE state WHEN 'staged' THEN 'queued' ELSE 'cancelled' END, \
+         updated_at = ?1, \
+         finished_at = CASE state WHEN 'staged' THEN finished_at ELSE ?1 END, \
+         approval_deadline_at = CASE state WHEN 'staged' THEN approval_deadline_at ELSE NULL END \
+         WHERE run_id = ?2 AND state IN ('staged', 'awaiting_approval') \
+         RETURNING execution_id, state",
+    )
+    .bind(now)
+    .bind(run_id)
+    .fetch_all(c)
+    .await?
+    .iter()
+    .filter(|row| row.get::<String>("state") == "cancelled")
+    .map(|row| row.get::<String>("execution_id"))
+    .collect());
+    for execution_id in &cancelled {
+        block_execution(
+            tx,
+            execution_id,
+            crate::reason::ReasonCode::ApprovalCancelled,
+            super::approvals::RUN_CLOSED_WHILE_HELD,
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The update that finishes never-started calls' journal rows `blocked`
+/// (finished at, message, reason), up to its `WHERE` condition.
+const BLOCK_EXECUTIONS: &str = "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', \
+     finished_at = ?, provider_started = 0, error_message = ?, execution_reason_code = ? WHERE";
+
+/// Finishes one never-started call's journal row `blocked` with `reason`.
+async fn block_execution(
+    tx: &mut impl AsHandle,
+    execution_id: &str,
+    reason: crate::reason::ReasonCode,
+    message: &str,
+    now: i64,
+) -> Result<()> {
+    sql!(*tx, c => query(AssertSqlSafe(format!("{BLOCK_EXECUTIONS} id = ?")))
+        .bind(now)
+        .bind(message)
+        .bind(reason.as_str())
+        .bind(execution_id)
+        .execute(c)
+        .await
+        .map(|_| ())?);
+    Ok(())
+}
+
 /// Cancels the run's jobs in `state` before they ever start, and finishes
 /// their journal rows `blocked` with `reason`: what a discard does to staged
-/// jobs, and a commit or discard to calls awaiting approval.
+/// jobs and to calls awaiting approval (a commit: `release_run_jobs`).
 pub(super) async fn cancel_run_jobs(
     tx: &mut impl AsHandle,
     run_id: &str,
@@ -515,9 +569,7 @@ async fn cancel_jobs(
     let (condition, id) = jobs.condition();
     let now = now_ms();
     sql!(*tx, c => query(AssertSqlSafe(format!(
-        "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', finished_at = ?, provider_started = 0, \
-         error_message = ?, execution_reason_code = ? \
-         WHERE id IN (SELECT execution_id FROM runtime_jobs WHERE {condition})"
+        "{BLOCK_EXECUTIONS} id IN (SELECT execution_id FROM runtime_jobs WHERE {condition})"
     )))
     .bind(now)
     .bind(message)
