@@ -39,11 +39,13 @@ impl ToolRuntime {
     pub async fn select_page(&self, account_id: &str, page_id: &str) -> Result<Run> {
         let run = self.store.run_of_page(account_id, page_id).await?;
         self.ensure_idle(&run.session_id).await?;
-        let (chosen, discarded) = self.store.select_run(account_id, &run.id).await?;
+        let selected = self.store.select_run(account_id, &run.id).await?;
         // Jobs the commit staged became claimable in its transaction.
-        self.jobs.wake();
-        tracing::info!(page_id, run_id = %chosen.id, ?discarded, "page selected");
-        Ok(chosen)
+        if selected.jobs_queued > 0 {
+            self.jobs.wake();
+        }
+        tracing::info!(page_id, run_id = %selected.run.id, discarded = ?selected.discarded, "page selected");
+        Ok(selected.run)
     }
 
     /// Stops the run's generation: the model request in flight, or the next

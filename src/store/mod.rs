@@ -58,7 +58,7 @@ pub use memory::{Memory, MemoryHit};
 pub use resources::{Resource, ResourceContent, ResourceSummary};
 pub use run_effects::RunScope;
 pub use run_generation::GenerationState;
-pub use runs::{BlockingExecution, ReplayParent, Run};
+pub use runs::{BlockingExecution, Committed, ReplayParent, Run, Selected};
 pub use secrets_key_check::{ForgottenServer, KeyVerdict, SecretsKeyMismatch, StoredKeyCheck};
 pub use sessions::Session;
 

@@ -187,7 +187,7 @@ impl Store {
         account_id: &str,
         run_id: &str,
         content: Option<&str>,
-    ) -> Result<Run> {
+    ) -> Result<Committed> {
         if let Some(content) = content {
             super::floors::check_content_fits("content", content)?;
         }
@@ -199,12 +199,12 @@ impl Store {
     /// account's runs (a turn's commit of the finished generation): no read
     /// again. What it read of the run does not change once written (floor,
     /// page); whether it is still open is decided by the commit's update.
-    pub async fn commit_read_run(&self, run: &Run) -> Result<Run> {
+    pub async fn commit_read_run(&self, run: &Run) -> Result<Committed> {
         self.commit_loaded(run, None).await
     }
 
     /// Commits `run`, as read, with `content` (already checked) as its page's.
-    async fn commit_loaded(&self, run: &Run, content: Option<&str>) -> Result<Run> {
+    async fn commit_loaded(&self, run: &Run, content: Option<&str>) -> Result<Committed> {
         let mut tx = self.begin_write().await?;
         // The floor first, as a select takes it: the two never lock a floor
         // and its runs in opposite orders (PostgreSQL).
@@ -216,8 +216,8 @@ impl Store {
 
     /// Commits `run` in `tx` (its page made active by the caller); the run
     /// as committed.
-    async fn commit_in(&self, tx: &mut Tx, run: &Run, content: Option<&str>) -> Result<Run> {
-        let committed = close_run(tx, run, "committed").await?;
+    async fn commit_in(&self, tx: &mut Tx, run: &Run, content: Option<&str>) -> Result<Committed> {
+        let run_after = close_run(tx, run, "committed").await?;
         if let Some(content) = content {
             sql!(*tx, c => query("UPDATE pages SET content = ? WHERE id = ?")
                 .bind(content)
@@ -226,8 +226,11 @@ impl Store {
                 .await
                 .map(|_| ())?);
         }
-        self.apply_run_effects(tx, run).await?;
-        Ok(committed)
+        let jobs_queued = self.apply_run_effects(tx, run).await?;
+        Ok(Committed {
+            run: run_after,
+            jobs_queued,
+        })
     }
 
     /// Makes the page of the account's run `run_id` its floor's reply, in one
@@ -237,7 +240,7 @@ impl Store {
     /// Answers the chosen run and the runs discarded. Two selects on one
     /// floor queue on the floor's row, so they never both commit: the second
     /// finds its run discarded by the first.
-    pub async fn select_run(&self, account_id: &str, run_id: &str) -> Result<(Run, Vec<String>)> {
+    pub async fn select_run(&self, account_id: &str, run_id: &str) -> Result<Selected> {
         let run = self.run(account_id, run_id).await?;
         let mut tx = self.begin_write().await?;
         make_active(&mut tx, &run).await?;
@@ -245,13 +248,11 @@ impl Store {
             .bind(&run.id)
             .fetch_one(c)
             .await?);
-        match state.as_str() {
-            "open" => {
-                self.commit_in(&mut tx, &run, None).await?;
-            }
-            "committed" => {}
+        let jobs_queued = match state.as_str() {
+            "open" => self.commit_in(&mut tx, &run, None).await?.jobs_queued,
+            "committed" => 0,
             _ => return Err(run_not_open(&Run { state, ..run })),
-        }
+        };
         let others = sql!(tx, c => query(AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM floor_runs WHERE floor_id = ? AND state = 'open' AND id <> ? ORDER BY created_at, id"
         )))
@@ -278,7 +279,11 @@ impl Store {
             }
         }
         tx.commit().await?;
-        Ok((self.run(account_id, run_id).await?, discarded))
+        Ok(Selected {
+            run: self.run(account_id, run_id).await?,
+            discarded,
+            jobs_queued,
+        })
     }
 
     /// The account's run that made page `page_id`.
@@ -431,7 +436,7 @@ impl Store {
     /// in the same transaction as the commit, so a failed turn never starts one),
     /// its calls still awaiting approval are cancelled, and its buffered
     /// sandbox writes land in the session's state.
-    async fn apply_run_effects(&self, tx: &mut Tx, run: &Run) -> Result<()> {
+    async fn apply_run_effects(&self, tx: &mut Tx, run: &Run) -> Result<u64> {
         let applied = super::run_effects::apply_state_effects(tx, &run.id).await?;
         let memories = super::run_generation::apply_run_memories(tx, run).await?;
         tracing::info!(run_id = %run.id, applied, memories, "buffered session-state writes applied at commit");
@@ -487,11 +492,12 @@ impl Jobs<'_> {
 /// its calls awaiting approval are cancelled (the turn they belonged to is
 /// over); then only the cancelled calls' rows finish `blocked`. A run that
 /// held neither, the usual commit, costs one statement instead of three.
-async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
+/// Answers how many jobs it queued.
+async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
     let now = now_ms();
     // SET's expressions read the row as it was, RETURNING as it is now: a
     // returned `cancelled` was awaiting approval.
-    let cancelled: Vec<String> = sql!(*tx, c => query(
+    let released: Vec<(String, bool)> = sql!(*tx, c => query(
         "UPDATE runtime_jobs SET \
          state = CASE state WHEN 'staged' THEN 'queued' ELSE 'cancelled' END, \
          updated_at = ?1, \
@@ -505,10 +511,10 @@ async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
     .fetch_all(c)
     .await?
     .iter()
-    .filter(|row| row.get::<String>("state") == "cancelled")
-    .map(|row| row.get::<String>("execution_id"))
+    .map(|row| (row.get::<String>("execution_id"), row.get::<String>("state") == "cancelled"))
     .collect());
-    for execution_id in &cancelled {
+    let cancelled = released.iter().filter(|(_, cancelled)| *cancelled);
+    for (execution_id, _) in cancelled {
         block_execution(
             tx,
             execution_id,
@@ -518,7 +524,7 @@ async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<()> {
         )
         .await?;
     }
-    Ok(())
+    Ok(released.iter().filter(|(_, cancelled)| !cancelled).count() as u64)
 }
 
 /// The update that finishes never-started calls' journal rows `blocked`
@@ -589,6 +595,24 @@ async fn cancel_jobs(
     .await
     .map(|_| ())?);
     Ok(())
+}
+
+/// A run as its commit left it, and how many of its staged jobs the commit
+/// made claimable (none: the job workers need not be woken).
+#[derive(Debug)]
+pub struct Committed {
+    pub run: Run,
+    pub jobs_queued: u64,
+}
+
+/// What choosing a page did: the chosen run as it is now, the runs
+/// discarded, and the jobs its commit made claimable (none when it was
+/// already committed).
+#[derive(Debug)]
+pub struct Selected {
+    pub run: Run,
+    pub discarded: Vec<String>,
+    pub jobs_queued: u64,
 }
 
 /// Most pages (replies of its committed and open runs) one floor holds: a
@@ -692,6 +716,70 @@ fn run_not_open(run: &Run) -> Error {
 
 #[cfg(test)]
 mod tests {
+    use super::super::backend::{Pool, Tx};
+
+    /// A job row of `run_id` in `state`, its call `execution_id`.
+    async fn job(pool: &sqlx::SqlitePool, id: &str, run_id: &str, state: &str) {
+        sqlx::query(
+            "INSERT INTO runtime_jobs (id, account_id, session_id, execution_id, run_id, tool_name, state, \
+             invocation_json, created_at, updated_at, approval_deadline_at) \
+             VALUES (?1, 'acct', 'sess', 'exec_' || ?1, ?2, 'send_email', ?3, '{}', 1, 1, 99)",
+        )
+        .bind(id)
+        .bind(run_id)
+        .bind(state)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    /// A commit's release queues the run's staged jobs, cancels its held
+    /// ones, touches no other run's or state's, and counts only the queued
+    /// (the commit wakes the job workers only for those).
+    #[tokio::test]
+    async fn releasing_a_runs_jobs_queues_the_staged_cancels_the_held_and_counts_the_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::Store::open(None, dir.path()).await.unwrap();
+        let Pool::Sqlite(pool) = &store.pool else {
+            panic!("Store::open(None, …) opens SQLite");
+        };
+        for (id, run, state) in [
+            ("staged1", "run_a", "staged"),
+            ("staged2", "run_a", "staged"),
+            ("held", "run_a", "awaiting_approval"),
+            ("running", "run_a", "running"),
+            ("other", "run_b", "staged"),
+        ] {
+            job(pool, id, run, state).await;
+        }
+        let mut tx: Tx = store.begin_write().await.unwrap();
+        assert_eq!(super::release_run_jobs(&mut tx, "run_a").await.unwrap(), 2);
+        assert_eq!(super::release_run_jobs(&mut tx, "run_c").await.unwrap(), 0);
+        tx.commit().await.unwrap();
+        let rows: Vec<(String, String, Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT id, state, finished_at, approval_deadline_at FROM runtime_jobs ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let state = |id: &str| rows.iter().find(|row| row.0 == id).unwrap().clone();
+        assert_eq!(state("staged1").1, "queued");
+        assert_eq!(
+            state("staged2"),
+            ("staged2".into(), "queued".into(), None, Some(99))
+        );
+        let held = state("held");
+        assert_eq!(held.1, "cancelled");
+        assert!(held.2.is_some(), "{held:?}");
+        assert_eq!(held.3, None, "{held:?}");
+        assert_eq!(state("running").1, "running");
+        assert_eq!(state("other").1, "staged");
+        let mut again: Tx = store.begin_write().await.unwrap();
+        assert_eq!(
+            super::release_run_jobs(&mut again, "run_a").await.unwrap(),
+            0
+        );
+    }
     /// A floor's claim looks for its session's dead generations in the
     /// session's own index entries, not through every run of the database.
     #[tokio::test]
