@@ -513,11 +513,17 @@ async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
     .iter()
     .map(|row| (row.get::<String>("execution_id"), row.get::<String>("state") == "cancelled"))
     .collect());
-    let cancelled = released.iter().filter(|(_, cancelled)| *cancelled);
-    for (execution_id, _) in cancelled {
-        block_execution(
+    let cancelled: Vec<&str> = released
+        .iter()
+        .filter(|(_, cancelled)| *cancelled)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    // A run may hold any number of calls: their rows are finished a chunk
+    // of ids a statement, not one statement each.
+    for ids in cancelled.chunks(EXECUTIONS_PER_STATEMENT) {
+        block_executions(
             tx,
-            execution_id,
+            ids,
             crate::reason::ReasonCode::ApprovalCancelled,
             super::approvals::RUN_CLOSED_WHILE_HELD,
             now,
@@ -532,22 +538,29 @@ async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
 const BLOCK_EXECUTIONS: &str = "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', \
      finished_at = ?, provider_started = 0, error_message = ?, execution_reason_code = ? WHERE";
 
-/// Finishes one never-started call's journal row `blocked` with `reason`.
-async fn block_execution(
+/// Most journal rows one `blocked` update names by id.
+const EXECUTIONS_PER_STATEMENT: usize = 256;
+
+/// Finishes never-started calls' journal rows (`ids`, at most
+/// [`EXECUTIONS_PER_STATEMENT`]) `blocked` with `reason`, in one statement.
+async fn block_executions(
     tx: &mut impl AsHandle,
-    execution_id: &str,
+    ids: &[&str],
     reason: crate::reason::ReasonCode,
     message: &str,
     now: i64,
 ) -> Result<()> {
-    sql!(*tx, c => query(AssertSqlSafe(format!("{BLOCK_EXECUTIONS} id = ?")))
-        .bind(now)
-        .bind(message)
-        .bind(reason.as_str())
-        .bind(execution_id)
-        .execute(c)
-        .await
-        .map(|_| ())?);
+    let placeholders = vec!["?"; ids.len()].join(", ");
+    sql!(*tx, c => {
+        let mut update = query(AssertSqlSafe(format!("{BLOCK_EXECUTIONS} id IN ({placeholders})")))
+            .bind(now)
+            .bind(message)
+            .bind(reason.as_str());
+        for id in ids {
+            update = update.bind(*id);
+        }
+        update.execute(c).await.map(|_| ())?
+    });
     Ok(())
 }
 
@@ -731,6 +744,66 @@ mod tests {
         .execute(pool)
         .await
         .unwrap();
+    }
+
+    /// A journal row for job `id`'s call, `awaiting_approval`.
+    async fn held_row(pool: &sqlx::SqlitePool, id: &str) {
+        sqlx::query(
+            "INSERT INTO tool_execution_record (id, account_id, session_id, call_id, caller_slot, \
+             provider_id, provider_type, tool_name, args_json, args_canonical, status, lifecycle_state, \
+             commit_outcome, side_effect_level, replay_safety, started_at, delivery_mode, created_at) \
+             VALUES ('exec_' || ?1, 'acct', 'sess', ?1, 'narrator', 'remote', 'remote', 'send_email', '{}', '{}', \
+             'awaiting_approval', 'opened', 'pending', 'irreversible', 'unsafe', 1, 'deferred', 1)",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    /// More held calls than one `blocked` update names all end `blocked`,
+    /// and a row of a job the release queued is left as it was.
+    #[tokio::test]
+    async fn releasing_more_held_calls_than_one_statement_names_blocks_every_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::Store::open(None, dir.path()).await.unwrap();
+        let Pool::Sqlite(pool) = &store.pool else {
+            panic!("Store::open(None, …) opens SQLite");
+        };
+        let held = super::EXECUTIONS_PER_STATEMENT + 3;
+        for n in 0..held {
+            let id = format!("held{n:04}");
+            job(pool, &id, "run_a", "awaiting_approval").await;
+            held_row(pool, &id).await;
+        }
+        job(pool, "staged", "run_a", "staged").await;
+        held_row(pool, "staged").await;
+        let mut tx: Tx = store.begin_write().await.unwrap();
+        assert_eq!(super::release_run_jobs(&mut tx, "run_a").await.unwrap(), 1);
+        tx.commit().await.unwrap();
+        let rows: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
+            "SELECT id, status, lifecycle_state, execution_reason_code FROM tool_execution_record ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), held + 1);
+        for (id, status, lifecycle, reason) in &rows {
+            if id == "exec_staged" {
+                assert_eq!(
+                    (status.as_str(), lifecycle.as_str()),
+                    ("awaiting_approval", "opened")
+                );
+                assert_eq!(reason, &None);
+            } else {
+                assert_eq!(
+                    (status.as_str(), lifecycle.as_str()),
+                    ("blocked", "finished"),
+                    "{id}"
+                );
+                assert_eq!(reason.as_deref(), Some("approval_cancelled"), "{id}");
+            }
+        }
     }
 
     /// A commit's release queues the run's staged jobs, cancels its held
