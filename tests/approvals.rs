@@ -7,12 +7,9 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::State;
-use common::callbacks::CountingCallbacks;
+use common::callbacks::{CountingCallbacks, HoldingCallbacks};
 use common::events::Events;
 use common::{TestServer, spawn_app};
 use reqwest::StatusCode;
@@ -355,33 +352,6 @@ async fn a_run_closed_while_a_call_awaits_approval_cancels_it() {
     assert_eq!(callbacks.hits(), 0);
 }
 
-/// A callback that holds each call until released, counting calls begun.
-#[derive(Clone, Default)]
-struct HoldingCallback {
-    begun: Arc<AtomicUsize>,
-    release: Arc<tokio::sync::Notify>,
-}
-
-impl HoldingCallback {
-    /// Serves `/hold` on a loopback port; answers its URL.
-    async fn start(&self) -> String {
-        let app = axum::Router::new()
-            .route(
-                "/hold",
-                axum::routing::post(|State(held): State<HoldingCallback>| async move {
-                    held.begun.fetch_add(1, Ordering::SeqCst);
-                    held.release.notified().await;
-                    axum::Json(json!({"output": "sent", "is_error": false}))
-                }),
-            )
-            .with_state(self.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hold", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        url
-    }
-}
-
 /// A commit ends both kinds of call a run holds in one statement
 /// (`runs::release_run_jobs`): the approved (staged) one is queued and runs,
 /// the one still held is cancelled, and neither is mistaken for the other.
@@ -390,11 +360,10 @@ impl HoldingCallback {
 #[tokio::test]
 async fn a_commit_queues_the_runs_approved_calls_and_cancels_those_still_held() {
     let server = spawn_app().await;
-    let held_callback = HoldingCallback::default();
-    let url = held_callback.start().await;
+    let held_callback = HoldingCallbacks::start().await;
     common::register_remote(
         &server,
-        json!({"name": "send_email", "callback_url": url, "side_effect_level": "irreversible"}),
+        json!({"name": "send_email", "callback_url": held_callback.url(), "side_effect_level": "irreversible"}),
     )
     .await;
     let session = server.create_session().await;
@@ -429,18 +398,13 @@ async fn a_commit_queues_the_runs_approved_calls_and_cancels_those_still_held() 
     );
     let late = approve(&server, &ids[1]).await;
     assert_eq!(late.status, StatusCode::CONFLICT, "{late:?}");
-    let begun = held_callback.begun.clone();
-    common::wait_until(WAIT, "the approved call's callback to be called", || {
-        let begun = begun.clone();
-        async move { begun.load(Ordering::SeqCst) == 1 }
-    })
-    .await;
+    held_callback.wait_hits(1).await;
     let running = row(&server, &ids[0]).await;
     assert_eq!(running["status"], "running", "{running}");
     assert_eq!(running["lifecycle_state"], "opened", "{running}");
-    held_callback.release.notify_one();
+    held_callback.release();
     wait_for_status(&server, &ids[0], "success").await;
-    assert_eq!(held_callback.begun.load(Ordering::SeqCst), 1);
+    assert_eq!(held_callback.hits(), 1);
 }
 
 #[tokio::test]

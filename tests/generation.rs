@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::callbacks::HoldingCallbacks;
 use common::events::Events;
 use common::model::{
     Answer, StandIn, calls_answer, kinds, text_answer, turn, until_run_ends, with_model,
@@ -497,56 +498,9 @@ async fn without_a_model_the_floor_is_stored_with_run_null() {
     assert!(!log.contains("response failed"), "{log}");
 }
 
-/// A loopback callback whose `/hold` answers only once released; counts calls.
-#[derive(Clone)]
-struct Hold {
-    base: String,
-    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    release: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
-}
-
-impl Hold {
-    async fn start() -> Self {
-        use axum::extract::State;
-        let (release, _) = tokio::sync::watch::channel(false);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let hold = Hold {
-            base: format!("http://{}", listener.local_addr().unwrap()),
-            hits: Default::default(),
-            release: std::sync::Arc::new(release),
-        };
-        let app = axum::Router::new()
-            .route(
-                "/hold",
-                axum::routing::post(|State(h): State<Hold>| async move {
-                    h.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let mut released = h.release.subscribe();
-                    let _ = released.wait_for(|r| *r).await;
-                    axum::Json(json!({"output": "held result", "is_error": false}))
-                }),
-            )
-            .with_state(hold.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        hold
-    }
-
-    fn hits(&self) -> usize {
-        self.hits.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn wait_hits(&self, n: usize) {
-        let this = self.clone();
-        common::wait_until(Duration::from_secs(20), "the callback to be called", || {
-            let this = this.clone();
-            async move { this.hits() >= n }
-        })
-        .await;
-    }
-}
-
 #[tokio::test]
 async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
-    let hold = Hold::start().await;
+    let hold = HoldingCallbacks::start().await;
     let stand_in = StandIn::start(vec![
         calls_answer(&[("call_1", "slow_tool", "{}")]),
         text_answer(&["done"]),
@@ -555,7 +509,7 @@ async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
     let server = with_model(&stand_in).await;
     common::register_remote(
         &server,
-        json!({"name": "slow_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "none"}),
+        json!({"name": "slow_tool", "callback_url": hold.url(), "timeout_seconds": 30, "side_effect_level": "none"}),
     )
     .await;
     let session = server.create_session().await;
@@ -564,10 +518,10 @@ async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
     hold.wait_hits(1).await;
     common::register_remote(
         &server,
-        json!({"name": "fresh_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30}),
+        json!({"name": "fresh_tool", "callback_url": hold.url(), "timeout_seconds": 30}),
     )
     .await;
-    hold.release.send_replace(true);
+    hold.release();
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen.last().unwrap().0, "run_finished", "{seen:?}");
     let requests = stand_in.requests();
@@ -581,13 +535,13 @@ async fn a_tool_registered_during_a_run_is_offered_in_its_next_request() {
 
 #[tokio::test]
 async fn cancel_stops_the_run_between_steps_and_the_started_call_is_journalled() {
-    let hold = Hold::start().await;
+    let hold = HoldingCallbacks::start().await;
     let stand_in = StandIn::start(vec![calls_answer(&[("call_1", "slow_tool", "{}")])]).await;
     stand_in.repeat(text_answer(&["never asked"]));
     let server = with_model(&stand_in).await;
     common::register_remote(
         &server,
-        json!({"name": "slow_tool", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "none"}),
+        json!({"name": "slow_tool", "callback_url": hold.url(), "timeout_seconds": 30, "side_effect_level": "none"}),
     )
     .await;
     let session = server.create_session().await;
@@ -600,7 +554,7 @@ async fn cancel_stops_the_run_between_steps_and_the_started_call_is_journalled()
         .await;
     assert_eq!(cancelled.status, StatusCode::OK, "{cancelled:?}");
     assert_eq!(cancelled.body["data"]["cancelled"], true);
-    hold.release.send_replace(true);
+    hold.release();
     let seen = until_run_ends(&mut events).await;
     assert_eq!(seen.last().unwrap().0, "run_failed", "{seen:?}");
     assert_eq!(
@@ -662,8 +616,8 @@ async fn regenerate_makes_a_new_page_and_selecting_one_commits_it() {
 
 #[tokio::test]
 async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
-    let hold = Hold::start().await;
-    hold.release.send_replace(true);
+    let hold = HoldingCallbacks::start().await;
+    hold.release();
     let stand_in = StandIn::start(vec![
         calls_answer(&[("call_1", "send_gift", r#"{"to": "ann"}"#)]),
         text_answer(&["sent"]),
@@ -672,7 +626,7 @@ async fn regenerate_asks_to_confirm_an_irreversible_call_before_repeating_it() {
     let server = with_model(&stand_in).await;
     common::register_remote(
         &server,
-        json!({"name": "send_gift", "callback_url": format!("{}/hold", hold.base), "timeout_seconds": 30, "side_effect_level": "irreversible"}),
+        json!({"name": "send_gift", "callback_url": hold.url(), "timeout_seconds": 30, "side_effect_level": "irreversible"}),
     )
     .await;
     let session = server.create_session().await;
@@ -859,8 +813,8 @@ async fn a_character_brings_its_own_model_temperature_and_system_prompt() {
 
 #[tokio::test]
 async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_next_turn() {
-    let hold = Hold::start().await;
-    hold.release.send_replace(true);
+    let hold = HoldingCallbacks::start().await;
+    hold.release();
     let stand_in = StandIn::start(vec![
         calls_answer(&[("call_later", "later_tool", r#"{"n": 1}"#)]),
         text_answer(&["it is queued"]),
@@ -868,7 +822,7 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
     .await;
     stand_in.repeat(text_answer(&["thanks"]));
     let server = with_model(&stand_in).await;
-    register_deferred(&server, "later_tool", &format!("{}/hold", hold.base)).await;
+    register_deferred(&server, "later_tool", &hold.url()).await;
     let session = server.create_session().await;
     let mut events = Events::open(&server, &session).await;
     turn(&server, &session, "start it").await;
@@ -936,12 +890,12 @@ async fn a_deferred_result_delivered_after_the_commit_reaches_the_model_in_the_n
 /// first, each once; `GET /sessions/{id}/tool-results` pages them.
 #[tokio::test]
 async fn a_backlog_of_deferred_results_is_given_a_bounded_number_a_turn() {
-    let hold = Hold::start().await;
-    hold.release.send_replace(true);
+    let hold = HoldingCallbacks::start().await;
+    hold.release();
     let stand_in = StandIn::start(vec![]).await;
     stand_in.repeat(text_answer(&["noted"]));
     let server = with_model(&stand_in).await;
-    register_deferred(&server, "later_tool", &format!("{}/hold", hold.base)).await;
+    register_deferred(&server, "later_tool", &hold.url()).await;
     let session = server.create_session().await;
     // Outside a run each deferred call is queued at once, and delivers.
     for n in 0..40 {

@@ -44,6 +44,15 @@ impl JobSignal {
         self.notify.notify_one();
     }
 
+    /// After a commit made `count` staged jobs claimable: wakes a worker only
+    /// when there is one to claim (a woken worker's claim that finds nothing
+    /// is a statement for nothing).
+    pub fn queued(&self, count: u64) {
+        if count > 0 {
+            self.wake();
+        }
+    }
+
     /// Marks the worker as running; set before its task is spawned so that
     /// readiness holds as soon as the server answers.
     pub fn worker_started(&self) {

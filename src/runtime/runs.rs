@@ -87,12 +87,8 @@ impl ToolRuntime {
 
     /// What follows every commit, whichever way the run was found.
     fn committed(&self, committed: crate::store::Committed) -> Run {
-        // Jobs staged by the run became claimable in the commit's transaction;
-        // a commit that queued none leaves the workers asleep (a woken worker
-        // runs a claim that finds nothing).
-        if committed.jobs_queued > 0 {
-            self.jobs.wake();
-        }
+        // Jobs staged by the run became claimable in the commit's transaction.
+        self.jobs.queued(committed.jobs_queued);
         tracing::info!(run_id = %committed.run.id, jobs_queued = committed.jobs_queued, "run committed");
         committed.run
     }

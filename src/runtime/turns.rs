@@ -41,9 +41,7 @@ impl ToolRuntime {
         self.ensure_idle(&run.session_id).await?;
         let selected = self.store.select_run(account_id, &run.id).await?;
         // Jobs the commit staged became claimable in its transaction.
-        if selected.jobs_queued > 0 {
-            self.jobs.wake();
-        }
+        self.jobs.queued(selected.jobs_queued);
         tracing::info!(page_id, run_id = %selected.run.id, discarded = ?selected.discarded, "page selected");
         Ok(selected.run)
     }

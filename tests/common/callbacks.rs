@@ -1,6 +1,7 @@
 //! Loopback callback servers for remote tools: one that counts the calls it
-//! receives (a test that must start no provider reads the count), and one
-//! that keeps every request as the plugin saw it.
+//! receives (a test that must start no provider reads the count), one that
+//! keeps every request as the plugin saw it, and one that holds every call
+//! until the test releases it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -115,5 +116,67 @@ impl RecordingCallbacks {
     /// Every request received so far, in order.
     pub fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
+    }
+}
+
+/// A running callback server whose `/hold` answers a call only once released
+/// (then every call, held or later, at once); counts the calls that arrived.
+#[derive(Clone)]
+pub struct HoldingCallbacks {
+    base: String,
+    hits: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl HoldingCallbacks {
+    pub async fn start() -> Self {
+        let (release, _) = tokio::sync::watch::channel(false);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hold = HoldingCallbacks {
+            base: format!("http://{}", listener.local_addr().unwrap()),
+            hits: Default::default(),
+            release: Arc::new(release),
+        };
+        let app = axum::Router::new()
+            .route(
+                "/hold",
+                post(|State(h): State<HoldingCallbacks>| async move {
+                    h.hits.fetch_add(1, Ordering::SeqCst);
+                    let mut released = h.release.subscribe();
+                    let _ = released.wait_for(|r| *r).await;
+                    Json(json!({"output": "held result", "is_error": false}))
+                }),
+            )
+            .with_state(hold.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        hold
+    }
+
+    /// The holding callback's URL.
+    pub fn url(&self) -> String {
+        format!("{}/hold", self.base)
+    }
+
+    /// Answers every call held now and every later one.
+    pub fn release(&self) {
+        self.release.send_replace(true);
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Waits (up to 20 s) until `n` calls have arrived.
+    pub async fn wait_hits(&self, n: usize) {
+        let this = self.clone();
+        super::wait_until(
+            std::time::Duration::from_secs(20),
+            "the callback to be called",
+            || {
+                let this = this.clone();
+                async move { this.hits() >= n }
+            },
+        )
+        .await;
     }
 }
