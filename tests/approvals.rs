@@ -402,9 +402,28 @@ async fn a_commit_queues_the_runs_approved_calls_and_cancels_those_still_held() 
     let running = row(&server, &ids[0]).await;
     assert_eq!(running["status"], "running", "{running}");
     assert_eq!(running["lifecycle_state"], "opened", "{running}");
+    // The run's page too, read while the call runs and again once it has
+    // finished: pages reuse a row's JSON while its revision is unchanged, so
+    // the job's finish must show on the second read.
+    let on_page = page_row(&server, &run, &ids[0]).await;
+    assert_eq!(on_page["status"], "running", "{on_page}");
     held_callback.release();
     wait_for_status(&server, &ids[0], "success").await;
     assert_eq!(held_callback.hits(), 1);
+    let on_page = page_row(&server, &run, &ids[0]).await;
+    assert_eq!(on_page["status"], "success", "{on_page}");
+    assert_eq!(on_page["lifecycle_state"], "finished", "{on_page}");
+}
+
+/// Row `id` as the run's journal page shows it.
+async fn page_row(server: &common::TestServer, run: &str, id: &str) -> Value {
+    let page = server.get(&format!("/tool-executions?run_id={run}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{page:?}");
+    page.body["data"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["id"] == id))
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} is not on its run's page: {page:?}"))
 }
 
 #[tokio::test]

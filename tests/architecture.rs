@@ -254,3 +254,31 @@ fn only_the_http_layer_imports_axum() {
         "axum outside the HTTP layer: {offenders:?}"
     );
 }
+
+/// Every statement that changes a journal row bumps its `revision`: a page
+/// reuses a row's JSON written at the same revision (src/store/rendered_rows.rs),
+/// so an update without the bump would leave pages showing the row as it was.
+#[test]
+fn every_journal_row_update_bumps_its_revision() {
+    const UPDATE: &str = "update tool_execution_record";
+    const BUMP: &str = " set revision = revision + 1,";
+    let mut updates = 0;
+    let mut offenders = Vec::new();
+    for (relative, text) in sources() {
+        let code = without_tests(&text).to_ascii_lowercase();
+        for (at, _) in code.match_indices(UPDATE) {
+            updates += 1;
+            if !code[at + UPDATE.len()..].starts_with(BUMP) {
+                let line = code[..at].lines().count();
+                offenders.push(format!("{relative}:{line}"));
+            }
+        }
+    }
+    // The journal's own updates (finish, recovery, jobs, approvals, runs):
+    // fewer means this check no longer sees them.
+    assert!(updates >= 10, "only {updates} journal row updates found");
+    assert!(
+        offenders.is_empty(),
+        "journal row updates that leave the revision as it was: {offenders:?}"
+    );
+}

@@ -7,6 +7,8 @@ mod row_json;
 #[cfg(test)]
 pub(crate) use row_json::sample_row;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -403,7 +405,8 @@ impl ExecutionRecordRef<'_> {
 /// built as records and serialised again on an async worker (issue 20).
 #[derive(Debug, Clone)]
 pub struct ExecutionJson {
-    json: String,
+    /// Shared: the same text may be kept for later pages.
+    json: Arc<str>,
     id: String,
     sort_value: Option<i64>,
 }
@@ -414,10 +417,25 @@ impl ExecutionJson {
         let mut json = String::new();
         row_json::write_row(row, &mut json);
         Self {
-            json,
+            json: json.into(),
             id: row.id.to_owned(),
             sort_value: row.sort_value(sort_by),
         }
+    }
+
+    /// A row written as `json` before (by [`ExecutionJson::new`]), with its
+    /// id and its value of the page's sort column.
+    pub fn written(json: Arc<str>, id: String, sort_value: Option<i64>) -> Self {
+        Self {
+            json,
+            id,
+            sort_value,
+        }
+    }
+
+    /// The row's JSON text, shared.
+    pub fn shared(&self) -> &Arc<str> {
+        &self.json
     }
 
     /// The row's id.

@@ -104,7 +104,7 @@ impl Store {
         let delivery = match decision {
             ApprovalDecision::Approve => {
                 sql!(tx, c => query(
-                    "UPDATE tool_execution_record SET status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
+                    "UPDATE tool_execution_record SET revision = revision + 1, status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
                 )
                 .bind(&held.execution_id)
                 .execute(c)

@@ -492,7 +492,7 @@ impl Store {
         let stale_before = now - STALE_AFTER_MS;
         let mut tx = self.begin_write().await?;
         let sweep = format!(
-            "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
+            "UPDATE tool_execution_record SET revision = revision + 1, status = 'uncertain', commit_outcome = 'uncertain', \
              lifecycle_state = 'finished', finished_at = ?1, \
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the instance running this call stopped; its outcome is unknown'), \

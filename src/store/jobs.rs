@@ -174,7 +174,7 @@ impl Store {
             return Ok(None);
         };
         sql!(conn, c => query(
-            "UPDATE tool_execution_record SET status = 'running' WHERE id = ? AND lifecycle_state = 'opened'",
+            "UPDATE tool_execution_record SET revision = revision + 1, status = 'running' WHERE id = ? AND lifecycle_state = 'opened'",
         )
         .bind(&job.execution_id)
         .execute(c)
@@ -433,7 +433,7 @@ pub(super) async fn finish_job_execution(
 ) -> Result<()> {
     let result = (!settled.is_error).then(|| settled.output.to_string());
     sql!(*conn, c => query(
-        "UPDATE tool_execution_record SET status = ?1, result_json = ?2, error_message = ?3, execution_reason_code = ?4, \
+        "UPDATE tool_execution_record SET revision = revision + 1, status = ?1, result_json = ?2, error_message = ?3, execution_reason_code = ?4, \
          lifecycle_state = 'finished', finished_at = ?5, \
          duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, provider_started = ?6, \
          commit_outcome = CASE WHEN ?1 = 'uncertain' THEN 'uncertain' ELSE commit_outcome END WHERE id = ?7",
@@ -631,7 +631,7 @@ async fn take_lost_job(
 /// A re-queued job's row waits again, still opened.
 async fn requeue_row(tx: &mut impl AsHandle, execution_id: &str) -> Result<()> {
     sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
+        "UPDATE tool_execution_record SET revision = revision + 1, status = 'queued' WHERE id = ? AND lifecycle_state = 'opened'",
     )
     .bind(execution_id)
     .execute(c)
@@ -643,7 +643,7 @@ async fn requeue_row(tx: &mut impl AsHandle, execution_id: &str) -> Result<()> {
 /// An ended lost job's row: `uncertain`, `job_lease_lost`.
 async fn end_row_uncertain(tx: &mut impl AsHandle, execution_id: &str, now: i64) -> Result<()> {
     sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
+        "UPDATE tool_execution_record SET revision = revision + 1, status = 'uncertain', lifecycle_state = 'finished', finished_at = ?1, \
          duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
          error_message = ?4, \
          execution_reason_code = ?2 WHERE id = ?3 AND lifecycle_state = 'opened'",

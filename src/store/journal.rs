@@ -9,6 +9,7 @@ use super::backend::{AsHandle, Record, sql, storable_text};
 use super::journal_queue::JournalWrite;
 use super::journal_reader::{ReadParam, ReaderRow};
 use super::page_bytes::take_within;
+use super::rendered_rows::RenderedRows;
 use crate::domain::Page;
 use crate::error::Result;
 use crate::ids::now_ms;
@@ -204,7 +205,7 @@ impl Store {
         self.settle_journal().await?;
         let now = now_ms();
         let changed = sql!(self.conn().await?, c => query(
-            "UPDATE tool_execution_record SET status = 'uncertain', commit_outcome = 'uncertain', \
+            "UPDATE tool_execution_record SET revision = revision + 1, status = 'uncertain', commit_outcome = 'uncertain', \
              lifecycle_state = 'finished', finished_at = ?1, \
              duration_ms = CASE WHEN ?1 > started_at THEN ?1 - started_at ELSE 0 END, \
              error_message = COALESCE(error_message, 'the server stopped while this call was running; its outcome is unknown'), \
@@ -389,11 +390,12 @@ impl Store {
         sort_by: &'static str,
     ) -> Result<PageRows<T>> {
         if let Some(reader) = &self.journal_reader {
+            let rendered = reader.rendered_rows();
             let (items, cut) = reader
                 .rows_within(
                     sql,
                     binds,
-                    move |row| T::from_reader(row, sort_by),
+                    move |row| T::from_reader(row, sort_by, &rendered),
                     T::size_bytes,
                 )
                 .await?;
@@ -570,7 +572,7 @@ fn page_statement(where_sql: &str, keyset_sql: &str, page: &crate::domain::PageR
     let order = page.sort_order.sql();
     let nulls = nulls_like_sqlite(page.sort_by, page.sort_order);
     format!(
-        "SELECT {COLUMNS} FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
+        "SELECT {COLUMNS}, revision FROM tool_execution_record WHERE {where_sql}{keyset_sql} \
          ORDER BY {} {order}{nulls}, id {order} LIMIT ? OFFSET ?",
         page.sort_by
     )
@@ -934,7 +936,7 @@ pub(super) fn late_outcome_left_out(id: &str, finish: &ExecutionFinish) {
 /// is left as it is: another instance may have marked it `uncertain` while
 /// this one was taken for dead (stopped, not killed), and a decided row
 /// never changes its outcome again.
-pub(super) const FINISH_SQL: &str = "UPDATE tool_execution_record SET status = ?1, result_json = ?2, \
+pub(super) const FINISH_SQL: &str = "UPDATE tool_execution_record SET revision = revision + 1, status = ?1, result_json = ?2, \
      error_message = ?3, execution_reason_code = ?4, lifecycle_state = 'finished', finished_at = ?5, \
      duration_ms = CASE WHEN ?5 > started_at THEN ?5 - started_at ELSE 0 END, \
      commit_outcome = COALESCE(?6, commit_outcome), provider_started = ?7 \
@@ -1046,8 +1048,11 @@ struct PageRows<T> {
 pub(crate) trait PageRow: Sized + Send + 'static {
     /// About how many bytes the row holds (what a page's bound counts).
     fn size_bytes(&self) -> usize;
-    /// The row, built on the journal reader's thread from the statement.
-    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self;
+    /// The row, built on the journal reader's thread from the statement
+    /// (its columns and `revision`), or from `rendered` where it holds the
+    /// row at that revision.
+    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &'static str, rendered: &RenderedRows)
+    -> Self;
     /// The row, built from a record read through the pool.
     fn from_record(record: ExecutionRecord, sort_by: &str) -> Self;
     /// The row's value of the page's sort column `sort_by`, and its id.
@@ -1064,7 +1069,11 @@ impl PageRow for ExecutionRecord {
             + 512
     }
 
-    fn from_reader(row: &ReaderRow<'_, '_>, _sort_by: &str) -> Self {
+    fn from_reader(
+        row: &ReaderRow<'_, '_>,
+        _sort_by: &'static str,
+        _rendered: &RenderedRows,
+    ) -> Self {
         record_from_row(row)
     }
 
@@ -1077,13 +1086,34 @@ impl PageRow for ExecutionRecord {
     }
 }
 
+/// The row's value of the page's sort column `sort_by`, as
+/// [`ExecutionRecordRef::sort_value`] tells it, read off the row alone.
+fn sort_value(row: &impl Record, sort_by: &'static str) -> Option<i64> {
+    match sort_by {
+        "created_at" => Some(row.get("created_at")),
+        "finished_at" => row.get("finished_at"),
+        _ => Some(row.get("started_at")),
+    }
+}
+
 impl PageRow for ExecutionJson {
     fn size_bytes(&self) -> usize {
         self.as_str().len()
     }
 
-    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str) -> Self {
-        ExecutionJson::new(&record_ref_from_row(row), sort_by)
+    fn from_reader(
+        row: &ReaderRow<'_, '_>,
+        sort_by: &'static str,
+        rendered: &RenderedRows,
+    ) -> Self {
+        let id = row.text("id");
+        let revision: i64 = row.get("revision");
+        if let Some(json) = rendered.get(id, revision) {
+            return ExecutionJson::written(json, id.to_owned(), sort_value(row, sort_by));
+        }
+        let written = ExecutionJson::new(&record_ref_from_row(row), sort_by);
+        rendered.keep(id, revision, written.shared());
+        written
     }
 
     fn from_record(record: ExecutionRecord, sort_by: &str) -> Self {
@@ -1103,34 +1133,45 @@ mod tests {
     /// Two rows as the journal reader reads them: one with every column set,
     /// one with every nullable column NULL, states no server writes and
     /// stored JSON that is not JSON.
-    fn read_both_ways() -> Vec<(ExecutionRecord, ExecutionJson)> {
-        let connection = rusqlite::Connection::open_in_memory().expect("in-memory database");
-        connection
-            .execute_batch(&format!(
-                "CREATE TABLE tool_execution_record ({COLUMNS});
-                 INSERT INTO tool_execution_record ({COLUMNS}) VALUES
-                 ('texec_1', 'sess_1', 'run_1', 'floor_1', 'page_1', 'call_1', 'narrator',
-                  'plugin:x', 'http_callback', 'send\"mail\\\\', '{{\"to\": \"a\\u00e9\"}}',
-                  '[1, {{\"ok\": true}}]', 'error', 'finished', 'committed', 'external',
-                  'unsafe', 'line\none', 12, 1000, 1012, 'async_job', 2, 'job_1', 'texec_0', 1,
-                  'mcp_remote_error', 999),
-                 ('texec_2', 'sess_1', NULL, NULL, NULL, 'call_2', 'verifier', 'builtin',
-                  'builtin', 'roll_dice', 'not json', NULL, 'exploded', 'gone', 'maybe',
-                  'none', 'safe', NULL, 0, 2000, NULL, 'inline', 1, NULL, NULL, 0, NULL, 2000);"
-            ))
-            .expect("rows written");
+    /// The two test rows, each read as a record and written as JSON through
+    /// `rendered`, on `connection` (from [`test_rows`]).
+    fn read_both_ways(
+        connection: &rusqlite::Connection,
+        rendered: &RenderedRows,
+    ) -> Vec<(ExecutionRecord, ExecutionJson)> {
         super::super::journal_reader::query(
-            &connection,
-            &format!("SELECT {COLUMNS} FROM tool_execution_record ORDER BY id"),
+            connection,
+            &format!("SELECT {COLUMNS}, revision FROM tool_execution_record ORDER BY id"),
             &[],
             |row| {
                 (
                     record_from_row(row),
-                    <ExecutionJson as PageRow>::from_reader(row, "finished_at"),
+                    <ExecutionJson as PageRow>::from_reader(row, "finished_at", rendered),
                 )
             },
         )
         .expect("rows read")
+    }
+
+    /// A database holding two journal rows, one with every text that needs
+    /// escaping and every optional column set, one with none.
+    fn test_rows() -> rusqlite::Connection {
+        let connection = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        connection
+            .execute_batch(&format!(
+                "CREATE TABLE tool_execution_record ({COLUMNS}, revision);
+                 INSERT INTO tool_execution_record ({COLUMNS}, revision) VALUES
+                 ('texec_1', 'sess_1', 'run_1', 'floor_1', 'page_1', 'call_1', 'narrator',
+                  'plugin:x', 'http_callback', 'send\"mail\\\\', '{{\"to\": \"a\\u00e9\"}}',
+                  '[1, {{\"ok\": true}}]', 'error', 'finished', 'committed', 'external',
+                  'unsafe', 'line\none', 12, 1000, 1012, 'async_job', 2, 'job_1', 'texec_0', 1,
+                  'mcp_remote_error', 999, 0),
+                 ('texec_2', 'sess_1', NULL, NULL, NULL, 'call_2', 'verifier', 'builtin',
+                  'builtin', 'roll_dice', 'not json', NULL, 'exploded', 'gone', 'maybe',
+                  'none', 'safe', NULL, 0, 2000, NULL, 'inline', 1, NULL, NULL, 0, NULL, 2000, 0);"
+            ))
+            .expect("rows written");
+        connection
     }
 
     /// A floor's page and a session's, in every sort and direction, from its
@@ -1199,7 +1240,7 @@ mod tests {
 
     #[test]
     fn a_page_written_off_the_statement_is_the_records_json() {
-        let rows = read_both_ways();
+        let rows = read_both_ways(&test_rows(), &RenderedRows::new(1 << 20));
         assert_eq!(rows.len(), 2);
         for (record, json) in &rows {
             assert_eq!(
@@ -1226,5 +1267,45 @@ mod tests {
         assert_eq!(second["run_id"], serde_json::Value::Null);
         assert_eq!(second["result_visibility"], "immediate");
         assert_eq!(rows[1].1.cursor_key("finished_at"), (None, "texec_2"));
+    }
+
+    /// A row read again at the same revision is the text written the first
+    /// time; a row whose revision changed is written again from its columns.
+    #[test]
+    fn a_row_is_written_again_only_when_its_revision_changed() {
+        let connection = test_rows();
+        let rendered = RenderedRows::new(1 << 20);
+        let first = read_both_ways(&connection, &rendered);
+        let again = read_both_ways(&connection, &rendered);
+        for ((_, written), (record, reused)) in first.iter().zip(&again) {
+            assert!(
+                std::sync::Arc::ptr_eq(written.shared(), reused.shared()),
+                "row {} was written again at the same revision",
+                record.id
+            );
+            assert_eq!(
+                reused.cursor_key("finished_at"),
+                record.cursor_key("finished_at")
+            );
+        }
+        connection
+            .execute(
+                "UPDATE tool_execution_record SET revision = revision + 1, status = 'success', \
+                 finished_at = 2500 WHERE id = 'texec_2'",
+                [],
+            )
+            .expect("row changed");
+        let changed = read_both_ways(&connection, &rendered);
+        assert!(std::sync::Arc::ptr_eq(
+            first[0].1.shared(),
+            changed[0].1.shared()
+        ));
+        let (record, json) = &changed[1];
+        assert_eq!(record.status, ExecutionStatus::Success);
+        assert_eq!(
+            json.as_str(),
+            serde_json::to_string(record).expect("a record serialises")
+        );
+        assert_eq!(json.cursor_key("finished_at"), (Some(2500), "texec_2"));
     }
 }

@@ -14,6 +14,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OpenFlags, Row};
 use tokio::sync::Semaphore;
 
+use super::rendered_rows::{KEPT_BYTES, RenderedRows};
 use super::schema::SQLITE_BUSY_TIMEOUT;
 use crate::error::{Error, Result};
 
@@ -53,6 +54,8 @@ struct Inner {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
     reads: Semaphore,
+    /// Journal rows written as JSON by earlier reads.
+    rendered: Arc<RenderedRows>,
 }
 
 impl JournalReader {
@@ -62,8 +65,14 @@ impl JournalReader {
                 path,
                 idle: Mutex::new(Vec::new()),
                 reads: Semaphore::new(MAX_READS),
+                rendered: Arc::new(RenderedRows::new(KEPT_BYTES)),
             }),
         }
+    }
+
+    /// The journal rows this reader's pages wrote as JSON, for the next.
+    pub fn rendered_rows(&self) -> Arc<RenderedRows> {
+        self.inner.rendered.clone()
     }
 
     /// Every row of `sql` with `params`, each mapped by `map` on the reading

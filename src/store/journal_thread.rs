@@ -616,7 +616,7 @@ mod tests {
         // Another instance took this one for dead and swept its rows.
         connection
             .execute(
-                "UPDATE tool_execution_record SET status = 'uncertain', lifecycle_state = 'finished' \
+                "UPDATE tool_execution_record SET revision = revision + 1, status = 'uncertain', lifecycle_state = 'finished' \
                  WHERE id = 'exec_test'",
                 [],
             )

@@ -29,6 +29,7 @@ pub mod memory;
 pub mod page_bytes;
 mod peers;
 mod relayed_events;
+mod rendered_rows;
 pub mod resources;
 pub mod run_effects;
 pub mod run_generation;

@@ -535,7 +535,7 @@ async fn release_run_jobs(tx: &mut impl AsHandle, run_id: &str) -> Result<u64> {
 
 /// The update that finishes never-started calls' journal rows `blocked`
 /// (finished at, message, reason), up to its `WHERE` condition.
-const BLOCK_EXECUTIONS: &str = "UPDATE tool_execution_record SET status = 'blocked', lifecycle_state = 'finished', \
+const BLOCK_EXECUTIONS: &str = "UPDATE tool_execution_record SET revision = revision + 1, status = 'blocked', lifecycle_state = 'finished', \
      finished_at = ?, provider_started = 0, error_message = ?, execution_reason_code = ? WHERE";
 
 /// Most journal rows one `blocked` update names by id.
@@ -644,7 +644,7 @@ pub(super) async fn end_calls_of_deleted_session(
     session_id: &str,
 ) -> Result<()> {
     sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET commit_outcome = 'discarded' WHERE commit_outcome = 'pending' \
+        "UPDATE tool_execution_record SET revision = revision + 1, commit_outcome = 'discarded' WHERE commit_outcome = 'pending' \
          AND run_id IN (SELECT id FROM floor_runs WHERE session_id = ? AND state = 'open')",
     )
     .bind(session_id)
@@ -710,7 +710,7 @@ async fn close_run(tx: &mut impl AsHandle, run: &Run, outcome: &'static str) -> 
         });
     };
     sql!(*tx, c => query(
-        "UPDATE tool_execution_record SET commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
+        "UPDATE tool_execution_record SET revision = revision + 1, commit_outcome = ? WHERE run_id = ? AND commit_outcome = 'pending'",
     )
     .bind(outcome)
     .bind(&run.id)
