@@ -389,14 +389,23 @@ impl ExecutionRecordRef<'_> {
         }
     }
 
-    /// The row's value of a page's sort column (`created_at`, `finished_at`,
-    /// else `started_at`).
+    /// The row's value of a page's sort column ([`sort_column`]).
     pub fn sort_value(&self, sort_by: &str) -> Option<i64> {
-        match sort_by {
+        match sort_column(sort_by) {
             "created_at" => Some(self.created_at),
             "finished_at" => self.finished_at,
             _ => Some(self.started_at),
         }
+    }
+}
+
+/// The column a page sorted by `sort_by` is in the order of: `created_at`,
+/// `finished_at`, else `started_at`.
+pub fn sort_column(sort_by: &str) -> &'static str {
+    match sort_by {
+        "created_at" => "created_at",
+        "finished_at" => "finished_at",
+        _ => "started_at",
     }
 }
 

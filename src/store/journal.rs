@@ -1051,8 +1051,7 @@ pub(crate) trait PageRow: Sized + Send + 'static {
     /// The row, built on the journal reader's thread from the statement
     /// (its columns and `revision`), or from `rendered` where it holds the
     /// row at that revision.
-    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &'static str, rendered: &RenderedRows)
-    -> Self;
+    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str, rendered: &RenderedRows) -> Self;
     /// The row, built from a record read through the pool.
     fn from_record(record: ExecutionRecord, sort_by: &str) -> Self;
     /// The row's value of the page's sort column `sort_by`, and its id.
@@ -1069,11 +1068,7 @@ impl PageRow for ExecutionRecord {
             + 512
     }
 
-    fn from_reader(
-        row: &ReaderRow<'_, '_>,
-        _sort_by: &'static str,
-        _rendered: &RenderedRows,
-    ) -> Self {
+    fn from_reader(row: &ReaderRow<'_, '_>, _sort_by: &str, _rendered: &RenderedRows) -> Self {
         record_from_row(row)
     }
 
@@ -1086,30 +1081,17 @@ impl PageRow for ExecutionRecord {
     }
 }
 
-/// The row's value of the page's sort column `sort_by`, as
-/// [`ExecutionRecordRef::sort_value`] tells it, read off the row alone.
-fn sort_value(row: &impl Record, sort_by: &'static str) -> Option<i64> {
-    match sort_by {
-        "created_at" => Some(row.get("created_at")),
-        "finished_at" => row.get("finished_at"),
-        _ => Some(row.get("started_at")),
-    }
-}
-
 impl PageRow for ExecutionJson {
     fn size_bytes(&self) -> usize {
         self.as_str().len()
     }
 
-    fn from_reader(
-        row: &ReaderRow<'_, '_>,
-        sort_by: &'static str,
-        rendered: &RenderedRows,
-    ) -> Self {
+    fn from_reader(row: &ReaderRow<'_, '_>, sort_by: &str, rendered: &RenderedRows) -> Self {
         let id = row.text("id");
         let revision: i64 = row.get("revision");
         if let Some(json) = rendered.get(id, revision) {
-            return ExecutionJson::written(json, id.to_owned(), sort_value(row, sort_by));
+            let sort_value = row.get(crate::journal::sort_column(sort_by));
+            return ExecutionJson::written(json, id.to_owned(), sort_value);
         }
         let written = ExecutionJson::new(&record_ref_from_row(row), sort_by);
         rendered.keep(id, revision, written.shared());
@@ -1139,6 +1121,15 @@ mod tests {
         connection: &rusqlite::Connection,
         rendered: &RenderedRows,
     ) -> Vec<(ExecutionRecord, ExecutionJson)> {
+        read_sorted_by(connection, rendered, "finished_at")
+    }
+
+    /// [`read_both_ways`] for a page sorted by `sort_by`.
+    fn read_sorted_by(
+        connection: &rusqlite::Connection,
+        rendered: &RenderedRows,
+        sort_by: &str,
+    ) -> Vec<(ExecutionRecord, ExecutionJson)> {
         super::super::journal_reader::query(
             connection,
             &format!("SELECT {COLUMNS}, revision FROM tool_execution_record ORDER BY id"),
@@ -1146,7 +1137,7 @@ mod tests {
             |row| {
                 (
                     record_from_row(row),
-                    <ExecutionJson as PageRow>::from_reader(row, "finished_at", rendered),
+                    <ExecutionJson as PageRow>::from_reader(row, sort_by, rendered),
                 )
             },
         )
@@ -1276,17 +1267,21 @@ mod tests {
         let connection = test_rows();
         let rendered = RenderedRows::new(1 << 20);
         let first = read_both_ways(&connection, &rendered);
-        let again = read_both_ways(&connection, &rendered);
-        for ((_, written), (record, reused)) in first.iter().zip(&again) {
-            assert!(
-                std::sync::Arc::ptr_eq(written.shared(), reused.shared()),
-                "row {} was written again at the same revision",
-                record.id
-            );
-            assert_eq!(
-                reused.cursor_key("finished_at"),
-                record.cursor_key("finished_at")
-            );
+        // Kept rows take their cursor's sort value off the row, in every sort.
+        for sort_by in ["finished_at", "created_at", "started_at"] {
+            let again = read_sorted_by(&connection, &rendered, sort_by);
+            for ((_, written), (record, reused)) in first.iter().zip(&again) {
+                assert!(
+                    std::sync::Arc::ptr_eq(written.shared(), reused.shared()),
+                    "row {} was written again at the same revision",
+                    record.id
+                );
+                assert_eq!(
+                    reused.cursor_key(sort_by),
+                    record.cursor_key(sort_by),
+                    "{sort_by}"
+                );
+            }
         }
         connection
             .execute(

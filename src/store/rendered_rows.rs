@@ -47,15 +47,6 @@ pub(crate) struct RenderedRows {
     rows: Cache<Box<str>, Kept, ByBytes>,
 }
 
-impl std::fmt::Debug for RenderedRows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RenderedRows")
-            .field("rows", &self.rows.len())
-            .field("bytes", &self.rows.weight())
-            .finish()
-    }
-}
-
 impl RenderedRows {
     /// An empty set holding up to `capacity_bytes` of row text.
     pub fn new(capacity_bytes: u64) -> Self {
